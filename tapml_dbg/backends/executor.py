@@ -1,0 +1,130 @@
+"""Session side of the target worker: send a unit, wait with a time limit, survive its death.
+
+A segfault in codegen or an out-of-bounds kernel kills only the worker; the request comes
+back as a `crash` (or `timeout`) result and the next request starts a fresh worker.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .worker import UnitRequest, WorkerConfig, worker_main
+
+DEFAULT_UNIT_TIMEOUT_S = 300.0  # one compile + run; big fused ranges compile for a while
+WORKER_START_TIMEOUT_S = 120.0
+
+
+@dataclass
+class UnitResult:
+    """What a unit run gave: status is ok, compile-error, error, crash or timeout."""
+
+    status: str
+    outputs: list[list[np.ndarray]] = field(default_factory=list)
+    message: str = ""
+    cached: bool = False
+    seconds: float = 0.0
+    device_code: bool = True
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+class TargetExecutor:
+    """Owns one worker process for one (trace, target, transform, remote) configuration."""
+
+    def __init__(self, config: WorkerConfig, timeout_s: float = DEFAULT_UNIT_TIMEOUT_S):
+        self.config = config
+        self.timeout_s = timeout_s
+        self._context = multiprocessing.get_context("spawn")
+        self._process = None
+        self._conn = None
+        self.restarts = 0
+
+    def run(self, request: UnitRequest, timeout_s: float | None = None) -> UnitResult:
+        """Run one request; never raises for failures inside TVM."""
+        started = time.perf_counter()
+        self._ensure_started()
+        limit = timeout_s if timeout_s is not None else self.timeout_s
+        try:
+            self._conn.send(request)
+        except (BrokenPipeError, OSError):
+            self._reap()
+            return UnitResult("crash", message="the target worker died before the request was sent")
+        deadline = time.monotonic() + limit
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self.stop(kill=True)
+                return UnitResult("timeout", message=f"no answer within {limit:.0f} s (raise with `tol`-like "
+                                  "setting unit_timeout_s or check for a hanging kernel)",
+                                  seconds=time.perf_counter() - started)
+            try:
+                ready = self._conn.poll(min(remaining, 0.2))
+            except (EOFError, OSError):
+                ready = False
+            if ready:
+                try:
+                    reply = self._conn.recv()
+                    break
+                except (EOFError, OSError):
+                    pass
+            if not self._process.is_alive():
+                code = self._process.exitcode
+                self._reap()
+                return UnitResult("crash", message=_describe_exit(code), seconds=time.perf_counter() - started)
+        return UnitResult(
+            status=reply["status"], outputs=reply.get("outputs", []), message=reply.get("message", ""),
+            cached=reply.get("cached", False), seconds=time.perf_counter() - started,
+            device_code=reply.get("device_code", True))
+
+    def _ensure_started(self) -> None:
+        if self._process is not None and self._process.is_alive():
+            return
+        if self._process is not None:
+            self._reap()
+            self.restarts += 1
+        parent, child = self._context.Pipe()
+        self._process = self._context.Process(target=worker_main, args=(child, self.config), daemon=True)
+        self._process.start()
+        child.close()
+        self._conn = parent
+
+    def _reap(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+        if self._process is not None:
+            self._process.join(timeout=5)
+        self._process = None
+        self._conn = None
+
+    def stop(self, kill: bool = False) -> None:
+        if self._process is None:
+            return
+        if kill:
+            self._process.kill()
+        else:
+            try:
+                self._conn.send(None)
+            except OSError:
+                pass
+            self._process.join(timeout=5)
+            if self._process.is_alive():
+                self._process.kill()
+        self._reap()
+
+
+def _describe_exit(code: int | None) -> str:
+    import signal
+
+    if code is not None and code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"the target worker was killed by {name} (a crash inside TVM)"
+    return f"the target worker exited with status {code} (a crash inside TVM)"

@@ -1,0 +1,182 @@
+"""Argument parsing only: each subcommand calls the engine and hands its result to a renderer.
+
+Exit codes: 0 done (a divergence found is still "done"), 1 a `TapmlError`, 2 bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from .errors import TapmlError
+
+os.environ.setdefault("TVM_LOG_DEBUG", "0")
+
+
+def _add_target_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--target", default="llvm", help="TVM target (default llvm)")
+    remote = parser.add_mutually_exclusive_group()
+    remote.add_argument("--rpc", metavar="HOST:PORT", help="run on a TVM RPC server")
+    remote.add_argument("--tracker", metavar="HOST:PORT", help="lease devices from a TVM RPC tracker")
+    parser.add_argument("--key", help="device key at the tracker")
+    parser.add_argument("--transform", metavar="FILE.py:FUNC",
+                        help="IRModule -> IRModule pass applied before every target compile")
+    parser.add_argument("--timeout", type=float, default=None, metavar="S",
+                        help="seconds one unit may take to compile and run (default 300)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tapml-dbg", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    rec = commands.add_parser("record", help="run a model on the source and write a trace")
+    rec.add_argument("model", metavar="MODEL", help="FILE.py[:FUNC], FUNC() -> (module, inputs)")
+    rec.add_argument("-o", "--output", required=True, metavar="TRACE")
+    rec.add_argument("--source", default="torch", help="torch (default) or tvm:TARGET")
+    rec.add_argument("--inputs", metavar="FILE.npz", help="real inputs, one array per model input")
+    rec.add_argument("--seed", type=int, default=0, help="seed for random weights and inputs")
+    rec.add_argument("--compression", choices=["none", "lzf", "gzip"], default="none")
+
+    info = commands.add_parser("info", help="summarize a trace")
+    info.add_argument("trace", metavar="TRACE")
+    info.add_argument("--json", action="store_true", help="one JSON object with the op table")
+
+    replay = commands.add_parser("replay", help="interactive replay on a target")
+    replay.add_argument("trace", metavar="TRACE")
+    _add_target_options(replay)
+    replay.add_argument("-c", dest="commands", metavar='"CMD; CMD"', help="run commands and exit")
+    replay.add_argument("--script", metavar="FILE", help="run commands from FILE and exit")
+
+    bisect = commands.add_parser("bisect", help="find the first divergent op")
+    bisect.add_argument("trace", metavar="TRACE")
+    _add_target_options(bisect)
+    bisect.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    bisect.add_argument("--no-sweep", action="store_true",
+                        help="skip the isolated sweep that catches faults which wash out downstream")
+
+    dump = commands.add_parser("dump", help="write one op as a standalone repro")
+    dump.add_argument("trace", metavar="TRACE")
+    dump.add_argument("--op", required=True, metavar="OP", help="op index or name")
+    dump.add_argument("-o", "--output", required=True, metavar="DIR")
+    _add_target_options(dump)
+
+    carve = commands.add_parser("carve", help="write every op as a pytest suite")
+    carve.add_argument("trace", metavar="TRACE")
+    carve.add_argument("-o", "--output", required=True, metavar="DIR")
+    carve.add_argument("--max-mb", type=float, default=None, help="size budget for the suite's data")
+    _add_target_options(carve)
+
+    check = commands.add_parser("compile", help="compile every op for a target without running it")
+    check.add_argument("trace", metavar="TRACE")
+    _add_target_options(check)
+    check.add_argument("--json", action="store_true")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from . import render
+
+    try:
+        handler = _HANDLERS[args.command]
+        return handler(args, render) or 0
+    except TapmlError as exc:
+        render.error_line(str(exc))
+        return 1
+    except KeyboardInterrupt:
+        render.error_line("interrupted")
+        return 130
+
+
+def _record(args, render) -> int:
+    from .record import record
+
+    with render.progress("recording") as progress:
+        result = record(args.model, args.output, source=args.source, inputs_npz=args.inputs, seed=args.seed,
+                        compression=None if args.compression == "none" else args.compression,
+                        progress=progress)
+    render.record_result(result)
+    return 0
+
+
+def _info(args, render) -> int:
+    from .inspect_trace import trace_info
+
+    info = trace_info(args.trace)
+    if args.json:
+        print(json.dumps(info))
+    else:
+        render.trace_info(info)
+    return 0
+
+
+def _session_options(args) -> dict:
+    options = dict(target=args.target, rpc=args.rpc, tracker=args.tracker, rpc_key=args.key,
+                   transform=args.transform)
+    if args.timeout:
+        options["unit_timeout_s"] = args.timeout
+    return options
+
+
+def _bisect(args, render) -> int:
+    from .session import Session
+
+    with Session.open(args.trace, **_session_options(args)) as session:
+        with render.progress("bisecting", quiet=args.json) as progress:
+            result = session.bisect(sweep=not args.no_sweep, progress=progress)
+    if args.json:
+        print(json.dumps(result.to_json()))
+    else:
+        render.bisect_result(result)
+    return 0
+
+
+def _dump(args, render) -> int:
+    from .repro import dump_op
+    from .session import Session
+
+    with Session.open(args.trace, **_session_options(args)) as session:
+        result = dump_op(session, args.op, args.output, command=" ".join(["tapml-dbg"] + sys.argv[1:]))
+    render.dump_result(result)
+    return 0
+
+
+def _carve(args, render) -> int:
+    from .repro import carve
+    from .session import Session
+
+    with Session.open(args.trace, **_session_options(args)) as session:
+        with render.progress("carving") as progress:
+            result = carve(session, args.output, max_mb=args.max_mb, progress=progress)
+    render.carve_result(result)
+    return 0
+
+
+def _compile(args, render) -> int:
+    from .session import Session
+
+    with Session.open(args.trace, **_session_options(args)) as session:
+        with render.progress("compiling", quiet=args.json) as progress:
+            result = session.compile_all(progress=progress)
+    if args.json:
+        print(json.dumps(result.to_json()))
+    else:
+        render.compile_result(result)
+    return 0
+
+
+def _replay(args, render) -> int:
+    from .repl.app import run_replay
+
+    return run_replay(args)
+
+
+_HANDLERS = {"record": _record, "info": _info, "bisect": _bisect, "dump": _dump, "carve": _carve,
+             "compile": _compile, "replay": _replay}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

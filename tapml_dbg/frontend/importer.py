@@ -1,0 +1,292 @@
+"""torch.export → Relax, keeping for every binding the FX node (aten op) and layer behind it.
+
+We decompose the exported program ourselves and import that same graph, so that FX nodes seen
+here are the ones the recorder runs. Each converter call is wrapped to note the current FX
+node, and `BlockBuilder.emit` is wrapped to attribute every emitted binding to it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from dataclasses import dataclass
+
+from ..errors import ModelError
+from .graph import Graph, OpInfo, TensorSpec
+
+OUTPUT_OP_NAME = "output"
+
+
+@dataclass
+class Provenance:
+    """Where one binding came from: FX node name and, for a multi-output node, the path in it."""
+
+    node: str
+    index: tuple[int, ...] | None  # None: the node's whole value
+
+
+def export_program(module, inputs):
+    """torch.export + core-ATen decomposition, with one-line errors."""
+    import torch
+
+    try:
+        program = torch.export.export(module, tuple(inputs))
+    except Exception as exc:
+        raise ModelError(f"torch.export failed: {type(exc).__name__}: {_first_line(exc)} "
+                         "(make forward() exportable: no data-dependent control flow)") from exc
+    try:
+        return program.run_decompositions()
+    except Exception as exc:
+        raise ModelError(f"decomposing the exported program failed: {_first_line(exc)}") from exc
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def layer_of(node) -> str:
+    """The innermost nn.Module path of an FX node ("" at the top level)."""
+    stack = node.meta.get("nn_module_stack") or {}
+    if not stack:
+        return ""
+    path = list(stack.values())[-1][0]
+    return _clean_module_path(path)
+
+
+def _clean_module_path(path: str) -> str:
+    # torch.export spells paths like "transformer.h.0.attn"; older forms use L['self'] wrappers
+    path = re.sub(r"^L\['self'\]\.?", "", path)
+    path = re.sub(r"getattr\(([^,]+), '([^']+)'\)", r"\1.\2", path)
+    path = re.sub(r"\[(\d+)\]", r".\1", path)
+    return path.strip(".")
+
+
+def import_program(program) -> tuple[Graph, dict[str, Provenance]]:
+    """Import a decomposed ExportedProgram; return the graph and each op's FX provenance."""
+    from tvm import relax
+    from tvm.relax.frontend.torch.exported_program_translator import ExportedProgramImporter
+
+    importer = ExportedProgramImporter()
+    current: dict[str, object] = {"node": None}
+    emitted: dict[str, str] = {}  # relax var name -> fx node name
+
+    def wrap(convert):
+        def converter(node, *rest):
+            current["node"] = node
+            try:
+                return convert(node, *rest)
+            except Exception as exc:
+                raise _ImportFailure(node, exc) from exc
+        return converter
+
+    importer.convert_map = {key: wrap(fn) for key, fn in importer.convert_map.items()}
+    original_emit = relax.BlockBuilder.emit
+
+    def emit(builder, expr, name=""):
+        var = original_emit(builder, expr, name)
+        if current["node"] is not None:
+            emitted.setdefault(var.name, current["node"].name)
+        return var
+
+    nodes = {node.name: node for node in program.graph.nodes}
+    missing = sorted({str(node.target) for node in program.graph.nodes
+                      if node.op == "call_function" and node.target.__name__ not in importer.convert_map})
+    if missing:
+        raise ModelError(f"TVM 0.27 cannot import aten op(s) {', '.join(missing)} "
+                         "(no Relax converter; rewrite that part of the model or add a converter)")
+    relax.BlockBuilder.emit = emit
+    try:
+        mod = importer.from_exported_program(program, True, False, False, None)
+    except _ImportFailure as failure:
+        raise ModelError(f"TVM import of {failure.node.target} (FX node {failure.node.name}, layer "
+                         f"{layer_of(failure.node) or '<top>'}) failed: {type(failure.cause).__name__}: "
+                         f"{_first_line(failure.cause)}") from failure.cause
+    except Exception as exc:
+        raise ModelError(f"TVM import failed: {type(exc).__name__}: {_first_line(exc)}") from exc
+    finally:
+        relax.BlockBuilder.emit = original_emit
+
+    final_of_node = _final_bindings(importer)
+    return _build_graph(mod, nodes, emitted, final_of_node)
+
+
+class _ImportFailure(Exception):
+    def __init__(self, node, cause):
+        super().__init__(str(cause))
+        self.node, self.cause = node, cause
+
+
+def _final_bindings(importer) -> dict[str, Provenance]:
+    """Relax var name → (FX node, tuple path) for vars that hold an FX node's own value."""
+    from tvm import relax
+
+    result: dict[str, Provenance] = {}
+
+    def visit(value, node_name, path):
+        if isinstance(value, relax.Var):
+            result.setdefault(value.name, Provenance(node_name, path))
+        elif isinstance(value, (tuple, list)):
+            for i, item in enumerate(value):
+                visit(item, node_name, (path or ()) + (i,))
+        elif isinstance(value, relax.Tuple):
+            for i, item in enumerate(value.fields):
+                visit(item, node_name, (path or ()) + (i,))
+
+    for node, value in importer.env.items():
+        if node.op == "call_function":
+            visit(value, node.name, None)
+    return result
+
+
+def _relax_op_name(value) -> str:
+    from tvm import relax
+
+    if isinstance(value, relax.Call):
+        op = value.op
+        return getattr(op, "name", None) or getattr(op, "name", None) or str(op)
+    if type(value).__name__.endswith("Const"):
+        return "constant"
+    kinds = {relax.TupleGetItem: "get_item", relax.Tuple: "tuple", relax.Var: "alias",
+             relax.ShapeExpr: "shape"}
+    for kind, name in kinds.items():
+        if isinstance(value, kind):
+            return name
+    return type(value).__name__
+
+
+def flatten_ty(sinfo) -> list[TensorSpec] | None:
+    """Tensor specs of a (possibly nested tuple) struct info; None when not all static tensors."""
+    from tvm import relax
+
+    if isinstance(sinfo, relax.TensorType):
+        shape = sinfo.shape
+        if shape is None or not isinstance(shape, relax.ShapeExpr):
+            return None
+        try:
+            dims = tuple(int(d) for d in shape.values)
+        except TypeError:
+            return None
+        return [TensorSpec(dims, str(sinfo.dtype))]
+    if isinstance(sinfo, relax.TupleType):
+        specs: list[TensorSpec] = []
+        for field in sinfo.fields:
+            sub = flatten_ty(field)
+            if sub is None:
+                return None
+            specs.extend(sub)
+        return specs
+    return None
+
+
+def _build_graph(mod, nodes, emitted, final_of_node) -> tuple[Graph, dict[str, Provenance]]:
+    from tvm import relax
+
+    mod = relax.transform.ToNonDataflow()(mod)
+    main = mod["main"]
+    num_input = int(main.attrs["num_input"])
+    bindings = [b for block in main.body.blocks for b in block.bindings]
+
+    # Op names: the FX node name for a node's own value, "<node>_p<k>" for its helper bindings.
+    names: dict[str, str] = {}
+    taken: set[str] = {p.name for p in main.params}
+    helper_counts: dict[str, int] = {}
+    for binding in bindings:
+        old = binding.var.name
+        prov = final_of_node.get(old)
+        node = prov.node if prov else emitted.get(old)
+        if prov is not None and prov.index is None:
+            base = node
+        elif prov is not None:
+            base = f"{node}_{'_'.join(str(i) for i in prov.index)}"
+        elif node is not None:
+            helper_counts[node] = helper_counts.get(node, -1) + 1
+            base = f"{node}_p{helper_counts[node]}"
+        else:
+            base = OUTPUT_OP_NAME if binding is bindings[-1] else old
+        name, suffix = base, 1
+        while name in taken:
+            name, suffix = f"{base}_{suffix}", suffix + 1
+        taken.add(name)
+        names[old] = name
+
+    main = _rename_bindings(main, names)
+    main = main.without_attr("params") if "params" in main.attrs else main
+    mod = mod.__class__({"main": main}) if len(mod.functions) == 1 else _replace_main(mod, main)
+
+    bindings = [b for block in main.body.blocks for b in block.bindings]
+    inputs = [(p.name, (flatten_ty(p.ty) or [None])[0]) for p in main.params[:num_input]]
+    params = [(p.name, (flatten_ty(p.ty) or [None])[0]) for p in main.params[num_input:]]
+    for name, spec in inputs + params:
+        if spec is None:
+            raise ModelError(f"input {name} has a dynamic shape; tapml-dbg records static shapes only")
+
+    reverse = {new: old for old, new in names.items()}
+    ops: list[OpInfo] = []
+    provenance: dict[str, Provenance] = {}
+    for index, binding in enumerate(bindings):
+        name = binding.var.name
+        old = reverse[name]
+        prov = final_of_node.get(old)
+        node_name = prov.node if prov else emitted.get(old, "")
+        node = nodes.get(node_name)
+        specs = flatten_ty(binding.var.ty)
+        inputs_of = _ordered_free_vars(binding.value)
+        ops.append(OpInfo(
+            index=index,
+            name=name,
+            op=str(node.target) if node is not None else _relax_op_name(binding.value),
+            relax_op=_relax_op_name(binding.value),
+            layer=layer_of(node) if node is not None else "",
+            fx_node=node_name,
+            inputs=inputs_of,
+            outputs=specs or [],
+            is_tuple=isinstance(binding.var.ty, relax.TupleType),
+        ))
+        if prov is not None:
+            provenance[name] = prov
+
+    outputs = _output_names(main)
+    return Graph(mod=mod, ops=ops, inputs=inputs, params=params, outputs=outputs), provenance
+
+
+def _replace_main(mod, main):
+    mod = mod.__class__(dict(mod.functions_items()))
+    mod["main"] = main
+    return mod
+
+
+def _ordered_free_vars(expr) -> list[str]:
+    from tvm import relax
+
+    seen: list[str] = []
+    for var in relax.analysis.free_vars(expr):
+        if var.name not in seen:
+            seen.append(var.name)
+    return seen
+
+
+def _output_names(main) -> list[str]:
+    from tvm import relax
+
+    body = main.body.body
+    if isinstance(body, relax.Var):
+        return [body.name]
+    if isinstance(body, relax.Tuple):
+        return [f.name for f in body.fields if isinstance(f, relax.Var)]
+    return []
+
+
+def _rename_bindings(func, names: dict[str, str]):
+    """Rebuild `func` with every binding var renamed (names must be unique)."""
+    from tvm import relax
+
+    @relax.expr_functor.mutator
+    class Renamer(relax.PyExprMutator):
+        def visit_var_binding_(self, binding):
+            value = self.visit_expr(binding.value)
+            new_var = relax.Var(names[binding.var.name], binding.var.ty)
+            self.set_var_remap(binding.var, new_var)
+            self.builder_.emit_normalized(relax.VarBinding(new_var, value))
+
+    return Renamer().visit_expr(func)

@@ -1,0 +1,119 @@
+"""Names and dtype rules of the trace format (v1); see docs/trace-format.md.
+
+Everything the writer and the reader must agree on lives here, so a format change is
+one visible diff. Strings are stored as fixed-length UTF-8 (never variable-length):
+variable-length data goes to HDF5's shared global heap, which is both "object-typed"
+and a structure every write would mutate, which is bad for crash safety.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import h5py
+
+FORMAT_NAME = "tapml-trace"
+FORMAT_VERSION = (1, 0)  # (major, minor): readers refuse a newer major, accept a newer minor
+
+# HDF5 file-format bounds: 1.8-era objects (checksummed metadata, readable by any
+# HDF5 >= 1.8), nothing newer, so a trace written here opens on older h5py builds.
+LIBVER = ("v108", "v108")
+
+# root attributes
+ATTR_FORMAT = "format"
+ATTR_VERSION_MAJOR = "version_major"
+ATTR_VERSION_MINOR = "version_minor"
+ATTR_COMPLETE = "complete"
+ATTR_META = "meta"
+
+# groups and datasets
+GROUP_GRAPH = "graph"
+DS_IR_JSON = "graph/ir_json"
+DS_TVMSCRIPT = "graph/tvmscript"
+DS_OP_TABLE = "graph/op_table"
+GROUP_INPUTS = "inputs"
+GROUP_PARAMS = "params"
+GROUP_OPS = "ops"
+
+# attributes of a tensor dataset
+ATTR_DTYPE = "dtype"
+ATTR_STATS = "stats"
+
+# attributes of an /ops/<index> group
+ATTR_DONE = "done"
+ATTR_NOTE = "note"
+
+# dtypes stored as themselves (TVM spelling == numpy spelling)
+NATIVE_DTYPES = frozenset(
+    ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+     "float16", "float32", "float64"]
+)
+# ml_dtypes float types with no HDF5 equivalent: stored as raw bits (uint of same width)
+_BITS_CANDIDATES = (
+    "bfloat16", "float8_e3m4", "float8_e4m3", "float8_e4m3b11fnuz", "float8_e4m3fn",
+    "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu",
+)
+BITS_DTYPES = {n: np.dtype(getattr(ml_dtypes, n)) for n in _BITS_CANDIDATES if hasattr(ml_dtypes, n)}
+_UINT_OF_SIZE = {1: np.dtype(np.uint8), 2: np.dtype(np.uint16)}
+
+SUPPORTED_DTYPES = frozenset(NATIVE_DTYPES | set(BITS_DTYPES) | {"bool"})
+
+
+class DtypeError(ValueError):
+    """A tensor's dtype cannot be stored in, or read from, a v1 trace."""
+
+
+def to_storable(array) -> tuple[np.ndarray, str]:
+    """Return (contiguous native-endian array HDF5 can hold, TVM dtype name). Bit exact."""
+    arr = np.asarray(array)
+    name = arr.dtype.name
+    if name not in SUPPORTED_DTYPES:
+        raise DtypeError(f"dtype {arr.dtype} cannot be stored in a trace (supported: "
+                         f"{', '.join(sorted(SUPPORTED_DTYPES))})")
+    if not arr.dtype.isnative:
+        arr = arr.astype(arr.dtype.newbyteorder("="))
+    arr = np.ascontiguousarray(arr)
+    if name == "bool":
+        return arr.view(np.uint8), name
+    if name in BITS_DTYPES:
+        return arr.view(_UINT_OF_SIZE[arr.dtype.itemsize]), name
+    return arr, name
+
+
+def from_stored(array, dtype_name: str) -> np.ndarray:
+    """Invert `to_storable`: turn the stored array back into `dtype_name`, bit exact."""
+    arr = np.asarray(array)
+    if dtype_name == "bool":
+        _expect(arr, np.dtype(np.uint8), dtype_name)
+        return arr != 0
+    if dtype_name in BITS_DTYPES:
+        want = BITS_DTYPES[dtype_name]
+        _expect(arr, _UINT_OF_SIZE[want.itemsize], dtype_name)
+        return np.ascontiguousarray(arr).view(want)
+    if dtype_name in NATIVE_DTYPES:
+        want = np.dtype(dtype_name)
+        _expect(arr, want, dtype_name)
+        return arr if arr.dtype.isnative else arr.astype(want)
+    raise DtypeError(f"unknown tensor dtype {dtype_name!r} in trace; upgrade tapml-dbg")
+
+
+def _expect(arr: np.ndarray, storage: np.dtype, dtype_name: str) -> None:
+    if arr.dtype.newbyteorder("=") != storage:
+        raise DtypeError(f"tensor declared {dtype_name!r} is stored as {arr.dtype} "
+                         f"(expected {storage}); the trace is corrupt")
+
+
+def encode_str(text: str, capacity: int = 0) -> np.ndarray:
+    """A scalar fixed-length UTF-8 string of at least `capacity` bytes (NUL padded)."""
+    data = text.encode("utf-8")
+    size = max(1, len(data), capacity)
+    return np.array(data, dtype=h5py.string_dtype("utf-8", size))
+
+
+def decode_str(value) -> str:
+    """Read back an `encode_str` attribute (h5py gives bytes for fixed-length strings)."""
+    if isinstance(value, np.ndarray):
+        value = value[()]
+    if isinstance(value, (bytes, np.bytes_)):
+        return bytes(value).rstrip(b"\0").decode("utf-8")
+    return str(value)

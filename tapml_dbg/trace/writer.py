@@ -1,0 +1,172 @@
+"""Streaming, crash-safe trace writer.
+
+Crash safety (a SIGKILL at any moment leaves a readable trace with every op whose
+`write_op` returned) rests on three rules, see docs/trace-format.md:
+
+1. Everything shared is created and flushed in the constructor, including one empty
+   group per op of the op table. Afterwards `write_op` only touches its own op's group,
+   so an interrupted write can damage nothing but the op being written.
+2. An op's `done` attribute exists from the start (0) and is overwritten in place (1)
+   only after its data and metadata were flushed; then the file is flushed again.
+3. Strings are fixed-length (no global heap); meta and `complete` are overwritten in place.
+
+SWMR mode is not used: it forbids creating datasets after it is switched on, and op
+output shapes are only known when the op runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import h5py
+import numpy as np
+
+from . import schema as S
+from .stats import tensor_stats
+
+COMPRESSIONS = (None, "lzf", "gzip")
+META_MIN_CAPACITY = 1024  # bytes reserved for the meta JSON, so set_meta rewrites in place
+
+
+def _json(obj) -> str:
+    return json.dumps(obj, default=_json_default)
+
+
+def _json_default(obj):
+    if isinstance(obj, (np.generic, np.ndarray)):
+        return obj.tolist()
+    raise TypeError(f"{type(obj).__name__} is not JSON serializable")
+
+
+def _check_name(name: str, what: str) -> str:
+    if not isinstance(name, str) or not name or "/" in name or name in (".", ".."):
+        raise ValueError(f"bad {what} name {name!r}: must be a non-empty string without '/'")
+    return name
+
+
+class TraceWriter:
+    """Write one trace file: graph, inputs and params up front, then op outputs as they come."""
+
+    def __init__(self, path, *, meta: dict, graph_json: str, tvmscript: str, ops: list[dict],
+                 inputs: dict[str, np.ndarray], params: dict[str, np.ndarray],
+                 compression: str | None = None):
+        if compression not in COMPRESSIONS:
+            raise ValueError(f"compression must be one of {COMPRESSIONS}, not {compression!r}")
+        self.path = os.fspath(path)
+        self.compression = compression
+        self._meta = dict(meta)
+        self._file = h5py.File(self.path, "w", libver=S.LIBVER)
+        try:
+            self._write_header(graph_json, tvmscript, ops, inputs, params)
+            self._file.flush()
+        except BaseException:
+            self._file.close()
+            raise
+
+    # ---- setup -------------------------------------------------------------------------
+    def _write_header(self, graph_json, tvmscript, ops, inputs, params) -> None:
+        f = self._file
+        f.attrs[S.ATTR_FORMAT] = S.encode_str(S.FORMAT_NAME)
+        f.attrs[S.ATTR_VERSION_MAJOR] = np.int32(S.FORMAT_VERSION[0])
+        f.attrs[S.ATTR_VERSION_MINOR] = np.int32(S.FORMAT_VERSION[1])
+        f.attrs[S.ATTR_COMPLETE] = np.uint8(0)
+        meta_json = _json(self._meta)
+        f.attrs[S.ATTR_META] = S.encode_str(meta_json, max(META_MIN_CAPACITY, 2 * len(meta_json)))
+        f.create_group(S.GROUP_GRAPH)
+        self._write_text(S.DS_IR_JSON, graph_json)
+        self._write_text(S.DS_TVMSCRIPT, tvmscript)
+        self._write_text(S.DS_OP_TABLE, _json(list(ops)))
+        for group_name, tensors in ((S.GROUP_INPUTS, inputs), (S.GROUP_PARAMS, params)):
+            group = f.create_group(group_name, track_order=True)  # keeps positional order
+            for name, value in tensors.items():
+                self._write_tensor(group, _check_name(name, group_name[:-1]), value)
+        ops_group = f.create_group(S.GROUP_OPS)
+        for index in range(len(ops)):
+            self._new_op_group(ops_group, index)
+
+    def _write_text(self, path: str, text: str) -> None:
+        data = np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
+        self._file.create_dataset(path, data=data, **self._layout(data))
+
+    def _layout(self, data: np.ndarray) -> dict:
+        if self.compression is None or data.ndim == 0 or data.size == 0:
+            return {}
+        return {"compression": self.compression, "chunks": True}
+
+    def _write_tensor(self, group: h5py.Group, name: str, value, stored=None) -> None:
+        data, dtype_name = stored if stored is not None else S.to_storable(value)
+        ds = group.create_dataset(name, data=data, **self._layout(data))
+        ds.attrs[S.ATTR_DTYPE] = S.encode_str(dtype_name)
+        ds.attrs[S.ATTR_STATS] = S.encode_str(_json(tensor_stats(value)))
+
+    @staticmethod
+    def _new_op_group(ops_group: h5py.Group, index: int) -> h5py.Group:
+        group = ops_group.create_group(str(index))
+        group.attrs[S.ATTR_DONE] = np.uint8(0)
+        return group
+
+    # ---- streaming ---------------------------------------------------------------------
+    def write_op(self, index: int, outputs: list[np.ndarray], *, note: str = "") -> None:
+        """Store op `index`'s outputs as /ops/<index>/<k>; the op counts only once this returns.
+
+        Ops outside the op table get their group created here, which modifies the shared
+        /ops group and so is not covered by the crash-safety guarantee.
+        """
+        index = int(index)
+        if index < 0:
+            raise ValueError(f"op index must be >= 0, not {index}")
+        ops_group = self._open_file()[S.GROUP_OPS]
+        group = ops_group.get(str(index))
+        if group is None:
+            group = self._new_op_group(ops_group, index)
+        elif group.attrs[S.ATTR_DONE]:
+            raise ValueError(f"op {index} was already written to {self.path}")
+        # convert everything first so a bad dtype fails before anything is written
+        stored = [S.to_storable(value) for value in outputs]
+        for name in list(group):  # leftovers of an earlier write_op that raised
+            del group[name]
+        for k, (value, item) in enumerate(zip(outputs, stored)):
+            self._write_tensor(group, str(k), value, item)
+        group.attrs[S.ATTR_NOTE] = S.encode_str(note)
+        self._file.flush()
+        group.attrs.modify(S.ATTR_DONE, np.uint8(1))  # in place: one header chunk rewrite
+        self._file.flush()
+
+    def set_meta(self, key: str, value) -> None:
+        """Update one meta entry; rewritten in place while it fits the reserved capacity."""
+        f = self._open_file()
+        self._meta[key] = value
+        meta_json = _json(self._meta)
+        capacity = f.attrs.get_id(S.ATTR_META).dtype.itemsize
+        if len(meta_json.encode("utf-8")) <= capacity:
+            f.attrs.modify(S.ATTR_META, S.encode_str(meta_json, capacity))
+        else:
+            f.attrs[S.ATTR_META] = S.encode_str(meta_json, 2 * len(meta_json))
+        f.flush()
+
+    @property
+    def meta(self) -> dict:
+        return dict(self._meta)
+
+    def close(self, complete: bool = True) -> None:
+        """Close the file; `complete=True` marks the trace as holding every op."""
+        if self._file is None:
+            return
+        try:
+            if complete:
+                self._file.attrs.modify(S.ATTR_COMPLETE, np.uint8(1))
+        finally:
+            self._file.close()
+            self._file = None
+
+    def _open_file(self) -> h5py.File:
+        if self._file is None:
+            raise ValueError(f"trace writer for {self.path} is closed")
+        return self._file
+
+    def __enter__(self) -> "TraceWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close(complete=exc_type is None)
