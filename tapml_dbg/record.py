@@ -72,7 +72,7 @@ def _load_inputs(npz_path: str, examples: tuple) -> tuple:
         raise UsageError(f"{npz_path} holds {len(arrays)} arrays but the model takes {len(examples)} inputs")
     result = []
     for array, example in zip(arrays, examples):
-        tensor = torch.from_numpy(np.ascontiguousarray(array))
+        tensor = torch.from_numpy(np.require(array, requirements="C"))
         if tensor.dtype != example.dtype:
             tensor = tensor.to(example.dtype)
         result.append(tensor)
@@ -107,7 +107,7 @@ def _record_graph(model_spec, out_path, graph: Graph, provenance, program, modul
         "versions": {"tvm": tvm.__version__, "torch": torch.__version__, "numpy": np.__version__,
                      "python": platform.python_version(), "tapml_dbg": _own_version()},
         "inputs": [name for name, _ in graph.inputs], "params": [name for name, _ in graph.params],
-        "outputs": graph.outputs, "num_ops": len(graph.ops),
+        "outputs": graph.outputs, "num_ops": len(graph.ops), "import_fixes": graph.import_fixes,
     }
     writer = TraceWriter(out_path, meta=meta, graph_json=_graph_json(graph),
                          tvmscript=graph.mod.script(), ops=[op.to_json() for op in graph.ops],
@@ -124,12 +124,13 @@ def _record_graph(model_spec, out_path, graph: Graph, provenance, program, modul
             if op.name in provenance:
                 last_op_of_node[provenance[op.name].node] = op.index
         for op in graph.ops:
-            values = None
+            values, note = None, ""
             prov = provenance.get(op.name)
             if node_values is not None and prov is not None:
                 value = _node_value(node_values, pending, prov.node)
-                values = _match_outputs(value, prov, op)
-            note = ""
+                matched = _match_outputs(value, prov, op)
+                if matched is not None:
+                    values, note = matched
             if values is None:
                 values = runner.run_ops([op.name], store.values)[0]
                 note = HELPER_NOTE if source == "torch" else f"computed by {source}"
@@ -248,8 +249,11 @@ def _node_value(node_values, pending: dict, node_name: str):
     return pending[node_name]
 
 
-def _match_outputs(value, prov: Provenance, op: OpInfo) -> list[np.ndarray] | None:
-    """The torch value for this op as its flattened outputs, or None when it does not fit."""
+CAST_NOTE_PREFIX = "cast:"  # "cast:float16": torch's value had this dtype; compare at its precision
+
+
+def _match_outputs(value, prov: Provenance, op: OpInfo) -> tuple[list[np.ndarray], str] | None:
+    """The torch value for this op as its flattened outputs (and a note), or None when it does not fit."""
     import torch
 
     if value is None:
@@ -265,18 +269,19 @@ def _match_outputs(value, prov: Provenance, op: OpInfo) -> list[np.ndarray] | No
         flat = [t for t in flat if tuple(t.shape) == op.outputs[0].shape][:1]
     if len(flat) != len(op.outputs):
         return None
-    arrays = []
+    arrays, note = [], ""
     for tensor, spec in zip(flat, op.outputs):
         if not isinstance(tensor, torch.Tensor) or tuple(tensor.shape) != spec.shape:
             return None
         array = to_numpy(tensor)
         if str(array.dtype) != spec.dtype and not (spec.dtype == "bool" and array.dtype == np.bool_):
+            note = f"{CAST_NOTE_PREFIX}{array.dtype}"
             try:
                 array = array.astype(_numpy_dtype(spec.dtype))
             except TypeError:
                 return None
         arrays.append(array)
-    return arrays
+    return arrays, note
 
 
 def _flatten_torch(value):

@@ -6,13 +6,21 @@ back as a `crash` (or `timeout`) result and the next request starts a fresh work
 
 from __future__ import annotations
 
-import multiprocessing
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
 import time
+from dataclasses import asdict
+from multiprocessing.connection import Connection
+from pathlib import Path
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from .worker import UnitRequest, WorkerConfig, worker_main
+from .worker import UnitRequest, WorkerConfig
 
 DEFAULT_UNIT_TIMEOUT_S = 300.0  # one compile + run; big fused ranges compile for a while
 WORKER_START_TIMEOUT_S = 120.0
@@ -40,10 +48,19 @@ class TargetExecutor:
     def __init__(self, config: WorkerConfig, timeout_s: float = DEFAULT_UNIT_TIMEOUT_S):
         self.config = config
         self.timeout_s = timeout_s
-        self._context = multiprocessing.get_context("spawn")
         self._process = None
         self._conn = None
         self.restarts = 0
+        handle, self.log_path = tempfile.mkstemp(prefix="tapml-worker-", suffix=".log")
+        os.close(handle)
+
+    def log_tail(self, lines: int = 3) -> str:
+        """The worker's last native log lines: what TVM said just before a crash."""
+        try:
+            text = Path(self.log_path).read_text(errors="replace").strip().splitlines()
+        except OSError:
+            return ""
+        return " | ".join(line.strip()[:200] for line in text[-lines:])
 
     def run(self, request: UnitRequest, timeout_s: float | None = None) -> UnitResult:
         """Run one request; never raises for failures inside TVM."""
@@ -55,6 +72,13 @@ class TargetExecutor:
         except (BrokenPipeError, OSError):
             self._reap()
             return UnitResult("crash", message="the target worker died before the request was sent")
+        try:
+            return self._wait(limit, started)
+        except KeyboardInterrupt:
+            self.stop(kill=True)  # its late reply must not answer the next request
+            raise
+
+    def _wait(self, limit: float, started: float) -> UnitResult:
         deadline = time.monotonic() + limit
         while True:
             remaining = deadline - time.monotonic()
@@ -76,7 +100,9 @@ class TargetExecutor:
             if not self._process.is_alive():
                 code = self._process.exitcode
                 self._reap()
-                return UnitResult("crash", message=_describe_exit(code), seconds=time.perf_counter() - started)
+                tail = self.log_tail()
+                message = _describe_exit(code) + (f"; last log: {tail}" if tail else "")
+                return UnitResult("crash", message=message, seconds=time.perf_counter() - started)
         return UnitResult(
             status=reply["status"], outputs=reply.get("outputs", []), message=reply.get("message", ""),
             cached=reply.get("cached", False), seconds=time.perf_counter() - started,
@@ -88,11 +114,12 @@ class TargetExecutor:
         if self._process is not None:
             self._reap()
             self.restarts += 1
-        parent, child = self._context.Pipe()
-        self._process = self._context.Process(target=worker_main, args=(child, self.config), daemon=True)
-        self._process.start()
+        parent, child = socket.socketpair()
+        command = [sys.executable, "-m", "tapml_dbg.backends.worker", "--fd", str(child.fileno()),
+                   "--config", json.dumps(asdict(self.config)), "--log", self.log_path]
+        self._process = _Process(subprocess.Popen(command, pass_fds=[child.fileno()], stdin=subprocess.DEVNULL))
         child.close()
-        self._conn = parent
+        self._conn = Connection(parent.detach())
 
     def _reap(self) -> None:
         if self._conn is not None:
@@ -116,6 +143,38 @@ class TargetExecutor:
             if self._process.is_alive():
                 self._process.kill()
         self._reap()
+
+    def close(self) -> None:
+        self.stop()
+        try:
+            os.unlink(self.log_path)
+        except OSError:
+            pass
+
+
+class _Process:
+    """The few multiprocessing.Process methods we use, over a Popen (no re-import of __main__)."""
+
+    def __init__(self, popen: subprocess.Popen):
+        self.popen = popen
+
+    def is_alive(self) -> bool:
+        return self.popen.poll() is None
+
+    @property
+    def exitcode(self) -> int | None:
+        return self.popen.poll()
+
+    def join(self, timeout: float | None = None) -> None:
+        try:
+            self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def kill(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.kill()
+            self.popen.wait()
 
 
 def _describe_exit(code: int | None) -> str:

@@ -31,7 +31,7 @@ class LocalRunner:
         key = str(compiled.path)
         if key not in self._vms:
             self._vms[key] = relax.VirtualMachine(tvm.runtime.load_module(key), tvm.cpu())
-        args = [tvm.runtime.tensor(np.ascontiguousarray(values[name][max(index, 0)]), tvm.cpu())
+        args = [tvm.runtime.tensor(np.require(values[name][max(index, 0)], requirements="C"), tvm.cpu())
                 for name, index in spec.inputs]
         result = self._vms[key]["main"](*args)
         return [_flatten(item) for item in result]

@@ -72,3 +72,51 @@ def _rebind(binding, remap):
     from .var_subst import substitute
 
     return relax.VarBinding(binding.var, substitute(binding.value, remap))
+
+
+def build_isolated_batch(main, op_names: list[str]):
+    """Many ops in one function, each fed only recorded values (none reads another's result).
+
+    Used by the isolated sweep: one compile and one run give every op's isolated verdict.
+    Each free variable becomes a parameter named `<name>__in`; tuple inputs are packed as in
+    `build_unit`.
+    """
+    from tvm import relax
+
+    from .var_subst import substitute
+
+    table = bindings_by_name(main)
+    params: list = []
+    spec_inputs: list[tuple[str, int]] = []
+    prologue: list = []
+    remap: dict = {}
+    for name in op_names:
+        for var in relax.analysis.free_vars(table[name].value):
+            if var in remap:
+                continue
+            if isinstance(var.ty, relax.TupleType):
+                fields = []
+                for index, field_ty in enumerate(var.ty.fields):
+                    field_var = relax.Var(f"{var.name}__in{index}", field_ty)
+                    params.append(field_var)
+                    spec_inputs.append((var.name, index))
+                    fields.append(field_var)
+                packed = relax.Var(f"{var.name}__in", var.ty)
+                prologue.append(relax.VarBinding(packed, relax.Tuple(fields)))
+                remap[var] = packed
+            else:
+                fresh = relax.Var(f"{var.name}__in", var.ty)
+                params.append(fresh)
+                spec_inputs.append((var.name, -1))
+                remap[var] = fresh
+    builder = relax.BlockBuilder()
+    with builder.function("main", params, attrs={"num_input": len(params)}, pure=True):
+        for binding in prologue:
+            builder.emit_normalized(binding)
+        results = []
+        for name in op_names:
+            binding = table[name]
+            results.append(builder.emit(substitute(binding.value, remap), name))
+        builder.emit_func_output(relax.Tuple(results))
+    func = builder.get()["main"]
+    return func, UnitSpec(ops=list(op_names), outputs=list(op_names), inputs=spec_inputs)

@@ -35,8 +35,10 @@ class UnitRequest:
     compile_only: bool = False
 
 
-def worker_main(conn, config: WorkerConfig) -> None:
+def worker_main(conn, config: WorkerConfig, log_path: str | None = None) -> None:
     """Serve requests until told to stop or the pipe closes."""
+    if log_path:
+        _redirect_native_output(log_path)
     state = _WorkerState(config)
     while True:
         try:
@@ -46,6 +48,19 @@ def worker_main(conn, config: WorkerConfig) -> None:
         if message is None:
             return
         conn.send(state.handle(message))
+
+
+def _redirect_native_output(log_path: str) -> None:
+    """TVM's C++ warnings go to fd 1/2; keep them in a log the session can quote after a crash."""
+    import os
+    import sys
+
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.stdout = open(1, "w", closefd=False, buffering=1)
+    sys.stderr = open(2, "w", closefd=False, buffering=1)
 
 
 class _WorkerState:
@@ -151,7 +166,7 @@ class _WorkerState:
     def _to_device(self, array: np.ndarray):
         import tvm
 
-        return tvm.runtime.tensor(np.ascontiguousarray(array), self._device())
+        return tvm.runtime.tensor(np.require(array, requirements="C"), self._device())
 
 
 def _flatten(value) -> list[np.ndarray]:
@@ -167,3 +182,21 @@ def _one_line(exc: BaseException) -> str:
     lines = [line for line in str(exc).strip().splitlines() if line.strip()]
     detail = lines[-1] if lines else ""
     return f"{type(exc).__name__}: {detail}"[:500]
+
+
+def _main() -> None:
+    """Entry point: `python -m tapml_dbg.backends.worker --fd N --config JSON --log PATH`."""
+    import argparse
+    import json
+    from multiprocessing.connection import Connection
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--fd", type=int, required=True)
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--log")
+    args = parser.parse_args()
+    worker_main(Connection(args.fd), WorkerConfig(**json.loads(args.config)), args.log)
+
+
+if __name__ == "__main__":
+    _main()

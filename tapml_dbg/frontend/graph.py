@@ -60,6 +60,7 @@ class Graph:
     inputs: list[tuple[str, TensorSpec]]
     params: list[tuple[str, TensorSpec]]
     outputs: list[str]  # names of the ops (or inputs) the model returns
+    import_fixes: list[str] = field(default_factory=list)  # see frontend/fixes.py
 
     def op_by_name(self) -> dict[str, OpInfo]:
         return {op.name: op for op in self.ops}

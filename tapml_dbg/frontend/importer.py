@@ -67,7 +67,10 @@ def import_program(program) -> tuple[Graph, dict[str, Provenance]]:
     from tvm import relax
     from tvm.relax.frontend.torch.exported_program_translator import ExportedProgramImporter
 
+    from .fixes import apply_import_fixes
+
     importer = ExportedProgramImporter()
+    fixes = apply_import_fixes(importer)
     current: dict[str, object] = {"node": None}
     emitted: dict[str, str] = {}  # relax var name -> fx node name
 
@@ -108,7 +111,9 @@ def import_program(program) -> tuple[Graph, dict[str, Provenance]]:
         relax.BlockBuilder.emit = original_emit
 
     final_of_node = _final_bindings(importer)
-    return _build_graph(mod, nodes, emitted, final_of_node)
+    graph, provenance = _build_graph(mod, nodes, emitted, final_of_node)
+    graph.import_fixes = fixes
+    return graph, provenance
 
 
 class _ImportFailure(Exception):

@@ -1,0 +1,445 @@
+"""The replay engine: a trace, a target, an offload set, and verdicts per op.
+
+Like `bdb`, it knows nothing of terminals: every method returns result objects and reports
+progress through a callback. Target work goes through a worker process (see
+`backends.executor`), so a crash inside TVM becomes a verdict, not the end of the session.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from .backends.compiler import DEFAULT_CACHE_DIR
+from .backends.executor import DEFAULT_UNIT_TIMEOUT_S, TargetExecutor, UnitResult
+from .backends.target import parse_target
+from .backends.units import build_isolated_batch, build_unit
+from .backends.worker import UnitRequest, WorkerConfig
+from .bisect import SearchTrace, chunks, first_failing
+from .compare import TolerancePolicy, compare_arrays, dtype_name
+from .errors import TraceError, UsageError
+from .frontend.graph import OpInfo
+from .frontend.serialize import function_from_json, function_to_json
+from .trace import TraceReader
+from .verdicts import (ISOLATED, PROPAGATED, BisectResult, CompileReport, Culprit, StepResult, Verdict)
+
+Progress = Callable[..., None]
+
+DEFAULT_SWEEP_CHUNK = 64  # ops per isolated-sweep unit: one compile covers this many verdicts
+NEIGHBOURHOOD_RADIUS = 2  # ops shown on each side of a culprit
+
+
+def _noop(*_args, **_kwargs) -> None:
+    return None
+
+
+class Session:
+    """One replay of one trace on one target."""
+
+    def __init__(self, reader: TraceReader, *, target: str = "llvm", rpc: str | None = None,
+                 tracker: str | None = None, rpc_key: str | None = None, transform: str | None = None,
+                 unit_timeout_s: float = DEFAULT_UNIT_TIMEOUT_S, cache_dir: str | Path = DEFAULT_CACHE_DIR,
+                 policy: TolerancePolicy | None = None):
+        self.reader = reader
+        self.target = target
+        parse_target(target)  # fail early on a bad target string
+        self.transform = transform
+        if transform:
+            from .frontend.model_loader import load_python_function
+
+            load_python_function(transform, what="transform")  # fail early on a bad FILE.py:FUNC
+        self.rpc, self.tracker, self.rpc_key = rpc, tracker, rpc_key
+        self.main = function_from_json(_load_graph_json(reader))
+        self.ops = [OpInfo.from_json(op) for op in reader.ops]
+        self.by_name = {op.name: op for op in self.ops}
+        self.input_names = set(reader.input_names)
+        self.param_names = set(reader.param_names)
+        self.policy = policy or TolerancePolicy()
+        self.sweep_chunk = DEFAULT_SWEEP_CHUNK
+        self.executor = TargetExecutor(
+            WorkerConfig(trace_path=str(reader.path), target=target, transform=transform,
+                         cache_dir=str(cache_dir), rpc=rpc, tracker=tracker, rpc_key=rpc_key),
+            timeout_s=unit_timeout_s)
+        self.consumers: dict[str, list[int]] = {}
+        for op in self.ops:
+            for name in op.inputs:
+                self.consumers.setdefault(name, []).append(op.index)
+        self.recorded = set(reader.finished_ops())
+        self.probes = 0
+        self.reset()
+
+    @classmethod
+    def open(cls, path: str | Path, **options) -> "Session":
+        return cls(TraceReader(path), **options)
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.executor.close()
+        self.reader.close()
+
+    # ---------------------------------------------------------------- state
+    def reset(self) -> None:
+        """Back to op 0 with every op offloaded and no target values."""
+        self.position = 0
+        self.offload: set[int] = set(range(len(self.ops)))
+        self.target_values: dict[str, list[np.ndarray]] = {}
+        self._isolated_cache: dict[int, Verdict] = {}
+
+    def set_boundary(self, k: int) -> None:
+        """Offload ops [0, k): the classic gradual migration."""
+        if not 0 <= k <= len(self.ops):
+            raise UsageError(f"boundary must be between 0 and {len(self.ops)}")
+        self.offload = set(range(k))
+        self.target_values = {}
+
+    def offload_add(self, indices: list[int]) -> None:
+        self.offload.update(indices)
+        self.target_values = {}
+
+    def offload_remove(self, indices: list[int]) -> None:
+        self.offload.difference_update(indices)
+        self.target_values = {}
+
+    # ---------------------------------------------------------------- lookup
+    def resolve(self, text: str | int) -> OpInfo:
+        """An op by index (`12`, `#12`) or name; the error suggests close names."""
+        if isinstance(text, int) or str(text).lstrip("#").lstrip("-").isdigit():
+            index = int(str(text).lstrip("#"))
+            if index < 0:
+                index += len(self.ops)
+            if not 0 <= index < len(self.ops):
+                raise UsageError(f"op index {text} is out of range (0..{len(self.ops) - 1})")
+            return self.ops[index]
+        if text in self.by_name:
+            return self.by_name[text]
+        close = difflib.get_close_matches(str(text), list(self.by_name), n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else "; `ops PATTERN` lists op names"
+        raise UsageError(f"no op named {text!r}{hint}")
+
+    def layers(self) -> list[str]:
+        seen: dict[str, None] = {}
+        for op in self.ops:
+            parts = op.layer.split(".") if op.layer else []
+            for end in range(1, len(parts) + 1):
+                seen.setdefault(".".join(parts[:end]), None)
+        return list(seen)
+
+    def layer_ops(self, layer: str) -> list[int]:
+        """Ops in `layer` or any layer nested in it."""
+        ops = [op.index for op in self.ops if op.layer == layer or op.layer.startswith(layer + ".")]
+        if not ops:
+            close = difflib.get_close_matches(layer, self.layers(), n=3)
+            hint = f"; did you mean {', '.join(close)}?" if close else "; `layers` lists them"
+            raise UsageError(f"no layer named {layer!r}{hint}")
+        return ops
+
+    def resolve_ops(self, text: str) -> list[int]:
+        """An op, a range `a:b`, or a layer."""
+        if ":" in text and all(part.strip().lstrip("#").isdigit() or not part.strip()
+                               for part in text.split(":", 1)):
+            start, end = text.split(":", 1)
+            return list(range(int(start.lstrip("#") or 0), int(end.lstrip("#") or len(self.ops))))
+        if text in self.by_name or text.lstrip("#").isdigit():
+            return [self.resolve(text).index]
+        if any(op.layer == text or op.layer.startswith(text + ".") for op in self.ops):
+            return self.layer_ops(text)
+        return [self.resolve(text).index]
+
+    # ---------------------------------------------------------------- values
+    def source_values(self, index: int) -> list[np.ndarray]:
+        if index not in self.recorded:
+            raise TraceError(f"op {index} ({self.ops[index].name}) has no recorded values (the "
+                             "recording stopped before it; record again)")
+        return self.reader.op_outputs(index)
+
+    def _recorded_ref(self, name: str, field: int) -> tuple:
+        if name in self.input_names:
+            return ("input", name)
+        if name in self.param_names:
+            return ("param", name)
+        op = self.by_name[name]
+        if op.index not in self.recorded:
+            raise TraceError(f"op {op.index} ({name}) has no recorded values (the recording stopped "
+                             "before it; record again)")
+        return ("op", name, field)
+
+    def _input_refs(self, spec_inputs, use_target: bool) -> list[tuple]:
+        refs = []
+        for name, field in spec_inputs:
+            if use_target and name in self.target_values:
+                refs.append(("value", self.target_values[name][max(field, 0)]))
+            else:
+                refs.append(self._recorded_ref(name, field))
+        return refs
+
+    def _run(self, func, spec, use_target: bool, timeout_s: float | None = None) -> UnitResult:
+        self.probes += 1
+        request = UnitRequest(unit_json=function_to_json(func), inputs=self._input_refs(spec.inputs, use_target),
+                              outputs=spec.outputs)
+        return self.executor.run(request, timeout_s)
+
+    # ---------------------------------------------------------------- verdicts
+    def _verdict(self, op: OpInfo, mode: str, result: UnitResult, outputs: list[np.ndarray] | None) -> Verdict:
+        if not result.ok:
+            return Verdict(op.index, op.name, mode, result.status, message=result.message)
+        if op.index not in self.recorded:
+            return Verdict(op.index, op.name, mode, "missing",
+                           message="no recorded value to compare with (the recording stopped before it)")
+        source = self.source_values(op.index)
+        if len(outputs) != len(source):
+            return Verdict(op.index, op.name, mode, "fail",
+                           message=f"{len(outputs)} outputs vs {len(source)} recorded")
+        dtype_of = self._tolerance_dtype(op.index)
+        metrics = [compare_arrays(t, s, self.policy.for_value(dtype_of or dtype_name(s), op.name,
+                                                              mode == PROPAGATED))
+                   for t, s in zip(outputs, source)]
+        status = "pass" if all(m.passed for m in metrics) else "fail"
+        return Verdict(op.index, op.name, mode, status, metrics)
+
+    def _tolerance_dtype(self, index: int) -> str | None:
+        """The source's own dtype when the recorder had to cast its value (e.g. fp16 mm → fp32)."""
+        from .record import CAST_NOTE_PREFIX
+
+        note = self.reader.op_note(index) if index in self.recorded else ""
+        return note[len(CAST_NOTE_PREFIX):] if note.startswith(CAST_NOTE_PREFIX) else None
+
+    def isolated(self, index: int) -> Verdict:
+        """The op alone, fed recorded source inputs: is this kernel wrong?"""
+        if index in self._isolated_cache:
+            return self._isolated_cache[index]
+        op = self.ops[index]
+        try:
+            func, spec = build_unit(self.main, [op.name], [op.name])
+            result = self._run(func, spec, use_target=False)
+        except TraceError as exc:
+            return Verdict(index, op.name, ISOLATED, "missing", message=str(exc))
+        verdict = self._verdict(op, ISOLATED, result, result.outputs[0] if result.ok else None)
+        self._isolated_cache[index] = verdict
+        return verdict
+
+    def propagated(self, index: int) -> Verdict:
+        """The op fed the target's own upstream values (ops in the offload set run on the target)."""
+        op = self.ops[index]
+        needed = self._offloaded_ancestors(index)
+        missing = [i for i in needed if self.ops[i].name not in self.target_values]
+        try:
+            if missing:
+                chain = sorted(set(missing) | {index})
+                names = [self.ops[i].name for i in chain]
+                func, spec = build_unit(self.main, names, names)
+                result = self._run(func, spec, use_target=True)
+                if result.ok:
+                    for name, values in zip(names, result.outputs):
+                        self.target_values[name] = values
+                outputs = result.outputs[-1] if result.ok else None
+            else:
+                func, spec = build_unit(self.main, [op.name], [op.name])
+                result = self._run(func, spec, use_target=True)
+                outputs = result.outputs[0] if result.ok else None
+                if result.ok and index in self.offload:
+                    self.target_values[op.name] = outputs
+        except TraceError as exc:
+            return Verdict(index, op.name, PROPAGATED, "missing", message=str(exc))
+        return self._verdict(op, PROPAGATED, result, outputs)
+
+    def _offloaded_ancestors(self, index: int) -> list[int]:
+        seen: set[int] = set()
+        stack = list(self.ops[index].inputs)
+        while stack:
+            name = stack.pop()
+            op = self.by_name.get(name)
+            if op is None or op.index in seen or op.index not in self.offload:
+                continue
+            seen.add(op.index)
+            stack.extend(op.inputs)
+        return sorted(seen)
+
+    def compare(self, index: int) -> StepResult:
+        """Both verdicts of one op, side by side."""
+        op = self.ops[index]
+        return StepResult(op.index, op.name, op.op, op.layer, self.isolated(index), self.propagated(index))
+
+    def target_output(self, index: int, mode: str) -> list[np.ndarray] | None:
+        """The target's value of an op in a mode (computing it if needed); None on failure."""
+        op = self.ops[index]
+        if mode == PROPAGATED:
+            self.propagated(index)
+            return self.target_values.get(op.name)
+        func, spec = build_unit(self.main, [op.name], [op.name])
+        result = self._run(func, spec, use_target=False)
+        return result.outputs[0] if result.ok else None
+
+    # ---------------------------------------------------------------- stepping
+    def step(self, count: int = 1, progress: Progress = _noop) -> list[StepResult]:
+        """Run the next `count` ops on the target, one by one, each with both verdicts."""
+        results = []
+        for _ in range(count):
+            if self.position >= len(self.ops):
+                break
+            results.append(self.compare(self.position))
+            self.position += 1
+            progress(len(results), count)
+        return results
+
+    # ---------------------------------------------------------------- bisection
+    def bisect(self, sweep: bool = True, progress: Progress = _noop) -> BisectResult:
+        """Find the first divergent op (see docs: propagated search, isolated confirm and sweep)."""
+        started = time.perf_counter()
+        probes_before = self.probes
+        last = self._last_recorded_prefix()
+        notes = []
+        if last < len(self.ops) - 1:
+            notes.append(f"the trace is incomplete: searched ops 0..{last} only")
+        search = SearchTrace()
+        statuses: dict[int, UnitResult] = {}
+        total_steps = max(1, int(np.ceil(np.log2(max(last + 1, 2)))) + 1)
+
+        def prefix_fails(k: int) -> bool:
+            progress(len(search.probes), total_steps, f"probe ops 0..{k}")
+            failed, result = self._prefix_probe(k)
+            statuses[k] = result
+            return failed
+
+        candidate = first_failing(0, last, prefix_fails, search) if last >= 0 else None
+        culprit: Culprit | None = None
+        if candidate is not None:
+            verdict = self.isolated(candidate)
+            if verdict.failed:
+                culprit = self._culprit(candidate, verdict, ISOLATED)
+            else:
+                probe = statuses.get(candidate)
+                prop = self.propagated_from_probe(candidate, probe)
+                culprit = self._culprit(candidate, prop, PROPAGATED)
+        if sweep:
+            end = candidate if candidate is not None else last + 1
+            earliest = self._isolated_sweep(list(range(0, end)), progress)
+            if earliest is not None:
+                if culprit is None:
+                    notes.append("the divergence does not persist to the model's output (it washes out "
+                                 "or is masked downstream)")
+                culprit = self._culprit(earliest.index, earliest, ISOLATED)
+        neighbourhood = self._neighbourhood(culprit.index) if culprit else []
+        return BisectResult(diverged=culprit is not None, ops=len(self.ops), probes=self.probes - probes_before,
+                            seconds=time.perf_counter() - started, target=self.target, culprit=culprit,
+                            neighbourhood=neighbourhood, search=search.probes, notes=notes)
+
+    def _last_recorded_prefix(self) -> int:
+        last = -1
+        while last + 1 < len(self.ops) and (last + 1) in self.recorded:
+            last += 1
+        return last
+
+    def _frontier(self, k: int) -> list[str]:
+        """Ops in [0, k] whose value is read after k, plus op k itself."""
+        names = []
+        for op in self.ops[:k + 1]:
+            if op.index == k or any(c > k for c in self.consumers.get(op.name, [])):
+                if op.outputs:
+                    names.append(op.name)
+        return names
+
+    def _prefix_probe(self, k: int) -> tuple[bool, UnitResult]:
+        names = [op.name for op in self.ops[:k + 1]]
+        frontier = self._frontier(k)
+        func, spec = build_unit(self.main, names, frontier)
+        result = self._run(func, spec, use_target=False)
+        if not result.ok:
+            return True, result
+        for name, outputs in zip(frontier, result.outputs):
+            op = self.by_name[name]
+            if not self._verdict(op, PROPAGATED, result, outputs).passed:
+                result.message = f"op {op.index} ({name}) diverges"
+                return True, result
+        last_name = self.ops[k].name
+        self._last_probe_outputs = {last_name: result.outputs[frontier.index(last_name)]} \
+            if last_name in frontier else {}
+        return False, result
+
+    def propagated_from_probe(self, index: int, probe: UnitResult | None) -> Verdict:
+        """The propagated verdict of `index` as seen by the prefix probe that ended at it."""
+        op = self.ops[index]
+        if probe is None or not probe.ok:
+            return Verdict(index, op.name, PROPAGATED, probe.status if probe else "error",
+                           message=probe.message if probe else "")
+        frontier = self._frontier(index)
+        outputs = probe.outputs[frontier.index(op.name)] if op.name in frontier else None
+        if outputs is None:
+            return Verdict(index, op.name, PROPAGATED, "error", message="no value for the op in the probe")
+        return self._verdict(op, PROPAGATED, probe, outputs)
+
+    def _isolated_sweep(self, indices: list[int], progress: Progress) -> Verdict | None:
+        """Isolated verdicts for `indices`, many per unit; the lowest failing one, if any."""
+        todo = [i for i in indices if i not in self._isolated_cache and self.ops[i].outputs]
+        batches = chunks(todo, self.sweep_chunk)
+        for number, batch in enumerate(batches):
+            progress(number, len(batches), f"isolated sweep {batch[0]}..{batch[-1]}")
+            self._sweep_batch(batch)
+            first = next((self._isolated_cache[i] for i in batch if self._isolated_cache[i].failed), None)
+            if first is not None:
+                break
+        for index in indices:
+            verdict = self._isolated_cache.get(index)
+            if verdict is not None and verdict.failed:
+                return verdict
+        return None
+
+    def _sweep_batch(self, batch: list[int]) -> None:
+        names = [self.ops[i].name for i in batch]
+        try:
+            func, spec = build_isolated_batch(self.main, names)
+            result = self._run(func, spec, use_target=False)
+        except TraceError:
+            result = None
+        if result is None or not result.ok:
+            # a batch that fails to compile or crashes: find the op(s) one by one
+            for index in batch:
+                self.isolated(index)
+            return
+        for index, outputs in zip(batch, result.outputs):
+            op = self.ops[index]
+            self._isolated_cache[index] = self._verdict(op, ISOLATED, result, outputs)
+
+    def _culprit(self, index: int, verdict: Verdict, mode: str) -> Culprit:
+        op = self.ops[index]
+        kind = mode if verdict.status in ("pass", "fail") else verdict.status
+        return Culprit(op.index, op.name, op.op, op.layer, kind, verdict.worst, verdict.message)
+
+    def _neighbourhood(self, index: int) -> list[StepResult]:
+        rows = []
+        for i in range(max(0, index - NEIGHBOURHOOD_RADIUS), min(len(self.ops), index + NEIGHBOURHOOD_RADIUS + 1)):
+            op = self.ops[i]
+            rows.append(StepResult(i, op.name, op.op, op.layer, self.isolated(i), None))
+        return rows
+
+    # ---------------------------------------------------------------- compile only
+    def compile_all(self, progress: Progress = _noop) -> CompileReport:
+        """Compile every op for the target without running it; failures become verdicts."""
+        report = CompileReport(self.target, len(self.ops))
+        for op in self.ops:
+            progress(op.index, len(self.ops), op.name)
+            func, spec = build_unit(self.main, [op.name], [op.name])
+            self.probes += 1
+            result = self.executor.run(UnitRequest(unit_json=function_to_json(func), inputs=[],
+                                                   compile_only=True))
+            if not result.ok or not result.device_code:
+                report.failures.append({"index": op.index, "name": op.name, "op": op.op, "layer": op.layer,
+                                        "verdict": result.status if not result.ok else "compile-error",
+                                        "message": result.message or "no device code generated"})
+        return report
+
+
+def _load_graph_json(reader: TraceReader) -> dict:
+    try:
+        return json.loads(reader.graph_json)
+    except (ValueError, TypeError) as exc:
+        raise TraceError(f"{reader.path}: the stored graph is not valid JSON ({exc}); the trace is corrupt") from exc
