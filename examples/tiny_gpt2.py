@@ -15,6 +15,9 @@ class GPT2Logits(GPT2LMHeadModel):
 def config(**overrides) -> GPT2Config:
     settings = dict(n_layer=2, n_embd=64, n_head=4, vocab_size=1000, n_positions=128,
                     bos_token_id=0, eos_token_id=0)
+    # eager attention: the exported graph then computes exactly what the model's forward does
+    # (with sdpa, torch's fused kernel and its decomposition differ in the last bits)
+    settings.setdefault("attn_implementation", "eager")
     settings.update(overrides)
     return GPT2Config(**settings)
 

@@ -14,7 +14,7 @@ class LlamaLogits(LlamaForCausalLM):
 def build(seq: int = 16):
     config = LlamaConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
                          num_key_value_heads=2, vocab_size=1000, max_position_embeddings=128,
-                         bos_token_id=0, eos_token_id=0, pad_token_id=0)
+                         bos_token_id=0, eos_token_id=0, pad_token_id=0, attn_implementation="eager")
     model = LlamaLogits(config).eval()
     ids = torch.randint(0, config.vocab_size, (1, seq))
     return model, (ids, torch.ones(1, seq, dtype=torch.long))

@@ -75,9 +75,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _quiet_libraries() -> None:
+    """torch.export and transformers warn at length on stderr; the CLI speaks for itself."""
+    import logging
+    import warnings
+
+    for category in (FutureWarning, DeprecationWarning, UserWarning):
+        warnings.filterwarnings("ignore", category=category)
+    for name in ("torch", "torch.export", "torch.fx", "transformers"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    _quiet_libraries()
     from . import render
 
     try:

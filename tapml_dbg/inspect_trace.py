@@ -36,6 +36,8 @@ def trace_info(path: str) -> dict:
             "file_bytes": reader.file_size,
             "activation_bytes": activation_bytes,
             "record_seconds": meta.get("record_seconds"),
+            "eager_output_max_abs_diff": meta.get("eager_output_max_abs_diff"),
+            "import_fixes": meta.get("import_fixes", []),
             "ops": [{"index": op["index"], "name": op["name"], "op": op["op"], "layer": op.get("layer", ""),
                      "relax_op": op.get("relax_op", ""), "recorded": op["index"] in finished,
                      "outputs": op.get("outputs", [])} for op in ops],

@@ -142,7 +142,8 @@ def _record_graph(model_spec, out_path, graph: Graph, provenance, program, modul
             if progress:
                 progress(op.index + 1, len(graph.ops))
         writer.set_meta("record_seconds", time.perf_counter() - started)
-    eager = _time_eager(module, inputs)
+        eager, eager_outputs = _time_eager(module, inputs)
+        writer.set_meta("eager_output_max_abs_diff", _output_difference(values, eager_outputs))
     path = Path(out_path)
     return RecordResult(path, len(graph.ops), time.perf_counter() - started, eager, helpers,
                         path.stat().st_size)
@@ -300,14 +301,25 @@ def _numpy_dtype(name: str):
     return np.dtype(name)
 
 
-def _time_eager(module, inputs, repeats: int = 3) -> float:
-    """Best-of-N wall time of the bare eager forward, for the record-overhead ratio."""
+def _time_eager(module, inputs, repeats: int = 3):
+    """Best-of-N wall time of the bare eager forward (for the overhead ratio), and its outputs."""
     import torch
 
-    best = float("inf")
+    best, outputs = float("inf"), None
     with torch.no_grad():
         for _ in range(repeats):
             started = time.perf_counter()
-            module(*inputs)
+            outputs = module(*inputs)
             best = min(best, time.perf_counter() - started)
-    return best
+    return best, [to_numpy(t) for t in _flatten_torch(outputs) if isinstance(t, torch.Tensor)]
+
+
+def _output_difference(recorded: list[np.ndarray], eager_outputs: list[np.ndarray]) -> float | None:
+    """How far the recorded outputs are from the model's own eager forward (0.0: bit-exact).
+
+    A fused kernel (e.g. sdpa) that torch.export decomposes can differ in the last bits; the
+    trace then says so instead of hiding it.
+    """
+    diffs = [float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64)))) if a.size else 0.0
+             for a, b in zip(recorded or [], eager_outputs) if a.shape == b.shape]
+    return max(diffs) if diffs else None

@@ -63,10 +63,19 @@ def trace_info(info: dict) -> None:
         ("inputs / params", f"{info['num_inputs']} / {info['num_params']}"),
         ("file size", human_bytes(info["file_bytes"])),
         ("activations", human_bytes(info["activation_bytes"])),
+        ("vs eager forward", _eager_diff(info.get("eager_output_max_abs_diff"))),
     ]
+    if info.get("import_fixes"):
+        rows.append(("import fixes", ", ".join(info["import_fixes"])))
     for key, value in rows:
         table.add_row(f"[bold]{key}[/]", str(value))
     console.print(table)
+
+
+def _eager_diff(diff) -> str:
+    if diff is None:
+        return "not measured"
+    return "bit-exact" if diff == 0 else f"max abs diff {diff:.3g} (a decomposed fused kernel)"
 
 
 def op_table(ops: list[dict], title: str | None = None) -> Table:

@@ -393,7 +393,7 @@ class OpCheck:
             lines.append("  " + self.message)
         for number, (out, m) in enumerate(zip(op["outputs"], self.metrics)):
             verdict = "ok  " if m["passed"] else "FAIL"
-            lines.append(f"  out {number} {out['dtype']}{tuple(out['shape'])}: {verdict} {format_metrics(m)}")
+            lines.append(f"  out {number} {out['dtype']} {tuple(out['shape'])}: {verdict} {format_metrics(m)}")
         return lines
 
     def report(self) -> str:
@@ -439,8 +439,8 @@ def check_op(here: str, meta: dict, op: dict, runner: Runner, data: Data) -> OpC
 
 
 def _unset_env(meta: dict) -> list[str]:
-    names = (meta.get("transform") or {}).get("env", {})
-    return [name for name in names if name not in os.environ]
+    used = (meta.get("transform") or {}).get("env", {})
+    return [name for name, value in used.items() if value is not None and name not in os.environ]
 
 
 def _one_line(exc: BaseException) -> str:
@@ -479,8 +479,7 @@ def repro_main(here: str, argv=None, out=None) -> int:
     except ReproBroken as exc:
         out.write(f"repro cannot run: {exc}\n")
         return EXIT_BROKEN
-    out.write(f"tapml-dbg repro of {meta.get('model', '?')} (recorded on {meta.get('source', '?')}), "
-              f"tolerance rule: {COMPARE_RULE}\n")
+    out.write(f"tapml-dbg repro of {meta.get('model', '?')} (recorded on {meta.get('source', '?')})\n")
     if meta.get("transform"):
         out.write(f"transform: {meta['transform']['file']}:{meta['transform']['func']}\n")
     out.write(check.report() + "\n")

@@ -1,0 +1,145 @@
+"""Writing a repro directory: the output folder, the shared lib, the data file, the transform copy."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+from ..errors import UsageError
+from . import standalone as lib
+
+STANDALONE_SOURCE = Path(__file__).with_name("standalone.py")
+TRANSFORM_DIR = "transform"
+# files and folders a dump or carve writes; a re-dump into the same folder replaces exactly these
+OWNED = ("README.md", "repro.py", "module.py", "modules", "test_ops.py", "conftest.py", "pytest.ini",
+         lib.LIB_FILE, lib.META_FILE, lib.DATA_FILE, TRANSFORM_DIR, "__pycache__")
+
+_ENV_PATTERNS = (r"os\.environ\[\s*['\"](\w+)['\"]", r"os\.environ\.get\(\s*['\"](\w+)['\"]",
+                 r"os\.getenv\(\s*['\"](\w+)['\"]")
+
+
+def prepare_dir(path: str | Path) -> Path:
+    """An empty folder, or one a previous dump/carve wrote (its files are replaced)."""
+    folder = Path(path)
+    if folder.exists() and not folder.is_dir():
+        raise UsageError(f"{folder} exists and is not a directory; choose another -o DIR")
+    if folder.is_dir() and any(folder.iterdir()):
+        if not (folder / lib.META_FILE).is_file() or not _is_repro_meta(folder / lib.META_FILE):
+            raise UsageError(f"{folder} is not empty and holds no tapml-dbg repro; choose a new -o DIR")
+        for name in OWNED:
+            target = folder / name
+            if target.is_dir():
+                shutil.rmtree(target)
+            elif target.exists():
+                target.unlink()
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def _is_repro_meta(path: Path) -> bool:
+    try:
+        return json.loads(path.read_text(encoding="utf-8")).get("format") == lib.FORMAT
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def copy_lib(folder: Path) -> None:
+    shutil.copyfile(STANDALONE_SOURCE, folder / lib.LIB_FILE)
+
+
+def copy_transform(folder: Path, spec: str | None) -> dict | None:
+    """Copy the `--transform FILE.py:FUNC` file as-is; note the environment variables it reads."""
+    if not spec:
+        return None
+    from ..frontend.model_loader import split_model_spec
+
+    source, func = split_model_spec(spec)
+    (folder / TRANSFORM_DIR).mkdir(exist_ok=True)
+    copied = folder / TRANSFORM_DIR / source.name
+    shutil.copyfile(source, copied)
+    text = source.read_text(encoding="utf-8", errors="replace")
+    names = sorted({name for pattern in _ENV_PATTERNS for name in re.findall(pattern, text)})
+    return {"file": f"{TRANSFORM_DIR}/{source.name}", "func": func, "original": str(source.resolve()),
+            "env": {name: os.environ.get(name) for name in names}}
+
+
+class DataWriter:
+    """Collects the arrays of a repro, each stored once however many ops read it."""
+
+    def __init__(self):
+        self.arrays: dict[str, object] = {}
+
+    def new_bytes(self, refs) -> int:
+        seen: set[str] = set()
+        total = 0
+        for ref in refs:
+            if ref.key not in self.arrays and ref.key not in seen:
+                seen.add(ref.key)
+                total += ref.nbytes
+        return total
+
+    def add(self, refs) -> None:
+        for ref in refs:
+            self.arrays.setdefault(ref.key, ref.array)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(a.nbytes) for a in self.arrays.values())
+
+    def write(self, folder: Path) -> None:
+        lib.write_npz(str(folder / lib.DATA_FILE),
+                      ((key, lib.encode_array(array)[0]) for key, array in self.arrays.items()))
+
+
+def write_meta(folder: Path, meta: dict) -> None:
+    (folder / lib.META_FILE).write_text(json.dumps(meta, indent=1, default=_json_default) + "\n", encoding="utf-8")
+
+
+def _json_default(value):
+    if hasattr(value, "item"):
+        return value.item()
+    raise TypeError(f"not JSON serializable: {type(value).__name__}")
+
+
+def dir_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+
+
+def human_bytes(count: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(count) < 1024 or unit == "GiB":
+            return f"{count:.1f} {unit}" if unit != "B" else f"{int(count)} B"
+        count /= 1024
+    return f"{count:.1f} GiB"
+
+
+def safe_name(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+
+
+def versions() -> dict:
+    import platform
+
+    import numpy
+    import tvm
+
+    from .. import __version__ as own
+
+    return {"tvm": tvm.__version__, "numpy": numpy.__version__, "python": platform.python_version(),
+            "tapml_dbg": own}
+
+
+def write_readme_sized(folder: Path, render) -> int:
+    """Write README.md from `render(total_bytes)` so the size it states includes the README itself."""
+    total = dir_bytes(folder)
+    for _ in range(4):
+        text = render(total)
+        (folder / "README.md").write_text(text, encoding="utf-8")
+        measured = dir_bytes(folder)
+        if human_bytes(measured) == human_bytes(total):
+            return measured
+        total = measured
+    return total

@@ -1,0 +1,183 @@
+"""One op as a standalone module: its unit function as TVMScript, its real inputs and outputs.
+
+Tensor constants cannot be printed (`show_meta=True` crashes TVM 0.27, and without it the
+script refers to metadata it does not hold), so they are lifted to extra parameters whose
+values travel with the inputs. Finite scalar constants stay inline: they print exactly.
+Every script is parsed back and compared structurally before it is written, so a dump never
+holds a module that does not round-trip.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..backends.units import build_unit
+from ..compare import dtype_name
+from ..errors import TapmlError
+from ..frontend.graph import OpInfo
+
+LIFTED_PREFIX = "lifted_const"
+
+
+class RoundTripError(TapmlError):
+    """An op's module does not survive TVMScript printing and parsing (a TVM limitation or bug)."""
+
+
+@dataclass
+class ValueRef:
+    """Where one array of a repro comes from, and the key it is stored under in data.npz."""
+
+    key: str
+    kind: str  # input | param | op | constant
+    name: str  # the model value (or the lifted parameter) it is
+    field: int = -1
+    array: np.ndarray | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.array.nbytes) if self.array is not None else 0
+
+
+@dataclass
+class OpModule:
+    """Everything a repro needs about one op."""
+
+    op: OpInfo
+    script: str
+    inputs: list[ValueRef] = field(default_factory=list)  # in parameter order, lifted constants last
+    outputs: list[ValueRef] = field(default_factory=list)
+    tolerances: list[tuple[float, float]] = field(default_factory=list)  # (rtol, atol) per output
+    lifted: int = 0
+
+    @property
+    def refs(self) -> list[ValueRef]:
+        return self.inputs + self.outputs
+
+    def meta(self, module_path: str) -> dict:
+        op = self.op
+        return {
+            "index": op.index, "name": op.name, "op": op.op, "relax_op": op.relax_op, "layer": op.layer,
+            "fx_node": op.fx_node, "module": module_path, "lifted_constants": self.lifted,
+            "inputs": [_entry(ref) for ref in self.inputs],
+            "outputs": [dict(_entry(ref), rtol=rtol, atol=atol)
+                        for ref, (rtol, atol) in zip(self.outputs, self.tolerances)],
+        }
+
+
+def _entry(ref: ValueRef) -> dict:
+    entry = {"key": ref.key, "kind": ref.kind, "name": ref.name, "dtype": dtype_name(ref.array),
+             "shape": list(ref.array.shape)}
+    if ref.kind == "op":
+        entry["field"] = ref.field
+    return entry
+
+
+def lift_constants(func):
+    """`func` with each tensor constant (and each non-finite scalar) replaced by a new trailing parameter.
+
+    Returns `(function, [(parameter name, numpy value)])`.
+    """
+    from tvm import relax
+
+    lifted: list[tuple[object, np.ndarray]] = []
+    taken = {param.name for param in func.params}
+
+    @relax.expr_functor.mutator
+    class Lifter(relax.PyExprMutator):
+        def visit_generic_const_(self, const):
+            value = const.value
+            if not hasattr(value, "numpy"):
+                return const
+            array = value.numpy()
+            if array.ndim == 0 and _prints_inline(array):
+                return const
+            name = f"{LIFTED_PREFIX}_{len(lifted)}"
+            while name in taken:
+                name += "_"
+            taken.add(name)
+            var = relax.Var(name, const.ty)
+            lifted.append((var, array))
+            return var
+
+    body = Lifter().visit_expr(func)
+    if not lifted:
+        return func, []
+    params = list(body.params) + [var for var, _ in lifted]
+    new = relax.Function(params, body.body, None, body.is_pure, body.attrs)
+    new = new.with_attr("num_input", len(params))
+    return new, [(var.name, array) for var, array in lifted]
+
+
+def _prints_inline(array: np.ndarray) -> bool:
+    """Scalars TVMScript prints and parses back exactly (not inf/nan, which print as strings)."""
+    kind = array.dtype.kind
+    if kind in "biu":
+        return True
+    if kind == "f" and array.dtype.name in ("float16", "float32", "float64"):
+        return math.isfinite(float(array))
+    return False
+
+
+def to_script(func, op_name: str) -> str:
+    """TVMScript of `func` as module `main`, verified to parse back to the same function."""
+    import tvm
+    import tvm.script
+
+    mod = tvm.IRModule({"main": func})
+    text = mod.script()
+    if "metadata[" in text:
+        raise RoundTripError(f"op {op_name}: its TVMScript still refers to metadata (an unlifted constant)")
+    try:
+        back = tvm.script.from_source(text)
+        tvm.ir.assert_structural_equal(back, mod)
+    except Exception as exc:
+        lines = [line for line in str(exc).strip().splitlines() if line.strip()]
+        raise RoundTripError(f"op {op_name}: TVMScript round trip failed: {type(exc).__name__}: "
+                             f"{lines[-1] if lines else ''}"[:600]) from exc
+    names = {b.var.name for block in back["main"].body.blocks for b in block.bindings}
+    if op_name not in names:
+        raise RoundTripError(f"op {op_name}: TVMScript round trip renamed the op's binding "
+                             "(a --transform that targets it by name would miss it)")
+    return text
+
+
+def op_module(session, op: OpInfo) -> OpModule:
+    """The op's unit (as the session compiles it), lifted and printed, with its recorded values.
+
+    Raises TraceError when a value it needs was not recorded, RoundTripError when TVMScript
+    cannot carry the module.
+    """
+    from tvm import relax
+
+    func, spec = build_unit(session.main, [op.name], [op.name])
+    for param in func.params:
+        if not isinstance(param.ty, relax.TensorType):
+            raise RoundTripError(f"op {op.name}: input {param.name} is not a tensor ({param.ty}); "
+                                 "only tensor inputs can be dumped")
+    lifted_func, constants = lift_constants(func)
+    script = to_script(lifted_func, op.name)
+    inputs = [_input_ref(session, name, field_index) for name, field_index in spec.inputs]
+    for number, (name, array) in enumerate(constants):
+        inputs.append(ValueRef(f"const/{op.name}/{number}", "constant", name, -1, array))
+    source = session.source_values(op.index)
+    outputs = [ValueRef(f"op/{op.name}/{k}", "op", op.name, k, array) for k, array in enumerate(source)]
+    tolerances = []
+    for array in source:
+        tol = session.policy.for_value(dtype_name(array), op.name, False)
+        tolerances.append((float(tol.rtol), float(tol.atol)))
+    return OpModule(op, script, inputs, outputs, tolerances, len(constants))
+
+
+def _input_ref(session, name: str, field_index: int) -> ValueRef:
+    ref = session._recorded_ref(name, field_index)
+    reader = session.reader
+    if ref[0] == "input":
+        return ValueRef(f"input/{name}", "input", name, -1, reader.input(name))
+    if ref[0] == "param":
+        return ValueRef(f"param/{name}", "param", name, -1, reader.param(name))
+    op = session.by_name[name]
+    k = max(field_index, 0)
+    return ValueRef(f"op/{name}/{k}", "op", name, k, session.source_values(op.index)[k])

@@ -1,0 +1,103 @@
+"""The recorder: provenance, exactness against the model's own output, the info command."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import EXAMPLES, run_cli
+from tapml_dbg.frontend.importer import export_program, import_program
+from tapml_dbg.frontend.model_loader import load_model
+from tapml_dbg.frontend.serialize import function_from_json
+from tapml_dbg.record import record
+from tapml_dbg.trace import TraceReader
+
+
+def _bindings(func) -> int:
+    return sum(len(block.bindings) for block in func.body.blocks)
+
+
+@pytest.mark.parametrize("example", ["mlp", "tiny_gpt2"])
+def test_final_op_equals_model_output_bit_for_bit(tmp_path, example):
+    path = tmp_path / "t.h5"
+    result = record(str(EXAMPLES / f"{example}.py"), path, seed=3)
+    torch.manual_seed(3)
+    np.random.seed(3)
+    module, inputs = load_model(str(EXAMPLES / f"{example}.py"))
+    with torch.no_grad():
+        expected = module(*inputs).numpy()
+    with TraceReader(path) as reader:
+        assert reader.complete
+        last = reader.ops[-1]
+        assert last["name"] == "output"
+        (recorded,) = reader.op_outputs(last["index"])
+        assert recorded.dtype == expected.dtype
+        assert np.array_equal(recorded, expected), "the last op must be the model's own output, bit for bit"
+        assert len(reader.finished_ops()) == result.ops
+
+
+def test_op_count_equals_relax_bindings_and_layers(tmp_path):
+    spec = str(EXAMPLES / "mlp.py")
+    path = tmp_path / "mlp.h5"
+    record(spec, path)
+    module, inputs = load_model(spec)
+    graph, _ = import_program(export_program(module, inputs))
+    with TraceReader(path) as reader:
+        ops = reader.ops
+        stored_main = function_from_json(json.loads(reader.graph_json))
+    assert len(ops) == _bindings(graph.mod["main"]) == _bindings(stored_main)
+    layers = {op["layer"] for op in ops}
+    assert {"proj", "blocks.0.fc", "blocks.0.norm", "blocks.2.fc", "head"} <= layers
+    fc = [op for op in ops if op["layer"] == "blocks.1.fc"]
+    assert fc and all(op["op"].startswith("aten.") for op in fc)
+    gelu = [op for op in ops if op["op"] == "aten.gelu.default"]
+    assert [op["layer"] for op in gelu] == ["blocks.0", "blocks.1", "blocks.2"]
+
+
+def test_info_json_of_tiny_gpt2(traces):
+    path = traces.get("tiny_gpt2")
+    result = run_cli("info", str(path), "--json")
+    assert result.returncode == 0, result.stderr
+    info = json.loads(result.stdout)
+    ops = info["ops"]
+    assert info["complete"] and len(ops) >= 150
+    assert [op["index"] for op in ops] == list(range(len(ops)))
+    with_layer = [op for op in ops if op["layer"]]
+    assert len(with_layer) / len(ops) > 0.9
+    assert any(op["layer"] == "transformer.h.0.attn" for op in ops)
+    assert sum(op["op"].startswith("aten.") for op in ops) / len(ops) > 0.9
+    assert info["source"] == "torch" and info["versions"]["tvm"].startswith("0.27")
+
+
+def test_info_human_output(traces):
+    result = run_cli("info", str(traces.get("mlp")))
+    assert result.returncode == 0
+    assert "complete" in result.stdout and "yes" in result.stdout
+
+
+def test_inputs_npz_and_seed(tmp_path):
+    spec = str(EXAMPLES / "mlp.py")
+    data = np.full((4, 16), 0.5, dtype=np.float32)
+    np.savez(tmp_path / "in.npz", x=data)
+    record(spec, tmp_path / "a.h5", inputs_npz=str(tmp_path / "in.npz"))
+    with TraceReader(tmp_path / "a.h5") as reader:
+        assert np.array_equal(reader.input(reader.input_names[0]), data)
+    record(spec, tmp_path / "b.h5", seed=1)
+    record(spec, tmp_path / "c.h5", seed=1)
+    record(spec, tmp_path / "d.h5", seed=2)
+    with TraceReader(tmp_path / "b.h5") as b, TraceReader(tmp_path / "c.h5") as c, \
+            TraceReader(tmp_path / "d.h5") as d:
+        name = b.input_names[0]
+        assert np.array_equal(b.input(name), c.input(name))
+        assert not np.array_equal(b.input(name), d.input(name))
+
+
+def test_tvm_source(tmp_path):
+    path = tmp_path / "tvm.h5"
+    record(str(EXAMPLES / "mlp.py"), path, source="tvm:llvm")
+    with TraceReader(path) as reader:
+        assert reader.meta["source"] == "tvm:llvm"
+        assert reader.complete and len(reader.finished_ops()) == len(reader.ops)
