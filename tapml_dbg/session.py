@@ -70,6 +70,7 @@ class Session:
             for name in op.inputs:
                 self.consumers.setdefault(name, []).append(op.index)
         self.recorded = set(reader.finished_ops())
+        self.dead_fields = _dead_tuple_fields(self.main)
         self.probes = 0
         self.reset()
 
@@ -203,8 +204,15 @@ class Session:
         metrics = [compare_arrays(t, s, self.policy.for_value(dtype_of or dtype_name(s), op.name,
                                                               mode == PROPAGATED))
                    for t, s in zip(outputs, source)]
-        status = "pass" if all(m.passed for m in metrics) else "fail"
-        return Verdict(op.index, op.name, mode, status, metrics)
+        dead = self.dead_fields.get(op.name, set())
+        live = [m for k, m in enumerate(metrics) if k not in dead]
+        status = "pass" if all(m.passed for m in live) else "fail"
+        message = ""
+        ignored = [k for k in sorted(dead) if k < len(metrics) and not metrics[k].passed]
+        if ignored:
+            message = (f"output(s) {', '.join(map(str, ignored))} differ but nothing reads them "
+                       "(ignored in the verdict)")
+        return Verdict(op.index, op.name, mode, status, live or metrics, message)
 
     def _tolerance_dtype(self, index: int) -> str | None:
         """The source's own dtype when the recorder had to cast its value (e.g. fp16 mm → fp32)."""
@@ -328,8 +336,9 @@ class Session:
                     notes.append("the divergence does not persist to the model's output (it washes out "
                                  "or is masked downstream)")
                 culprit = self._culprit(earliest.index, earliest, ISOLATED)
+        probes = self.probes - probes_before  # the search's own probes; the neighbourhood is display
         neighbourhood = self._neighbourhood(culprit.index) if culprit else []
-        return BisectResult(diverged=culprit is not None, ops=len(self.ops), probes=self.probes - probes_before,
+        return BisectResult(diverged=culprit is not None, ops=len(self.ops), probes=probes,
                             seconds=time.perf_counter() - started, target=self.target, culprit=culprit,
                             neighbourhood=neighbourhood, search=search.probes, notes=notes)
 
@@ -436,6 +445,30 @@ class Session:
                                         "verdict": result.status if not result.ok else "compile-error",
                                         "message": result.message or "no device code generated"})
         return report
+
+
+def _dead_tuple_fields(main) -> dict[str, set[int]]:
+    """For tuple-valued ops read only through get_item: the fields nobody reads.
+
+    TVM imports `max_pool2d_with_indices` with zeros for indices; when the model ignores the
+    indices, that difference cannot matter and must not be reported as a divergence.
+    """
+    from tvm import relax
+
+    bindings = [b for block in main.body.blocks for b in block.bindings]
+    tuple_ops = {b.var.name: len(b.var.ty.fields) for b in bindings if isinstance(b.var.ty, relax.TupleType)}
+    used: dict[str, set[int]] = {name: set() for name in tuple_ops}
+    values = [b.value for b in bindings] + [main.body.body]
+    for value in values:
+        if isinstance(value, relax.TupleGetItem) and isinstance(value.tuple_value, relax.Var):
+            if value.tuple_value.name in used:
+                used[value.tuple_value.name].add(int(value.index))
+            continue
+        for var in relax.analysis.free_vars(value):
+            if var.name in used:
+                used[var.name].update(range(tuple_ops[var.name]))
+    return {name: set(range(tuple_ops[name])) - fields for name, fields in used.items()
+            if set(range(tuple_ops[name])) - fields}
 
 
 def _load_graph_json(reader: TraceReader) -> dict:

@@ -22,6 +22,21 @@ def run_cli(*args: str, env: dict | None = None, timeout: float = 600, cwd: str 
                           env=full_env, timeout=timeout, cwd=cwd)
 
 
+def fault_transform(folder: Path, kind: str, op: str, **settings) -> str:
+    """A `FILE.py:FUNC` transform planting fault `kind` at `op`, self-contained in one file."""
+    values = {"op": op, **{k: str(v) for k, v in settings.items()}}
+    text = FAULTS.read_text() + f"\n\nSETTINGS = {values!r}\n"
+    name = "fault_" + "_".join(f"{k}{v}" for k, v in sorted(values.items()) if k != "op") + f"_{kind}_{op}.py"
+    path = folder / _safe(name)
+    path.write_text(text)
+    return f"{path}:{kind}"
+
+
+def _safe(name: str) -> str:
+    stem = name[:-3]
+    return "".join(c if c.isalnum() or c == "_" else "_" for c in stem) + ".py"
+
+
 class Traces:
     """Records an example the first time a test asks for it."""
 

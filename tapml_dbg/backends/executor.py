@@ -60,7 +60,9 @@ class TargetExecutor:
             text = Path(self.log_path).read_text(errors="replace").strip().splitlines()
         except OSError:
             return ""
-        return " | ".join(line.strip()[:200] for line in text[-lines:])
+        useful = [line.strip() for line in text if ("Check failed" in line or "Error" in line)
+                  and not line.strip().startswith("File ")]
+        return " | ".join(line[:200] for line in useful[-lines:])
 
     def run(self, request: UnitRequest, timeout_s: float | None = None) -> UnitResult:
         """Run one request; never raises for failures inside TVM."""

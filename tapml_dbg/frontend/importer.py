@@ -193,6 +193,17 @@ def _build_graph(mod, nodes, emitted, final_of_node) -> tuple[Graph, dict[str, P
     bindings = [b for block in main.body.blocks for b in block.bindings]
 
     # Op names: the FX node name for a node's own value, "<node>_p<k>" for its helper bindings.
+    # Bindings no converter emitted through BlockBuilder.emit (normalization helpers) belong
+    # to the next node that has one.
+    next_node = None
+    for binding in reversed(bindings):
+        old = binding.var.name
+        prov = final_of_node.get(old)
+        node = prov.node if prov else emitted.get(old)
+        if node is None and next_node is not None and binding is not bindings[-1]:
+            emitted[old] = next_node
+        elif node is not None:
+            next_node = node
     names: dict[str, str] = {}
     taken: set[str] = {p.name for p in main.params}
     helper_counts: dict[str, int] = {}

@@ -428,15 +428,12 @@ def cmd_print(ctx: Context, args: list[str]):
     index = parse_slice("".join(args[1:])) if len(args) > 1 else ()
     sources = session.source_values(op.index)
     with ctx.progress(f"print #{op.index} on {session.target}"):
-        targets = session.target_output(op.index, mode)
-    _keep_offload_consistent(session, op.index)
+        targets = _target_value(session, op.index, mode)
     note = ""
     if targets is None:
-        if mode == PROPAGATED and op.index not in session.offload:
-            note = "not offloaded: the op runs on the source (`offload add` it, or `mode isolated`)"
-        else:
-            verdict = session.propagated(op.index) if mode == PROPAGATED else session.isolated(op.index)
-            note = f"{verdict.status}: {verdict.message}" if verdict.message else "the target gave no value"
+        verdict = session.propagated(op.index) if mode == PROPAGATED else session.isolated(op.index)
+        _keep_offload_consistent(session, op.index)
+        note = f"{verdict.status}: {verdict.message}" if verdict.message else "the target gave no value"
     outputs = []
     for number, source in enumerate(sources):
         target = targets[number] if targets is not None and number < len(targets) else None
@@ -446,7 +443,26 @@ def cmd_print(ctx: Context, args: list[str]):
         except (IndexError, TypeError) as exc:
             raise ArgError(f"slice [{format_slice(index)}] does not fit shape {tuple(source.shape)}: {exc}") from None
         outputs.append(R.PrintedOutput(number, source_part, target_part, note))
-    return R.PrintResult(op, mode, format_slice(index) if index else "", outputs)
+    return R.PrintResult(op, mode, format_slice(index) if index else "", outputs, op.index in session.offload)
+
+
+def _target_value(session, index: int, mode: str):
+    """The op's target value in `mode`, the one its verdict compared.
+
+    Workaround: `Session.target_output(i, "propagated")` returns a value only when op i is
+    offloaded or when its upstream chain had to be recomputed, so for an op outside the
+    offload set it gives None or a value depending on history. Offloading op i alone for the
+    call (its own membership changes no upstream value) makes it consistent; the value is then
+    dropped so downstream ops keep reading the source value.
+    """
+    if mode != PROPAGATED or index in session.offload:
+        return session.target_output(index, mode)
+    session.offload.add(index)
+    try:
+        return session.target_output(index, mode)
+    finally:
+        session.offload.discard(index)
+        session.target_values.pop(session.ops[index].name, None)
 
 
 def cmd_tol(ctx: Context, args: list[str]):

@@ -355,8 +355,9 @@ def _(result: R.PrintResult, console: Console) -> None:
         where = f"[{result.index_text}]" if result.index_text else ""
         suffix = f" output {out.number}" if len(result.outputs) > 1 else ""
         shape = tuple(np.shape(out.source))
+        offloaded = "" if result.offloaded else ", op not offloaded"
         console.print(f"{op_label(op)}{suffix}{escape(where)}  {shape} {np.asarray(out.source).dtype}  "
-                      f"(target value: {result.mode})")
+                      f"(target value: {result.mode}{offloaded})")
         diff = None
         if out.target is not None and np.shape(out.target) == np.shape(out.source):
             with np.errstate(all="ignore"):

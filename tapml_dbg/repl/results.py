@@ -140,6 +140,7 @@ class PrintResult:
     mode: str
     index_text: str  # the slice as typed, normalized ("" when none)
     outputs: list[PrintedOutput]
+    offloaded: bool = True
 
 
 @dataclass

@@ -93,6 +93,7 @@ def _readme(meta: dict, unit, data_bytes: int, total_bytes: int) -> str:
         ("transform", f"`{transform['file']}:{transform['func']}` (copied as-is from `{transform['original']}`)"
          if transform else "none"),
         ("tolerance", "; ".join(f"out {k} {o['dtype']}: rtol={o['rtol']:g} atol={o['atol']:g}"
+                                + ("" if o.get("judged", True) else " (not judged: nothing in the model reads it)")
                                 for k, o in enumerate(op["outputs"]))),
         ("size", f"{files.human_bytes(total_bytes)} in all; data {files.human_bytes(data_bytes)} "
                  f"({len(op['inputs'])} inputs, {len(op['outputs'])} outputs)"),

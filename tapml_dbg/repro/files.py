@@ -61,9 +61,20 @@ def copy_transform(folder: Path, spec: str | None) -> dict | None:
     copied = folder / TRANSFORM_DIR / source.name
     shutil.copyfile(source, copied)
     text = source.read_text(encoding="utf-8", errors="replace")
-    names = sorted({name for pattern in _ENV_PATTERNS for name in re.findall(pattern, text)})
     return {"file": f"{TRANSFORM_DIR}/{source.name}", "func": func, "original": str(source.resolve()),
-            "env": {name: os.environ.get(name) for name in names}}
+            "env": {name: os.environ.get(name) for name in transform_env_names(text)}}
+
+
+def transform_env_names(text: str) -> list[str]:
+    """Environment variables a transform's source seems to read (best effort, for the README).
+
+    Names read literally (`os.environ["X"]`, `os.environ.get("X")`, `os.getenv("X")`), plus every
+    variable set now whose name appears in the file (names built at run time, e.g. f-strings).
+    """
+    names = {name for pattern in _ENV_PATTERNS for name in re.findall(pattern, text)}
+    if "environ" in text or "getenv" in text:
+        names.update(name for name in os.environ if len(name) > 2 and re.search(rf"\b{re.escape(name)}\b", text))
+    return sorted(names)
 
 
 class DataWriter:

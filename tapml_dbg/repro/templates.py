@@ -23,6 +23,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
+sys.dont_write_bytecode = True  # leave the repro folder as it was written
 
 import _tapml_repro_lib as lib  # noqa: E402  (copied from tapml-dbg; tvm + numpy only)
 

@@ -51,6 +51,7 @@ class OpModule:
     outputs: list[ValueRef] = field(default_factory=list)
     tolerances: list[tuple[float, float]] = field(default_factory=list)  # (rtol, atol) per output
     lifted: int = 0
+    unread: list[int] = field(default_factory=list)  # outputs nothing in the model reads: not judged
 
     @property
     def refs(self) -> list[ValueRef]:
@@ -62,8 +63,8 @@ class OpModule:
             "index": op.index, "name": op.name, "op": op.op, "relax_op": op.relax_op, "layer": op.layer,
             "fx_node": op.fx_node, "module": module_path, "lifted_constants": self.lifted,
             "inputs": [_entry(ref) for ref in self.inputs],
-            "outputs": [dict(_entry(ref), rtol=rtol, atol=atol)
-                        for ref, (rtol, atol) in zip(self.outputs, self.tolerances)],
+            "outputs": [dict(_entry(ref), rtol=rtol, atol=atol, judged=k not in self.unread)
+                        for k, (ref, (rtol, atol)) in enumerate(zip(self.outputs, self.tolerances))],
         }
 
 
@@ -160,15 +161,23 @@ def op_module(session, op: OpInfo) -> OpModule:
     lifted_func, constants = lift_constants(func)
     script = to_script(lifted_func, op.name)
     inputs = [_input_ref(session, name, field_index) for name, field_index in spec.inputs]
+    for ref, param in zip(inputs, func.params):
+        ref.array = _declared_shape(ref.array, _static_shape(param.ty))
     for number, (name, array) in enumerate(constants):
         inputs.append(ValueRef(f"const/{op.name}/{number}", "constant", name, -1, array))
     source = session.source_values(op.index)
+    if len(source) == len(op.outputs):
+        source = [_declared_shape(array, spec_.shape) for array, spec_ in zip(source, op.outputs)]
     outputs = [ValueRef(f"op/{op.name}/{k}", "op", op.name, k, array) for k, array in enumerate(source)]
+    # the tolerance as the session picks it: by the source's own dtype when the recorder had to cast
+    tolerance_dtype = getattr(session, "_tolerance_dtype", lambda _index: None)(op.index)
     tolerances = []
     for array in source:
-        tol = session.policy.for_value(dtype_name(array), op.name, False)
+        tol = session.policy.for_value(tolerance_dtype or dtype_name(array), op.name, False)
         tolerances.append((float(tol.rtol), float(tol.atol)))
-    return OpModule(op, script, inputs, outputs, tolerances, len(constants))
+    # outputs nothing in the model reads (e.g. the indices of max_pool2d_with_indices) are not judged
+    dead = set(getattr(session, "dead_fields", {}).get(op.name, ()))
+    return OpModule(op, script, inputs, outputs, tolerances, len(constants), sorted(dead))
 
 
 def _input_ref(session, name: str, field_index: int) -> ValueRef:
@@ -181,3 +190,22 @@ def _input_ref(session, name: str, field_index: int) -> ValueRef:
     op = session.by_name[name]
     k = max(field_index, 0)
     return ValueRef(f"op/{name}/{k}", "op", name, k, session.source_values(op.index)[k])
+
+
+def _static_shape(ty) -> tuple | None:
+    shape = getattr(ty, "shape", None)
+    try:
+        return tuple(int(d) for d in shape.values) if shape is not None else None
+    except (TypeError, AttributeError):
+        return None
+
+
+def _declared_shape(array: np.ndarray, declared) -> np.ndarray:
+    """Work around traces that store 0-d tensors as shape (1,): give them back their declared 0-d shape.
+
+    (`np.ascontiguousarray`, used when the trace is written, turns 0-d arrays into 1-d ones.)
+    Nothing else is reshaped: any other shape difference is a real finding.
+    """
+    if declared is not None and tuple(declared) == () and array.shape == (1,):
+        return array.reshape(())
+    return array

@@ -53,7 +53,9 @@ _BITS_CANDIDATES = (
     "bfloat16", "float8_e3m4", "float8_e4m3", "float8_e4m3b11fnuz", "float8_e4m3fn",
     "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu",
 )
-BITS_DTYPES = {n: np.dtype(getattr(ml_dtypes, n)) for n in _BITS_CANDIDATES if hasattr(ml_dtypes, n)}
+BITS_DTYPES = {
+    n: np.dtype(getattr(ml_dtypes, n)) for n in _BITS_CANDIDATES if hasattr(ml_dtypes, n)
+}
 _UINT_OF_SIZE = {1: np.dtype(np.uint8), 2: np.dtype(np.uint16)}
 
 SUPPORTED_DTYPES = frozenset(NATIVE_DTYPES | set(BITS_DTYPES) | {"bool"})
@@ -72,7 +74,7 @@ def to_storable(array) -> tuple[np.ndarray, str]:
                          f"{', '.join(sorted(SUPPORTED_DTYPES))})")
     if not arr.dtype.isnative:
         arr = arr.astype(arr.dtype.newbyteorder("="))
-    arr = np.ascontiguousarray(arr)
+    arr = _c_contiguous(arr)
     if name == "bool":
         return arr.view(np.uint8), name
     if name in BITS_DTYPES:
@@ -89,12 +91,17 @@ def from_stored(array, dtype_name: str) -> np.ndarray:
     if dtype_name in BITS_DTYPES:
         want = BITS_DTYPES[dtype_name]
         _expect(arr, _UINT_OF_SIZE[want.itemsize], dtype_name)
-        return np.ascontiguousarray(arr).view(want)
+        return _c_contiguous(arr).view(want)
     if dtype_name in NATIVE_DTYPES:
         want = np.dtype(dtype_name)
         _expect(arr, want, dtype_name)
         return arr if arr.dtype.isnative else arr.astype(want)
     raise DtypeError(f"unknown tensor dtype {dtype_name!r} in trace; upgrade tapml-dbg")
+
+
+def _c_contiguous(arr: np.ndarray) -> np.ndarray:
+    # not np.ascontiguousarray: it turns a 0-d array into shape (1,)
+    return arr if arr.flags.c_contiguous else arr.copy(order="C")
 
 
 def _expect(arr: np.ndarray, storage: np.dtype, dtype_name: str) -> None:

@@ -19,7 +19,12 @@ STATS_FIELDS = ("min", "max", "mean", "absmax", "nan", "inf", "numel", "fp16_hea
 
 def tensor_stats(array) -> dict:
     """min, max, mean, absmax, nan, inf, numel, fp16_headroom (= log2(65504 / absmax))."""
-    arr = np.asarray(array)
+    # casting a signalling NaN raises the "invalid" flag; stats are not the place to warn
+    with np.errstate(all="ignore"):
+        return _stats(np.asarray(array))
+
+
+def _stats(arr: np.ndarray) -> dict:
     numel = int(arr.size)
     out = dict.fromkeys(STATS_FIELDS)
     out.update(nan=0, inf=0, numel=numel)

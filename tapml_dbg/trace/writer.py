@@ -101,26 +101,23 @@ class TraceWriter:
         ds.attrs[S.ATTR_STATS] = S.encode_str(_json(tensor_stats(value)))
 
     @staticmethod
-    def _new_op_group(ops_group: h5py.Group, index: int) -> h5py.Group:
+    def _new_op_group(ops_group: h5py.Group, index: int) -> None:
         group = ops_group.create_group(str(index))
-        group.attrs[S.ATTR_DONE] = np.uint8(0)
-        return group
+        group.attrs[S.ATTR_DONE] = np.uint8(0)  # overwritten in place by write_op
 
     # ---- streaming ---------------------------------------------------------------------
     def write_op(self, index: int, outputs: list[np.ndarray], *, note: str = "") -> None:
         """Store op `index`'s outputs as /ops/<index>/<k>; the op counts only once this returns.
 
-        Ops outside the op table get their group created here, which modifies the shared
-        /ops group and so is not covered by the crash-safety guarantee.
+        `index` must be in the op table: creating an op group now would modify the shared
+        /ops group, which a kill could corrupt (seen in kill tests: the reader then segfaulted).
         """
         index = int(index)
-        if index < 0:
-            raise ValueError(f"op index must be >= 0, not {index}")
-        ops_group = self._open_file()[S.GROUP_OPS]
-        group = ops_group.get(str(index))
+        group = self._open_file()[S.GROUP_OPS].get(str(index))
         if group is None:
-            group = self._new_op_group(ops_group, index)
-        elif group.attrs[S.ATTR_DONE]:
+            raise ValueError(f"op {index} is not in the op table given to the writer "
+                             f"(it has {len(self._file[S.GROUP_OPS])} ops)")
+        if group.attrs[S.ATTR_DONE]:
             raise ValueError(f"op {index} was already written to {self.path}")
         # convert everything first so a bad dtype fails before anything is written
         stored = [S.to_storable(value) for value in outputs]
@@ -136,8 +133,8 @@ class TraceWriter:
     def set_meta(self, key: str, value) -> None:
         """Update one meta entry; rewritten in place while it fits the reserved capacity."""
         f = self._open_file()
+        meta_json = _json({**self._meta, key: value})  # a non-JSON value changes nothing
         self._meta[key] = value
-        meta_json = _json(self._meta)
         capacity = f.attrs.get_id(S.ATTR_META).dtype.itemsize
         if len(meta_json.encode("utf-8")) <= capacity:
             f.attrs.modify(S.ATTR_META, S.encode_str(meta_json, capacity))

@@ -1,8 +1,10 @@
 """Fault-planting transforms for tests: each rewrites one named op wherever it appears.
 
 A transform sees every module the tool compiles for the target; an op keeps its name
-(the binding name) in every unit, so `FAULT_OP` pins the fault to one op of the model.
-Set the op with the environment variable TAPML_FAULT_OP (and TAPML_FAULT_SCALE).
+(the binding name) in every unit, so the op name pins the fault to one op of the model.
+Configure with the environment variables TAPML_FAULT_OP, TAPML_FAULT_SCALE, TAPML_FAULT_LIMIT,
+or (better: the compile cache keys on the transform file's text, not on the environment) with
+a copy of this file that sets the `SETTINGS` below (see `tests/conftest.py: fault_transform`).
 """
 
 import os
@@ -11,8 +13,15 @@ import tvm
 from tvm import relax
 
 
+SETTINGS: dict = {}
+
+
+def _setting(name: str, default=None):
+    return SETTINGS.get(name, os.environ.get(f"TAPML_FAULT_{name.upper()}", default))
+
+
 def _rewrite(mod, make_value):
-    target = os.environ["TAPML_FAULT_OP"]
+    target = _setting("op")
 
     @relax.expr_functor.mutator
     class Planter(relax.PyExprMutator):
@@ -32,7 +41,7 @@ def _rewrite(mod, make_value):
 
 def scale(mod):
     """Multiply the op's result by TAPML_FAULT_SCALE (default 1.01)."""
-    factor = float(os.environ.get("TAPML_FAULT_SCALE", "1.01"))
+    factor = float(_setting("scale", "1.01"))
 
     def make(mutator, value):
         inner = mutator.builder_.emit(value)
@@ -49,3 +58,54 @@ def nan(mod):
         return relax.op.multiply(inner, relax.const(float("nan"), inner.ty.dtype))
 
     return _rewrite(mod, make)
+
+
+def clip(mod):
+    """Clamp the op's result to [-TAPML_FAULT_LIMIT, LIMIT]: harmless on small activations,
+    wrong on realistic large ones (an overflow-style bug)."""
+    limit = float(_setting("limit", "8"))
+
+    def make(mutator, value):
+        inner = mutator.builder_.emit(value)
+        return relax.op.clip(inner, -limit, limit)
+
+    return _rewrite(mod, make)
+
+
+def scale_negative(mod):
+    """Scale only the negative part of the result: a fault that a following ReLU erases."""
+
+    def make(mutator, value):
+        inner = mutator.builder_.emit(value)
+        dtype = inner.ty.dtype
+        negative = mutator.builder_.emit(relax.op.less(inner, relax.const(0.0, dtype)))
+        scaled = mutator.builder_.emit(relax.op.multiply(inner, relax.const(1.5, dtype)))
+        return relax.op.where(negative, scaled, inner)
+
+    return _rewrite(mod, make)
+
+
+def out_of_bounds(mod):
+    """Replace the op by a gather far outside its input: a kernel that segfaults when run."""
+    import numpy as np
+
+    def make(mutator, value):
+        inner = mutator.builder_.emit(value)
+        shape = [int(d) for d in inner.ty.shape.values]
+        flat = mutator.builder_.emit(relax.op.reshape(inner, [-1]))
+        indices = relax.const(np.full(shape, (1 << 31) - 1, dtype="int64"))
+        return relax.op.take(flat, indices, axis=0, mode="fast")
+
+    return _rewrite(mod, make)
+
+
+def hang(mod):
+    """Never finish compiling a module that holds the op (a stand-in for a hanging compile)."""
+    import time
+
+    target = _setting("op")
+    main = mod["main"]
+    names = {b.var.name for block in main.body.blocks for b in block.bindings}
+    if target in names:
+        time.sleep(3600)
+    return mod

@@ -1,0 +1,124 @@
+"""Bisection on planted faults at known ops, on real TVM 0.27 divergences, and on clean replays."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from conftest import EXAMPLES, fault_transform, run_cli
+from tapml_dbg.session import Session
+
+
+def _bisect(path, folder=None, fault=None, op=None, sweep=True, **settings):
+    transform = fault_transform(folder, fault, op, **settings) if fault else None
+    with Session.open(path, transform=transform) as session:
+        return session.bisect(sweep=sweep), session
+
+
+def _middle_float_op(path) -> str:
+    with Session.open(path) as session:
+        ops = session.ops
+        for op in ops[len(ops) // 2:]:
+            if op.relax_op.startswith("relax.") and op.outputs and op.outputs[0].dtype == "float32" \
+                    and not op.is_tuple and "reshape" not in op.relax_op:
+                return op.name
+    raise AssertionError("no float op in the second half")
+
+
+@pytest.mark.parametrize("example", ["mlp", "cnn", "tiny_gpt2", "tiny_llama"])
+def test_clean_replay_reports_nothing(traces, example):
+    result, _ = _bisect(traces.get(example))
+    assert not result.diverged, result.culprit
+
+
+@pytest.mark.parametrize("op,index", [("permute", 0), ("gelu_1", 13), ("_softmax", 24)])
+def test_planted_fault_first_middle_last_mlp(traces, tmp_path, op, index):
+    result, session = _bisect(traces.get("mlp"), tmp_path, "scale", op)
+    assert result.diverged
+    assert (result.culprit.index, result.culprit.name) == (index, op)
+    assert result.culprit.verdict == "isolated"
+    assert math.isclose(result.culprit.metrics.scale_rel_err, 0.01, rel_tol=0.05)
+
+
+@pytest.mark.parametrize("example", ["cnn", "tiny_gpt2", "tiny_llama"])
+def test_planted_fault_in_the_middle(traces, tmp_path, example):
+    path = traces.get(example)
+    op = _middle_float_op(path)
+    result, session = _bisect(path, tmp_path, "scale", op, sweep=False)
+    assert result.diverged and result.culprit.name == op
+    assert result.culprit.verdict == "isolated"
+    n = result.ops
+    searched = [probe for probe in result.search]
+    assert len(searched) <= math.ceil(math.log2(n)) + 1  # O(log N) prefix probes
+    assert result.probes <= len(searched) + 2  # plus the isolated confirmation
+
+
+def test_fault_below_tolerance_is_not_reported(traces, tmp_path):
+    result, _ = _bisect(traces.get("mlp"), tmp_path, "scale", "gelu_1", scale="1.0000001")
+    assert not result.diverged
+
+
+def test_fault_that_shows_only_on_large_inputs(traces, tmp_path):
+    result, _ = _bisect(traces.get("mlp"), tmp_path, "clip", "addmm", limit=8)
+    assert not result.diverged  # small random inputs never reach the clamp
+    np.savez(tmp_path / "big.npz", x=(np.random.default_rng(0).standard_normal((4, 16)) * 60).astype(np.float32))
+    big = tmp_path / "big.h5"
+    assert run_cli("record", str(EXAMPLES / "mlp.py"), "-o", str(big), "--inputs", str(tmp_path / "big.npz")).returncode == 0
+    result, _ = _bisect(big, tmp_path, "clip", "addmm", limit=8)
+    assert result.diverged and result.culprit.name == "addmm"
+
+
+def test_fault_that_washes_out_is_still_found(traces, tmp_path):
+    op = "_native_batch_norm_legit_no_training"  # followed by a ReLU that erases the fault
+    result, _ = _bisect(traces.get("cnn"), tmp_path, "scale_negative", op)
+    assert result.search[0] == (result.ops - 1, False)  # the model's output is fine...
+    assert result.diverged and result.culprit.name == op  # ...yet the isolated sweep finds it
+    assert result.culprit.verdict == "isolated"
+    assert any("does not persist" in note for note in result.notes)
+    result, _ = _bisect(traces.get("cnn"), tmp_path, "scale_negative", op, sweep=False)
+    assert not result.diverged  # without the sweep a washed-out fault is invisible
+
+
+def test_crashing_kernel_is_a_finding_and_the_session_survives(traces, tmp_path):
+    result, session = _bisect(traces.get("mlp"), tmp_path, "out_of_bounds", "gelu_1")
+    assert result.diverged and result.culprit.name == "gelu_1"
+    assert result.culprit.verdict == "crash"
+    assert "SIGSEGV" in result.culprit.message
+
+
+def test_hanging_compile_times_out(traces, tmp_path):
+    transform = fault_transform(tmp_path, "hang", "gelu")
+    with Session.open(traces.get("mlp"), transform=transform, unit_timeout_s=8) as session:
+        verdict = session.isolated(7)
+        assert verdict.status == "timeout"
+        assert session.isolated(3).status == "pass"  # a fresh worker takes over
+
+
+@pytest.mark.parametrize("example,op,aten", [
+    ("fp16_memory_attention", "_softmax", "aten._softmax.default"),
+    ("fp16_stats_pool", "mean", "aten.mean.dim"),
+])
+def test_real_tvm_divergence_found_in_the_middle(traces, example, op, aten):
+    result = run_cli("bisect", str(traces.get(example)), "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["diverged"]
+    culprit = data["op"]
+    assert (culprit["name"], culprit["op"], culprit["verdict"]) == (op, aten, "isolated")
+    assert 0 < culprit["index"] < data["ops"] - 2  # in the middle of the model
+    assert culprit["metrics"]["scale_rel_err"] > 0.03
+
+
+def test_cli_json_contract_on_planted_fault(traces, tmp_path):
+    result = run_cli("bisect", str(traces.get("tiny_gpt2")), "--transform",
+                     fault_transform(tmp_path, "scale", "tanh_1"), "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert set(data) >= {"diverged", "ops", "probes", "op"}
+    op = data["op"]
+    assert data["diverged"] and op["name"] == "tanh_1" and op["op"] == "aten.tanh.default"
+    assert op["layer"] == "transformer.h.1.mlp.act" or op["layer"].startswith("transformer.h.1")
+    assert op["verdict"] == "isolated" and op["metrics"]["max_abs_err"] > 0

@@ -1,0 +1,379 @@
+"""The replay REPL, driven like pdb's session tests: a scripted session in, a transcript out.
+
+One trace of examples/mlp.py is recorded per test run; most tests share one engine session
+with a planted fault (`scale` on op 13, gelu_1), each with a fresh REPL state.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tapml_dbg.compare import TolerancePolicy
+from tapml_dbg.repl import commands as C
+from tapml_dbg.repl.app import Repl, make_console
+from tapml_dbg.repl.completion import suggest
+from tapml_dbg.repl.parsing import ArgError, parse_slice, split_commands
+
+ROOT = Path(__file__).resolve().parents[1]
+FAULTS = ROOT / "tests" / "transforms" / "faults.py"
+FAULT_OP = "gelu_1"  # op 13, layer blocks.1
+FAULT_INDEX = 13
+
+
+@pytest.fixture(scope="session")
+def trace(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("repl") / "mlp.h5"
+    subprocess.run([sys.executable, "-m", "tapml_dbg.cli", "record", str(ROOT / "examples" / "mlp.py"),
+                    "-o", str(path)], check=True, cwd=ROOT, capture_output=True)
+    return path
+
+
+@pytest.fixture(scope="session")
+def faults(tmp_path_factory) -> Path:
+    """tests/transforms/faults.py, marked with our fault op.
+
+    The compile cache keys a unit by the transform file's text, not by TAPML_FAULT_OP, so two
+    test runs planting faults on different ops with the same file would share (and poison)
+    cached units. A copy whose text names the op gets its own cache entries.
+    """
+    path = tmp_path_factory.mktemp("transforms") / "repl_faults.py"
+    path.write_text(FAULTS.read_text() + f"\n# REPL tests plant their fault on {FAULT_OP}\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def faulty_session(trace, faults):
+    """An engine session whose target multiplies gelu_1's result by 1.01."""
+    from tapml_dbg.session import Session
+
+    old = os.environ.get("TAPML_FAULT_OP")
+    os.environ["TAPML_FAULT_OP"] = FAULT_OP  # the worker process reads it when it starts
+    session = Session.open(trace, transform=f"{faults}:scale")
+    yield session
+    session.close()
+    if old is None:
+        os.environ.pop("TAPML_FAULT_OP", None)
+    else:
+        os.environ["TAPML_FAULT_OP"] = old
+
+
+class Transcript:
+    """A REPL whose output (and errors) land in one string, like a terminal would show them."""
+
+    def __init__(self, session):
+        session.reset()
+        session.policy = TolerancePolicy()
+        session._isolated_cache.clear()
+        self.buffer = io.StringIO()
+        console = make_console(self.buffer)
+        self.repl = Repl(session, out=console, err=console, launch={"trace": str(session.reader.path)},
+                         show_progress=False)
+
+    def run(self, *lines: str) -> str:
+        start = self.buffer.tell()
+        for line in lines:
+            self.repl.execute(line)
+        return self.buffer.getvalue()[start:]
+
+    def interact(self, keys: str) -> str:
+        """Type `keys` into the real prompt-toolkit loop through a pipe."""
+        from prompt_toolkit.history import InMemoryHistory
+        from prompt_toolkit.input import create_pipe_input
+        from prompt_toolkit.output import DummyOutput
+
+        start = self.buffer.tell()
+        with create_pipe_input() as pipe:
+            pipe.send_text(keys)
+            code = self.repl.interact(input=pipe, output=DummyOutput(), history=InMemoryHistory())
+        assert code == 0
+        return self.buffer.getvalue()[start:]
+
+
+@pytest.fixture
+def t(faulty_session) -> Transcript:
+    return Transcript(faulty_session)
+
+
+def lines_with(text: str, word: str) -> list[str]:
+    return [line for line in text.splitlines() if word in line]
+
+
+def verdict_rows(text: str) -> list[list[str]]:
+    """The `verdict` rows of `compare` tables."""
+    return [line.split() for line in text.splitlines() if line.startswith("verdict ")]
+
+
+# ------------------------------------------------------------------ parsing and completion (no engine)
+def test_slices_parse_without_eval():
+    assert parse_slice("0,:4") == (0, slice(None, 4))
+    assert parse_slice("...,-1") == (Ellipsis, -1)
+    assert parse_slice("[1:8:2]") == (slice(1, 8, 2),)
+    for bad in ("__import__('os')", "0,,1", "1:2:3:4", "a:b", "::0", "...,..."):
+        with pytest.raises(ArgError):
+            parse_slice(bad)
+
+
+def test_split_commands_respects_quotes_and_comments():
+    assert split_commands("step 2; where;; ops 'a;b'\n# note\nquit") == ["step 2", "where", "ops 'a;b'", "quit"]
+
+
+def test_help_is_generated_from_the_table(t):
+    out = t.run("help")
+    for command in C.COMMANDS:
+        assert command.usage.split()[0] in out
+    out = t.run("help continue")
+    assert "usage: continue" in out and "aliases: c, cont" in out and "new divergence" in out
+
+
+def test_suggest_commands_ops_layers_keywords(faulty_session):
+    names = lambda text: [s.text for s in suggest(text, len(text), faulty_session)]
+    assert names("ste") == ["step"]
+    assert "continue" in names("co") and "compare" in names("co")
+    assert names("show gelu_") == ["gelu_1", "gelu_2"]
+    assert names("break blocks.1.") == ["blocks.1.norm", "blocks.1.fc"]
+    assert {"nan", "diverge"} <= set(names("break "))
+    assert names("offload re") == ["remove"]
+    assert names("tol op gelu_1 ") == ["clear"]
+    assert "propagated" in names("tol p")
+    assert names("mode i") == ["isolated"]
+    assert names("help bis") == ["bisect"]
+    assert names("show layer_norm_2") == ["native_layer_norm_2"]  # substring when no prefix matches
+    assert names("frobnicate ") == []
+    first = suggest("show gelu_", len("show gelu_"), faulty_session)[0]
+    assert first.start == -len("gelu_") and first.kind == "op" and first.meta == "#13 aten.gelu.default"
+
+
+# ------------------------------------------------------------------ scripted sessions through the real prompt
+def test_prompt_session_step_where_typo(t):
+    out = t.interact("step 2\rw\rstpe\rshow nosuchop\rlayers\r\x04")
+    assert lines_with(out, "#0 ")[0].split()[:2] == ["#0", "permute"]
+    assert "#1    addmm_p0" in out
+    assert "next op  #2 addmm (aten.addmm.default) in layer proj  [2/26]" in out
+    assert "error: unknown command 'stpe'; did you mean `step`?" in out
+    assert "error: no op named 'nosuchop'" in out
+    assert "blocks.1.fc" in out  # the session went on after the errors
+    assert out.rstrip().endswith("quit")  # Ctrl-D leaves
+    assert "Traceback" not in out
+
+
+def test_prompt_shows_position_and_target(t):
+    assert t.repl.prompt_text() == "(llvm) #0 permute [proj]> "
+    t.run("step 24")
+    assert t.repl.prompt_text() == "(llvm) #24 _softmax [<top>]> "
+    t.run("step 5")
+    assert t.repl.prompt_text() == "(llvm) #26 <end>> "
+
+
+def test_ctrl_c_at_the_prompt_clears_the_line(t):
+    out = t.interact("stpe\x03where\r\x04")
+    assert "unknown command" not in out and "next op  #0 permute" in out
+
+
+# ------------------------------------------------------------------ finding the planted fault
+def test_continue_stops_at_the_planted_fault(t):
+    out = t.run("continue")
+    assert "ran #0..#13 (14 ops): 13 passed, 1 failed (propagated verdict)" in out
+    assert "stopped after #13 gelu_1: divergence: the propagated verdict failed" in out
+    assert "the isolated verdict fails too" in out
+    assert t.repl.prompt_text() == "(llvm) #14 add_1 [blocks.1]> "
+    out = t.run("where")
+    assert "last op  #13 gelu_1  isolated FAIL rel=1.0e-02  propagated FAIL" in out
+    # downstream failures are inherited (isolated passes): continue runs on to the end
+    out = t.run("continue")
+    assert "(inherited)" in lines_with(out, "#14   add_1")[0]
+    assert "end of the trace" in out and "stopped" not in out
+
+
+def test_isolated_mode_and_break_diverge(t):
+    out = t.run("mode isolated", "break diverge", "continue")
+    assert "stopped after #13 gelu_1: breakpoint 1 (diverge)" in out
+    out = t.run("mode propagated", "step 3")
+    # with `break diverge`, inherited failures stop `step N` too
+    assert len(lines_with(out, "isolated pass")) == 1 and "stopped after #14 add_1: breakpoint 1 (diverge)" in out
+
+
+def test_bisect_finds_the_planted_fault(t):
+    out = t.run("bisect")
+    assert "first divergent op: #13 gelu_1 (aten.gelu.default) in layer blocks.1" in out
+    assert "verdict: isolated" in out
+    assert lines_with(out, "→")[0].split()[:3] == ["→", "13", "gelu_1"]
+
+
+def test_breakpoints_on_op_and_layer(t):
+    out = t.run("break addmm_1", "break blocks.2", "break 99", "break blocks.7", "break")
+    assert "breakpoint 1: op #6 addmm_1" in out and "breakpoint 2: layer blocks.2 (6 ops)" in out
+    assert "error: op index 99 is out of range (0..25)" in out
+    assert "error: no op or layer named 'blocks.7'; did you mean" in out
+    out = t.run("continue")
+    assert "stopped after #6 addmm_1: breakpoint 1 (op addmm_1)" in out
+    out = t.run("delete 1", "continue")
+    assert "deleted 1 breakpoint(s)" in out and "stopped after #13 gelu_1" in out  # the divergence first
+    out = t.run("continue")
+    assert "stopped after #15 native_layer_norm_2: breakpoint 2 (layer blocks.2)" in out
+    out = t.run("delete 5", "delete", "break")
+    assert "error: delete: no breakpoint 5" in out and "usage: delete [N]" in out and "no breakpoints" in out
+
+
+def test_next_runs_to_the_end_of_the_layer(t):
+    out = t.run("next")
+    assert [line.split()[0] for line in lines_with(out, "isolated")] == ["#0", "#1", "#2"]
+    out = t.run("next", "next")
+    assert [line.split()[0] for line in lines_with(out, "isolated")] == ["#3", "#4", "#5", "#6"]
+
+
+def test_compare_and_print_side_by_side(t):
+    out = t.run(f"compare {FAULT_OP}")
+    assert "#13 gelu_1 (aten.gelu.default) in layer blocks.1" in out
+    assert verdict_rows(out) == [["verdict", "FAIL", "FAIL"]]
+    assert lines_with(out, "err / absmax")[0].split()[3:6] == ["0.01", "(rtol", "0.0001)"]
+    assert "the op alone is wrong on the target" in out
+    out = t.run(f"print {FAULT_OP} 0,:4")
+    assert "#13 gelu_1[0,:4]  (4,) float32  (target value: propagated)" in out
+    assert lines_with(out, "absmax")[0].split()[0] == "absmax"
+    source, target = lines_with(out, "[")[-1].split("]  [")
+    values = [float(v) for v in source.strip(" [").split()], [float(v) for v in target.strip(" ]").split()]
+    assert len(values[0]) == 4 and all(abs(b - 1.01 * a) < 1e-4 for a, b in zip(*values))  # the planted 1.01
+    out = t.run("print gelu_1 0,:4:0", "print gelu_1 7", "print gelu_1 __import__('os')")
+    assert "error: print: bad slice item ':4:0': the step cannot be 0" in out
+    assert "does not fit shape (4, 32)" in out
+    assert out.count("usage: print OP [SLICE]") == 3
+
+
+def test_print_of_an_op_that_is_not_offloaded(t):
+    out = t.run("boundary blocks.0", "print 9 0,:2", "print 9 0,:2")
+    assert "boundary 9: ops [0, 9) run on the target" in out and "offload  0..8 (9 of 26 ops)" in out
+    # the propagated value of an op outside the offload set, the same on every call
+    assert out.count("#9 native_layer_norm_1[0,:2]  (2,) float32  (target value: propagated, op not offloaded)") == 2
+    assert "no target value" not in out
+    assert "native_layer_norm_1" not in t.repl.session.target_values  # downstream still reads the source
+    out = t.run("mode isolated", "print 9 0,:2")
+    assert "(target value: isolated, op not offloaded)" in out
+
+
+def test_tolerance_changes_verdicts(t):
+    out = t.run("tol op gelu_1 0.5", f"compare {FAULT_OP}", "tol")
+    assert "op #13 gelu_1: rtol=0.5 atol=1e-06" in out
+    assert verdict_rows(out) == [["verdict", "pass", "pass"]]
+    assert "op gelu_1   0.5" in out
+    out = t.run("tol float32 x", "tol propagated 0", "tol int8 1", "tol reset", f"compare {FAULT_OP}")
+    assert "RTOL must be a number" in out and "FACTOR must be a finite positive number" in out
+    assert "expected a dtype" in out and "tolerances back to the defaults" in out
+    assert verdict_rows(out) == [["verdict", "FAIL", "FAIL"]]
+
+
+def test_ops_layers_info_offload(t):
+    out = t.run("ops gelu", "ops 3:5", "ops 'add*'", "ops nothing_like_this")
+    assert [line.split()[1] for line in lines_with(out, "aten.gelu")] == ["gelu", "gelu_1", "gelu_2"]
+    assert [line.split()[0] for line in lines_with(out, "float32")][3:5] == ["3", "4"]
+    assert "no op matches 'nothing_like_this'" in out
+    out = t.run("layers", "info")
+    assert "    blocks.1.fc    10..12      3" in out
+    assert "transform        " in out and "faults.py:scale" in out
+    out = t.run("offload remove blocks.1", "offload add 10:11", "offload add", "offload frob 1")
+    assert "offload  0..8, 15..25 (20 of 26 ops)" in out and "offload  0..8, 10, 15..25 (21 of 26 ops)" in out
+    assert "error: offload: missing argument" in out and "expected add or remove" in out
+
+
+def test_show_op(t):
+    out = t.run("show 13")
+    assert "#13 gelu_1  source op aten.gelu.default  relax op relax.nn.gelu" in out
+    assert "addmm_2  op #12  (4, 32) float32" in out
+    assert "R.nn.gelu(addmm_2)" in out
+
+
+def test_errors_never_show_a_traceback(t, monkeypatch):
+    def broken():
+        raise RuntimeError("boom\nsecond line")
+
+    monkeypatch.setattr(t.repl.session, "layers", broken)
+    monkeypatch.delenv("TAPML_DEBUG", raising=False)
+    out = t.run("layers", "step x", "step 1 2", "where")
+    assert "internal error: RuntimeError: boom (set TAPML_DEBUG=1 for the traceback)" in out
+    assert "second line" not in out and "Traceback" not in out
+    assert "error: step: N must be an integer, not 'x'" in out and "usage: step [N]" in out
+    assert "error: step: too many arguments: 2" in out
+    assert "next op  #0 permute" in out
+    monkeypatch.setenv("TAPML_DEBUG", "1")
+    assert "Traceback" in t.run("layers")
+
+
+def test_ctrl_c_cancels_a_long_command_and_the_session_goes_on(t, monkeypatch):
+    session = t.repl.session
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    real_step = session.step
+    calls = []
+
+    def step_then_interrupt(count=1, progress=None):
+        calls.append(count)
+        if len(calls) == 3:
+            raise KeyboardInterrupt  # the executor kills its worker and re-raises
+        return real_step(count)
+
+    monkeypatch.setattr(session, "bisect", interrupted)
+    monkeypatch.setattr(session, "step", step_then_interrupt)
+    out = t.run("bisect", "step 5", "where")
+    assert out.splitlines()[0] == "cancelled"
+    assert "cancelled after 2 op(s)" in out
+    assert "next op  #2 addmm" in out
+    outcome = t.repl.execute("bisect")
+    assert outcome.cancelled and not outcome.quit
+    assert t.repl.run_commands(["bisect", "where"]) == 130  # a script stops on Ctrl-C
+
+
+def test_dump_reports_in_one_line(t, tmp_path):
+    out = t.run(f"dump {FAULT_OP} {tmp_path / 'repro'}", "dump", "dump nosuchop x")
+    assert "Traceback" not in out
+    first = out.splitlines()[0]
+    assert first.startswith("wrote repro of op #13 gelu_1") or first.startswith("error: dump")
+    assert "usage: dump OP DIR" in out and "no op named 'nosuchop'" in out
+
+
+def test_reset_and_quit(t):
+    out = t.run("step 3", "reset", "where")
+    assert "back to op 0" in out and "next op  #0 permute" in out
+    assert t.repl.execute("quit").quit
+    assert t.repl.run_commands(["where", "quit", "step"]) == 0
+    assert "isolated" not in t.buffer.getvalue().split("quit")[-1]
+
+
+# ------------------------------------------------------------------ the real CLI, non-interactively
+def _cli(trace: Path, *args: str, fault: str | None = None, faults: Path = FAULTS) -> subprocess.CompletedProcess:
+    env = dict(os.environ, TAPML_FAULT_OP=FAULT_OP)
+    command = [sys.executable, "-m", "tapml_dbg.cli", "replay", str(trace)]
+    if fault:
+        command += ["--transform", f"{faults}:{fault}"]
+    return subprocess.run(command + list(args), cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_cli_commands_run_like_a_session(trace, faults):
+    done = _cli(trace, "-c", "where; break nan; continue; compare; quit; step", fault="nan", faults=faults)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "(llvm) #0 permute [proj]> where" in out  # each command is echoed after the prompt
+    assert "stopped after #13 gelu_1: breakpoint 1 (nan); divergence: the propagated verdict failed" in out
+    assert "nan / inf mismatch  128 / 0" in out
+    assert "(llvm) #14 add_1 [blocks.1]> quit" in out and "> step" not in out
+    assert "Traceback" not in done.stderr
+
+
+def test_cli_script_fails_on_a_bad_command(trace, faults, tmp_path):
+    script = tmp_path / "session.tapml"
+    script.write_text("# find the fault\nbisect\nshwo 13\nshow nosuchop\nprint 13 0,:2\n")
+    done = _cli(trace, "--script", str(script), fault="scale", faults=faults)
+    assert done.returncode == 1
+    assert "first divergent op: #13 gelu_1" in done.stdout
+    assert "error: unknown command 'shwo'; did you mean `show`?" in done.stderr
+    assert "error: no op named 'nosuchop'" in done.stderr
+    assert "#13 gelu_1[0,:2]" in done.stdout  # commands after a failure still run
+    assert "Traceback" not in done.stderr
+    missing = _cli(trace, "--script", str(tmp_path / "missing.txt"))
+    assert missing.returncode == 1 and "cannot read the script" in missing.stderr
