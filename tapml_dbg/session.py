@@ -22,7 +22,7 @@ from .backends.units import build_isolated_batch, build_unit
 from .backends.worker import UnitRequest, WorkerConfig
 from .bisect import SearchTrace, chunks, first_failing
 from .compare import TolerancePolicy, compare_arrays, dtype_name
-from .errors import TraceError, UsageError
+from .errors import TargetError, TraceError, UsageError
 from .frontend.graph import OpInfo
 from .frontend.serialize import function_from_json, function_to_json
 from .trace import TraceReader
@@ -187,7 +187,10 @@ class Session:
         self.probes += 1
         request = UnitRequest(unit_json=function_to_json(func), inputs=self._input_refs(spec.inputs, use_target),
                               outputs=spec.outputs)
-        return self.executor.run(request, timeout_s)
+        result = self.executor.run(request, timeout_s)
+        if result.status == "target-lost":  # not the op's fault: no verdict, a user-facing error
+            raise TargetError(result.message)
+        return result
 
     # ---------------------------------------------------------------- verdicts
     def _verdict(self, op: OpInfo, mode: str, result: UnitResult, outputs: list[np.ndarray] | None) -> Verdict:

@@ -28,9 +28,12 @@ FAULT_INDEX = 13
 
 @pytest.fixture(scope="session")
 def trace(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("repl") / "mlp.h5"
-    subprocess.run([sys.executable, "-m", "tapml_dbg.cli", "record", str(ROOT / "examples" / "mlp.py"),
-                    "-o", str(path)], check=True, cwd=ROOT, capture_output=True)
+    """examples/mlp.py recorded once per test run (shared by the REPL test files)."""
+    path = tmp_path_factory.getbasetemp() / "repl-trace" / "mlp.h5"
+    if not path.exists():
+        path.parent.mkdir(exist_ok=True)
+        subprocess.run([sys.executable, "-m", "tapml_dbg.cli", "record", str(ROOT / "examples" / "mlp.py"),
+                        "-o", str(path)], check=True, cwd=ROOT, capture_output=True)
     return path
 
 
@@ -147,6 +150,16 @@ def test_suggest_commands_ops_layers_keywords(faulty_session):
     assert names("frobnicate ") == []
     first = suggest("show gelu_", len("show gelu_"), faulty_session)[0]
     assert first.start == -len("gelu_") and first.kind == "op" and first.meta == "#13 aten.gelu.default"
+
+
+def test_prompt_toolkit_completer_only_maps_suggest(faulty_session):
+    from prompt_toolkit.document import Document
+
+    from tapml_dbg.repl.completion import make_completer
+
+    completions = list(make_completer(faulty_session).get_completions(Document("print gelu"), None))
+    assert [(c.text, c.start_position) for c in completions] == [("gelu", -4), ("gelu_1", -4), ("gelu_2", -4)]
+    assert completions[1].display_meta_text == "#13 aten.gelu.default"
 
 
 # ------------------------------------------------------------------ scripted sessions through the real prompt
@@ -354,26 +367,40 @@ def _cli(trace: Path, *args: str, fault: str | None = None, faults: Path = FAULT
     return subprocess.run(command + list(args), cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 
 
-def test_cli_commands_run_like_a_session(trace, faults):
-    done = _cli(trace, "-c", "where; break nan; continue; compare; quit; step", fault="nan", faults=faults)
+def test_cli_commands_exit_0(trace):
+    done = _cli(trace, "-c", "where; ops gelu; layers; quit; step")
     assert done.returncode == 0, done.stderr
     out = done.stdout
     assert "(llvm) #0 permute [proj]> where" in out  # each command is echoed after the prompt
-    assert "stopped after #13 gelu_1: breakpoint 1 (nan); divergence: the propagated verdict failed" in out
-    assert "nan / inf mismatch  128 / 0" in out
-    assert "(llvm) #14 add_1 [blocks.1]> quit" in out and "> step" not in out
-    assert "Traceback" not in done.stderr
+    assert "next op  #0 permute (aten.permute.default) in layer proj  [0/26]" in out
+    assert "    blocks.1.fc    10..12      3" in out
+    assert "(llvm) #0 permute [proj]> quit" in out and "> step" not in out  # quit ends the script
+    assert done.stderr == ""
 
 
-def test_cli_script_fails_on_a_bad_command(trace, faults, tmp_path):
+def test_cli_script_finds_the_fault_and_fails_on_a_bad_command(trace, faults, tmp_path):
     script = tmp_path / "session.tapml"
-    script.write_text("# find the fault\nbisect\nshwo 13\nshow nosuchop\nprint 13 0,:2\n")
-    done = _cli(trace, "--script", str(script), fault="scale", faults=faults)
+    script.write_text("# find the fault\nshwo 13\nshow nosuchop\nprint 13 0,:2\n")
+    done = _cli(trace, "-c", "break nan; continue; compare", "--script", str(script), fault="nan", faults=faults)
     assert done.returncode == 1
-    assert "first divergent op: #13 gelu_1" in done.stdout
+    out = done.stdout
+    assert "stopped after #13 gelu_1: breakpoint 1 (nan); divergence: the propagated verdict failed" in out
+    assert lines_with(out, "nan / inf mismatch")[0].split()[-6:] == ["128", "/", "0", "128", "/", "0"]
     assert "error: unknown command 'shwo'; did you mean `show`?" in done.stderr
     assert "error: no op named 'nosuchop'" in done.stderr
-    assert "#13 gelu_1[0,:2]" in done.stdout  # commands after a failure still run
+    assert "#13 gelu_1[0,:2]" in out  # commands after a failure still run
+    assert [line.split() for line in out.splitlines() if line.startswith("nan  ")] == [["nan", "0", "2"]]
     assert "Traceback" not in done.stderr
-    missing = _cli(trace, "--script", str(tmp_path / "missing.txt"))
-    assert missing.returncode == 1 and "cannot read the script" in missing.stderr
+
+
+def test_a_missing_script_fails_before_the_session_opens(tmp_path):
+    import argparse
+
+    from tapml_dbg.cli import main
+    from tapml_dbg.errors import UsageError
+    from tapml_dbg.repl.app import run_replay
+
+    args = argparse.Namespace(trace=str(tmp_path / "no-trace.h5"), commands=None, script=str(tmp_path / "none.txt"))
+    with pytest.raises(UsageError, match="cannot read the script"):
+        run_replay(args)
+    assert main(["replay", str(tmp_path / "no-trace.h5"), "-c", "where"]) == 1  # no such trace: one line, exit 1

@@ -9,12 +9,15 @@ directory; repro.py runs behind an import blocker that refuses torch and tapml_d
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import io
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -115,6 +118,32 @@ def run_suite(folder: Path, cwd: Path, *args: str) -> tuple[int, set[str], str]:
                             cwd=cwd, env=_env(), capture_output=True, text=True, timeout=600)
     failed = set(re.findall(r"FAILED \S*test_ops\.py::test_op\[([^\]]+)\]", result.stdout))
     return result.returncode, failed, result.stdout + result.stderr
+
+
+@contextlib.contextmanager
+def rpc_server():
+    """A local TVM RPC server on a free port; yields "HOST:PORT" once it accepts connections."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "tvm.exec.rpc_server", "--host", "127.0.0.1", "--port", str(port),
+                             "--port-end", str(port + 1)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            with socket.socket() as client:
+                if client.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            assert proc.poll() is None and time.monotonic() < deadline, "the RPC server did not start"
+            time.sleep(0.2)
+        yield f"127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def first_op(trace: Path, relax_op: str):
@@ -265,6 +294,11 @@ def test_dump_cnn_planted_fault_reproduces_and_clean_dump_passes(example_traces,
     assert passed.returncode == 0, passed.stdout + passed.stderr
     assert "NOT REPRODUCED" in passed.stdout
     assert not (folder / "__pycache__").exists() and not (clean_dir / "__pycache__").exists()
+
+    with rpc_server() as address:  # the same repro over TVM RPC (in-process: the lib is what runs)
+        out = io.StringIO()
+        assert lib.repro_main(str(folder), ["--rpc", address], out=out) == lib.EXIT_REPRODUCED, out.getvalue()
+        assert f"over RPC {address}: fail" in out.getvalue()
 
     # a transform that needs an environment variable the dump saw but the run lacks: "cannot run", exit 2
     (folder / transform_file).write_text("import os\n\ndef scale(mod):\n    os.environ['TAPML_REPRO_TEST_OP']\n"

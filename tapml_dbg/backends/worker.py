@@ -96,13 +96,28 @@ class _WorkerState:
                                "compiled to host code only: is a GPU schedule missing?)"}
         compiled_at = time.perf_counter()
         try:
+            self._device()
+        except TapmlError as exc:
+            return {"status": "target-lost", "message": str(exc)}
+        try:
             vm = self._load(compiled.path)
             args = [self._argument(ref) for ref in request.inputs]
-            result = vm["main"](*args)
+            if self.remote is not None:  # remote tuples are opaque handles: fetch field by field
+                vm.set_input("main", *args)
+                vm.invoke_stateful("main")
+                result = vm.get_outputs("main")
+            else:
+                result = vm["main"](*args)
             outputs = [_flatten(value) for value in result]
         except TapmlError as exc:
             return {"status": "error", "message": str(exc)}
         except Exception as exc:
+            if self.remote is not None and (_looks_like_lost_connection(exc) or not self._remote_alive()):
+                where = self.config.rpc or self.config.tracker
+                self._forget_remote()
+                return {"status": "target-lost",
+                        "message": f"lost the RPC connection to {where} ({_one_line(exc)}); the next "
+                                   "command reconnects once the server is back"}
             return {"status": "error", "message": _one_line(exc), "detail": traceback.format_exc()}
         return {"status": "ok", "outputs": outputs, "cached": compiled.cached,
                 "compile_seconds": compiled_at - started, "run_seconds": time.perf_counter() - compiled_at}
@@ -121,6 +136,19 @@ class _WorkerState:
             else:
                 self.device = local_device(kind)
         return self.device
+
+    def _remote_alive(self) -> bool:
+        try:
+            self.remote.get_function("runtime.GetDeviceAttr")  # a round trip
+            return True
+        except Exception:
+            return False
+
+    def _forget_remote(self) -> None:
+        self.remote = None
+        self.device = None
+        self.loaded.clear()
+        self.param_cache.clear()
 
     def _load(self, path: Path):
         import tvm
@@ -167,6 +195,13 @@ class _WorkerState:
         import tvm
 
         return tvm.runtime.tensor(np.require(array, requirements="C"), self._device())
+
+
+_LOST_CONNECTION_MARKERS = ("RPCCode", "kShutdown", "Socket", "socket", "Connection", "connection", "Broken pipe")
+
+
+def _looks_like_lost_connection(exc: BaseException) -> bool:
+    return any(marker in str(exc) for marker in _LOST_CONNECTION_MARKERS)
 
 
 def _flatten(value) -> list[np.ndarray]:

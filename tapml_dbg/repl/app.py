@@ -44,8 +44,8 @@ def make_console(stream=None) -> Console:
     stream = stream or sys.stdout
     is_tty = hasattr(stream, "isatty") and stream.isatty()
     if is_tty:
-        return Console(file=stream, highlight=False)
-    return Console(file=_TrimmedLines(stream), highlight=False, width=TRANSCRIPT_WIDTH, color_system=None,
+        return Console(file=stream, highlight=False, soft_wrap=True)
+    return Console(file=_TrimmedLines(stream), highlight=False, width=TRANSCRIPT_WIDTH, color_system=None, soft_wrap=True,
                    force_terminal=False, force_interactive=False, emoji=False)
 
 

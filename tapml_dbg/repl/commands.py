@@ -24,13 +24,14 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..compare import DEFAULT_TOLERANCES, Tolerance, TolerancePolicy
-from ..errors import UsageError
+from ..errors import TapmlError, UsageError
 from ..verdicts import PROPAGATED, StepResult
 from . import results as R
 from .parsing import ArgError, format_slice, parse_float, parse_int, parse_slice
 from .state import BREAK_DIVERGE, BREAK_LAYER, BREAK_NAN, BREAK_OP, MODES, ReplState
 
 OPS_PAGE = 200  # `ops` shows at most this many rows; narrow with a pattern or a range
+UNKNOWN_COMMAND_CUTOFF = 0.6  # difflib similarity needed to suggest a command for a typo
 TOL_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 
@@ -216,11 +217,10 @@ def cmd_show(ctx: Context, args: list[str]):
 def _stored_spec(stats_of, name: str) -> str:
     try:
         stats = stats_of(name)
-    except UsageError:
+    except TapmlError:  # stats are a convenience here; an unreadable one must not break `show`
         return ""
-    except Exception:  # stats are a convenience here; a missing field must not break `show`
-        return ""
-    return f"numel {stats.get('numel', '?')}, absmax {stats.get('absmax', float('nan')):.4g}"
+    absmax = stats.get("absmax")
+    return f"numel {stats.get('numel', '?')}" + (f", absmax {absmax:.4g}" if isinstance(absmax, (int, float)) else "")
 
 
 def _ops_of(session, text: str) -> list[int]:
@@ -657,7 +657,7 @@ class UnknownCommand(UsageError):
         import difflib
 
         names = list(_BY_NAME) + list(_BY_ALIAS)
-        close = difflib.get_close_matches(word, names, n=1, cutoff=0.5)
+        close = difflib.get_close_matches(word, names, n=1, cutoff=UNKNOWN_COMMAND_CUTOFF)
         self.word = word
         self.suggestion = (_BY_ALIAS.get(close[0]) or _BY_NAME[close[0]]).name if close else None
         hint = f"; did you mean `{self.suggestion}`?" if self.suggestion else "; `help` lists the commands"

@@ -351,6 +351,8 @@ def _array_text(array: np.ndarray | None) -> str:
 @render.register
 def _(result: R.PrintResult, console: Console) -> None:
     op = result.op
+    if not result.outputs:
+        console.print(f"{op_label(op)} has no tensor outputs")
     for out in result.outputs:
         where = f"[{result.index_text}]" if result.index_text else ""
         suffix = f" output {out.number}" if len(result.outputs) > 1 else ""

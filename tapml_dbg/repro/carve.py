@@ -65,7 +65,7 @@ def carve(session, output, max_mb: float | None = None, progress: Callable[..., 
             continue
         writer.add(unit.refs)
         module_path = f"{MODULES_DIR}/{op.index:03d}_{files.safe_name(op.name)}.py"
-        (folder / module_path).write_text(unit.script, encoding="utf-8")
+        (folder / module_path).write_text(unit.script.rstrip("\n") + "\n", encoding="utf-8")
         entries.append(unit.meta(module_path))
     progress(total, total, "writing data")
     writer.write(folder)

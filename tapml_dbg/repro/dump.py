@@ -42,7 +42,7 @@ def dump_op(session, op_text, output, command: str | None = None) -> DumpResult:
     unit = op_module(session, op)  # raises before anything is written when the op cannot be dumped
     verdict = session.isolated(op.index)
     folder = files.prepare_dir(output)
-    (folder / MODULE_FILE).write_text(unit.script, encoding="utf-8")
+    (folder / MODULE_FILE).write_text(unit.script.rstrip("\n") + "\n", encoding="utf-8")
     writer = files.DataWriter()
     writer.add(unit.refs)
     writer.write(folder)
@@ -96,7 +96,7 @@ def _readme(meta: dict, unit, data_bytes: int, total_bytes: int) -> str:
                                 + ("" if o.get("judged", True) else " (not judged: nothing in the model reads it)")
                                 for k, o in enumerate(op["outputs"]))),
         ("size", f"{files.human_bytes(total_bytes)} in all; data {files.human_bytes(data_bytes)} "
-                 f"({len(op['inputs'])} inputs, {len(op['outputs'])} outputs)"),
+                 f"({_count(len(op['inputs']), 'input')}, {_count(len(op['outputs']), 'output')})"),
     ]
     lines = [f"# Repro: op #{op['index']} `{op['name']}` of `{meta['model']}`", "",
              "Written by `tapml-dbg dump`. It needs only `tvm` and `numpy` (no torch, no tapml-dbg) and "
@@ -116,8 +116,9 @@ def _readme(meta: dict, unit, data_bytes: int, total_bytes: int) -> str:
                          f"{_g(m['cosine'], 6)} | {m['nan_mismatch']} / {m['inf_mismatch']} | "
                          f"{m['mismatched']}/{m['numel']} | {'yes' if m['passed'] else 'no'} |")
         lines.append("")
+    remote = f" --rpc {seen['rpc']}" if seen.get("rpc") else ""
     lines += ["## Run it", "", "```sh",
-              f"{env_prefix}python repro.py                      # on {meta['target']}, the dump's target",
+              f"{env_prefix}python repro.py{remote}                      # on {meta['target']}, the dump's target",
               f"{env_prefix}python repro.py --target cuda        # another TVM target",
               f"{env_prefix}python repro.py --rpc HOST:PORT --target opencl   # a remote device", "```", "",
               "Exit status 1: the divergence reproduces (or the op fails to compile or run on the target); "
@@ -152,3 +153,7 @@ def _readme(meta: dict, unit, data_bytes: int, total_bytes: int) -> str:
 
 def _g(value, digits: int = 3) -> str:
     return "n/a" if value is None else f"{value:.{digits}g}"
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}{'' if number == 1 else 's'}"

@@ -16,6 +16,7 @@ The directory it works on holds:
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib.util
 import json
 import math
@@ -240,7 +241,12 @@ def load_transform(here: str, spec: dict | None):
     if not spec:
         return None
     path = os.path.join(here, spec["file"])
-    name = f"_tapml_repro_transform_{abs(hash(os.path.abspath(path)))}"
+    try:
+        with open(path, "rb") as handle:
+            digest = hashlib.sha256(os.path.abspath(path).encode() + b"\0" + handle.read()).hexdigest()[:16]
+    except OSError as exc:
+        raise ReproBroken(f"cannot read the transform {path}: {exc}") from exc
+    name = f"_tapml_repro_transform_{digest}"  # one module per file version
     if name in sys.modules:
         module = sys.modules[name]
     else:
@@ -363,7 +369,12 @@ class Runner:
 
         device = self.device()
         args = [tvm.runtime.tensor(_contiguous(a), device) for a in arrays]
-        return flatten(vm["main"](*args))
+        if self._remote is None:
+            return flatten(vm["main"](*args))
+        # over RPC a returned tuple stays on the remote side: use the stateful interface
+        vm.set_input("main", *args)
+        vm.invoke_stateful("main")
+        return flatten(vm.get_outputs("main"))
 
 
 def flatten(value) -> list[np.ndarray]:
@@ -491,6 +502,11 @@ def repro_main(here: str, argv=None, out=None) -> int:
     out.write(f"tapml-dbg repro of {meta.get('model', '?')} (recorded on {meta.get('source', '?')})\n")
     if meta.get("transform"):
         out.write(f"transform: {meta['transform']['file']}:{meta['transform']['func']}\n")
+        for name, value in (meta["transform"].get("env") or {}).items():
+            if value is not None and os.environ.get(name) != value:
+                now = "unset" if name not in os.environ else f"{os.environ[name]!r}"
+                out.write(f"note: the transform reads ${name}, which was {value!r} when the repro was made and "
+                          f"is {now} now\n")
     out.write(check.report() + "\n")
     if args.save_outputs and check.outputs:
         write_npz(args.save_outputs, ((f"out/{k}", encode_array(a)[0]) for k, a in enumerate(check.outputs)))

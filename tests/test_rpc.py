@@ -1,0 +1,69 @@
+"""Remote targets over real TVM RPC servers on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import fault_transform, run_cli
+from rpc_helpers import Server, Tracker
+from tapml_dbg.errors import TargetError
+from tapml_dbg.session import Session
+
+
+@pytest.fixture
+def server():
+    server = Server()
+    yield server
+    server.stop()
+
+
+def test_bisect_over_rpc_gives_the_local_answer(traces, tmp_path, server):
+    transform = fault_transform(tmp_path, "scale", "gelu_1")
+    path = str(traces.get("mlp"))
+    local = run_cli("bisect", path, "--transform", transform, "--json")
+    remote = run_cli("bisect", path, "--transform", transform, "--json", "--rpc", server.address)
+    assert local.returncode == 0 and remote.returncode == 0, remote.stderr
+    local_op, remote_op = json.loads(local.stdout)["op"], json.loads(remote.stdout)["op"]
+    assert remote_op["name"] == local_op["name"] == "gelu_1"
+    assert remote_op["metrics"]["max_abs_err"] == pytest.approx(local_op["metrics"]["max_abs_err"])
+
+
+def test_killed_server_gives_a_clear_error_and_the_session_reconnects(traces, server):
+    with Session.open(traces.get("mlp"), rpc=server.address) as session:
+        assert session.isolated(1).passed
+        server.stop()
+        with pytest.raises(TargetError, match="RPC"):
+            session.isolated(2)
+        with pytest.raises(TargetError):
+            session.isolated(3)  # still down: still a clear error, no verdict blamed on the op
+        restarted = Server(port=server.port)
+        try:
+            assert session.isolated(4).passed  # back: the session goes on
+        finally:
+            restarted.stop()
+
+
+def test_unreachable_server_is_a_one_line_error(traces, server):
+    port = server.port
+    server.stop()
+    result = run_cli("bisect", str(traces.get("mlp")), "--rpc", f"127.0.0.1:{port}")
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr and "error:" in result.stderr
+
+
+def test_tracker_with_two_servers(traces, tmp_path):
+    tracker = Tracker()
+    servers = [Server(tracker=tracker.address, key="cpu") for _ in range(2)]
+    try:
+        tracker.wait_for_servers("cpu", 2)
+        transform = fault_transform(tmp_path, "scale", "gelu_1")
+        result = run_cli("bisect", str(traces.get("mlp")), "--tracker", tracker.address, "--key", "cpu",
+                         "--transform", transform, "--json")
+        assert result.returncode == 0, result.stderr
+        assert json.loads(result.stdout)["op"]["name"] == "gelu_1"
+    finally:
+        for server in servers:
+            server.stop()
+        tracker.stop()
