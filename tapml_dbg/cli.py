@@ -89,7 +89,9 @@ def _quiet_libraries() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
+    args.argv = argv
     _quiet_libraries()
     from . import render
 
@@ -148,17 +150,17 @@ def _bisect(args, render) -> int:
 
 
 def _dump(args, render) -> int:
-    from .repro import dump_op
+    from .repro.dump_dir import dump_op
     from .session import Session
 
     with Session.open(args.trace, **_session_options(args)) as session:
-        result = dump_op(session, args.op, args.output, command=" ".join(["tapml-dbg"] + sys.argv[1:]))
+        result = dump_op(session, args.op, args.output, command=" ".join(["tapml-dbg"] + args.argv))
     render.dump_result(result)
     return 0
 
 
 def _carve(args, render) -> int:
-    from .repro import carve
+    from .repro.carve_suite import carve
     from .session import Session
 
     with Session.open(args.trace, **_session_options(args)) as session:

@@ -15,6 +15,9 @@ from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
+from .repro.standalone import compare as standalone_compare
+from .repro.standalone import dtype_name  # noqa: F401  (re-exported: one spelling of dtypes)
+
 
 @dataclass(frozen=True)
 class Tolerance:
@@ -93,69 +96,14 @@ def _is_float(dtype: str) -> bool:
     return dtype.startswith("float") or dtype.startswith("bfloat")
 
 
-def dtype_name(array: np.ndarray) -> str:
-    name = str(array.dtype)
-    return "bool" if name == "bool" else name
-
-
 def compare_arrays(target: np.ndarray, source: np.ndarray, tol: Tolerance) -> Metrics:
-    """Compare one target output with its recorded source value under `tol`."""
-    with np.errstate(all="ignore"):
-        return _compare(target, source, tol)
+    """Compare one target output with its recorded source value under `tol`.
 
-
-def _compare(target: np.ndarray, source: np.ndarray, tol: Tolerance) -> Metrics:
-    metrics = Metrics(numel=int(source.size), rtol=tol.rtol, atol=tol.atol)
-    if tuple(target.shape) != tuple(source.shape):
-        metrics.shape_mismatch = f"{tuple(target.shape)} vs source {tuple(source.shape)}"
-        metrics.passed = False
-        return metrics
-    if dtype_name(target) != dtype_name(source):
-        metrics.dtype_mismatch = f"{dtype_name(target)} vs source {dtype_name(source)}"
-        metrics.passed = False
-        return metrics
-    if source.size == 0:
-        return metrics
-    if not _is_float(dtype_name(source)):
-        diff = target != source
-        metrics.mismatched = int(np.count_nonzero(diff))
-        if metrics.mismatched:
-            t64, s64 = target.astype(np.float64), source.astype(np.float64)
-            metrics.max_abs_err = float(np.max(np.abs(t64 - s64)))
-            metrics.scale_rel_err = metrics.max_abs_err / max(float(np.max(np.abs(s64))), 1.0)
-            metrics.cosine = _cosine(t64, s64)
-        metrics.passed = metrics.mismatched == 0
-        return metrics
-
-    t64, s64 = target.astype(np.float64), source.astype(np.float64)
-    t_nan, s_nan = np.isnan(t64), np.isnan(s64)
-    t_inf, s_inf = np.isinf(t64), np.isinf(s64)
-    metrics.nan_mismatch = int(np.count_nonzero(t_nan != s_nan))
-    same_inf = (t_inf & s_inf) & (np.sign(t64) == np.sign(s64))
-    metrics.inf_mismatch = int(np.count_nonzero((t_inf | s_inf) & ~same_inf & ~(t_nan | s_nan)))
-    finite = np.isfinite(t64) & np.isfinite(s64)
-    diff = np.abs(np.where(finite, t64 - s64, 0.0))
-    scale = float(np.max(np.abs(np.where(np.isfinite(s64), s64, 0.0)))) if s64.size else 0.0
-    metrics.max_abs_err = float(np.max(diff)) if diff.size else 0.0
-    metrics.scale_rel_err = metrics.max_abs_err / scale if scale > 0 else (0.0 if metrics.max_abs_err == 0 else math.inf)
-    significant = np.abs(s64) > max(tol.atol, 1e-30)
-    if np.any(significant & finite):
-        metrics.max_rel_err = float(np.max(diff[significant & finite] / np.abs(s64[significant & finite])))
-    metrics.cosine = _cosine(np.where(finite, t64, 0.0), np.where(finite, s64, 0.0))
-    bound = tol.atol + tol.rtol * scale
-    metrics.mismatched = int(np.count_nonzero(diff > bound)) + metrics.nan_mismatch + metrics.inf_mismatch
-    metrics.passed = metrics.max_abs_err <= bound and not metrics.nan_mismatch and not metrics.inf_mismatch
-    return metrics
-
-
-def _cosine(a: np.ndarray, b: np.ndarray) -> float:
-    a, b = a.ravel(), b.ravel()
-    na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
-    if na == 0 and nb == 0:
-        return 1.0
-    if na == 0 or nb == 0:
-        return 0.0
-    return float(np.dot(a, b) / (na * nb))
+    The rule itself lives in `repro/standalone.py`, which repros copy verbatim, so a repro and
+    the engine can never judge the same values differently.
+    """
+    result = standalone_compare(target, source, tol.rtol, tol.atol)
+    return Metrics(**{name: result[name] for name in Metrics.__dataclass_fields__})
 
 
 def worst(metrics: list[Metrics]) -> Metrics:

@@ -137,7 +137,7 @@ def carve_result(result) -> None:
     console.print(f"carved {result.tests} op tests into {result.path} ({human_bytes(result.bytes)}); "
                   f"run: pytest {result.path}")
     for note in result.skipped[:20]:
-        console.print(f"  [yellow]left out[/] {note}")
+        console.print(f"  [yellow]{note}[/]")
     if len(result.skipped) > 20:
         console.print(f"  ... and {len(result.skipped) - 20} more left out")
 

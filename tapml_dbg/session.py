@@ -149,7 +149,9 @@ class Session:
         if ":" in text and all(part.strip().lstrip("#").isdigit() or not part.strip()
                                for part in text.split(":", 1)):
             start, end = text.split(":", 1)
-            return list(range(int(start.lstrip("#") or 0), int(end.lstrip("#") or len(self.ops))))
+            first = max(0, int(start.lstrip("#") or 0))
+            last = min(len(self.ops), int(end.lstrip("#") or len(self.ops)))
+            return list(range(first, last))
         if text in self.by_name or text.lstrip("#").isdigit():
             return [self.resolve(text).index]
         if any(op.layer == text or op.layer.startswith(text + ".") for op in self.ops):
@@ -203,7 +205,7 @@ class Session:
         if len(outputs) != len(source):
             return Verdict(op.index, op.name, mode, "fail",
                            message=f"{len(outputs)} outputs vs {len(source)} recorded")
-        dtype_of = self._tolerance_dtype(op.index)
+        dtype_of = self.tolerance_dtype(op.index)
         metrics = [compare_arrays(t, s, self.policy.for_value(dtype_of or dtype_name(s), op.name,
                                                               mode == PROPAGATED))
                    for t, s in zip(outputs, source)]
@@ -217,7 +219,11 @@ class Session:
                        "(ignored in the verdict)")
         return Verdict(op.index, op.name, mode, status, live or metrics, message)
 
-    def _tolerance_dtype(self, index: int) -> str | None:
+    def invalidate_verdicts(self) -> None:
+        """Forget cached verdicts, e.g. after the tolerance policy changed."""
+        self._isolated_cache.clear()
+
+    def tolerance_dtype(self, index: int) -> str | None:
         """The source's own dtype when the recorder had to cast its value (e.g. fp16 mm → fp32)."""
         from .record import CAST_NOTE_PREFIX
 
@@ -240,28 +246,25 @@ class Session:
 
     def propagated(self, index: int) -> Verdict:
         """The op fed the target's own upstream values (ops in the offload set run on the target)."""
+        return self._propagated_run(index)[0]
+
+    def _propagated_run(self, index: int) -> tuple[Verdict, list[np.ndarray] | None]:
         op = self.ops[index]
         needed = self._offloaded_ancestors(index)
         missing = [i for i in needed if self.ops[i].name not in self.target_values]
         try:
-            if missing:
-                chain = sorted(set(missing) | {index})
-                names = [self.ops[i].name for i in chain]
-                func, spec = build_unit(self.main, names, names)
-                result = self._run(func, spec, use_target=True)
-                if result.ok:
-                    for name, values in zip(names, result.outputs):
-                        self.target_values[name] = values
-                outputs = result.outputs[-1] if result.ok else None
-            else:
-                func, spec = build_unit(self.main, [op.name], [op.name])
-                result = self._run(func, spec, use_target=True)
-                outputs = result.outputs[0] if result.ok else None
-                if result.ok and index in self.offload:
-                    self.target_values[op.name] = outputs
+            chain = sorted(set(missing) | {index})
+            names = [self.ops[i].name for i in chain]
+            func, spec = build_unit(self.main, names, names)
+            result = self._run(func, spec, use_target=True)
         except TraceError as exc:
-            return Verdict(index, op.name, PROPAGATED, "missing", message=str(exc))
-        return self._verdict(op, PROPAGATED, result, outputs)
+            return Verdict(index, op.name, PROPAGATED, "missing", message=str(exc)), None
+        outputs = result.outputs[-1] if result.ok else None
+        if result.ok:  # only offloaded ops feed later ops with target values
+            for i, values in zip(chain, result.outputs):
+                if i in self.offload:
+                    self.target_values[self.ops[i].name] = values
+        return self._verdict(op, PROPAGATED, result, outputs), outputs
 
     def _offloaded_ancestors(self, index: int) -> list[int]:
         seen: set[int] = set()
@@ -284,8 +287,7 @@ class Session:
         """The target's value of an op in a mode (computing it if needed); None on failure."""
         op = self.ops[index]
         if mode == PROPAGATED:
-            self.propagated(index)
-            return self.target_values.get(op.name)
+            return self._propagated_run(index)[1]
         func, spec = build_unit(self.main, [op.name], [op.name])
         result = self._run(func, spec, use_target=False)
         return result.outputs[0] if result.ok else None

@@ -63,8 +63,7 @@ def compile_unit(unit_json: dict, target: str, transform: str | None, cache_dir:
     mod = tvm.IRModule({"main": function_from_json(unit_json)})
     if transform:
         mod = apply_transform(mod, transform)
-    executable = tvm.compile(mod, tvm_target)
-    device_code = kind in ("llvm", "c") or _has_device_module(executable)
+    executable, device_code = _build(mod, tvm_target)
     tmp = path.with_suffix(f".tmp{os.getpid()}.{export_format}")
     executable.export_library(str(tmp))
     os.replace(tmp, path)
@@ -81,8 +80,26 @@ def compile_only(unit_json: dict, target: str, transform: str | None) -> bool:
     mod = tvm.IRModule({"main": function_from_json(unit_json)})
     if transform:
         mod = apply_transform(mod, transform)
-    executable = tvm.compile(mod, parse_target(target))
-    return _has_device_module(executable) or parse_target(target).kind.name in ("llvm", "c")
+    _, device_code = _build(mod, parse_target(target))
+    return device_code
+
+
+def _build(mod, target):
+    """Lower with the target's default Relax pipeline (dlight schedules for GPUs), then build.
+
+    Returns the executable and whether device code exists where kernels need it: a unit of
+    view-like ops has no kernel at all, but a kernel compiled to host code only for a GPU
+    target (an unscheduled PrimFunc) is a compile error, not a pass.
+    """
+    import tvm
+    from tvm import relax
+
+    with target:
+        lowered = relax.get_default_pipeline(target)(mod)
+    kernels = [gv for gv, func in lowered.functions_items() if isinstance(func, tvm.tirx.PrimFunc)]
+    executable = tvm.compile(lowered, target, relax_pipeline=None)
+    host = target.kind.name in ("llvm", "c")
+    return executable, host or not kernels or _has_device_module(executable)
 
 
 def _has_device_module(executable) -> bool:

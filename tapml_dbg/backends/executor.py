@@ -86,8 +86,8 @@ class TargetExecutor:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 self.stop(kill=True)
-                return UnitResult("timeout", message=f"no answer within {limit:.0f} s (raise with `tol`-like "
-                                  "setting unit_timeout_s or check for a hanging kernel)",
+                return UnitResult("timeout", message=f"no answer within {limit:.0f} s (a hanging compile or kernel; "
+                                  "raise the limit with --timeout S)",
                                   seconds=time.perf_counter() - started)
             try:
                 ready = self._conn.poll(min(remaining, 0.2))

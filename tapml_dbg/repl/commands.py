@@ -111,17 +111,8 @@ def _is_range(text: str) -> bool:
                                for part in text.split(":", 1))
 
 
-def _keep_offload_consistent(session, index: int) -> None:
-    """Workaround: `Session.propagated` stores the target value of an op that is *not* offloaded
-    when it had to compute a chain of missing ancestors; downstream ops would then read the
-    target's value of a source-side op. Drop it so only offloaded ops feed the target."""
-    if index not in session.offload:
-        session.target_values.pop(session.ops[index].name, None)
-
-
 def _compare(ctx: Context, index: int) -> StepResult:
     result = ctx.session.compare(index)
-    _keep_offload_consistent(ctx.session, index)
     ctx.state.record(result)
     return result
 
@@ -158,8 +149,10 @@ def cmd_ops(ctx: Context, args: list[str]):
     query = " ".join(args).strip()
     if not query:
         indices = list(range(len(session.ops)))
-    elif _is_range(query) or query.lstrip("#").isdigit():
+    elif _is_range(query):
         indices = _clamp_range(session, session.resolve_ops(query))
+    elif query.lstrip("#").lstrip("-").isdigit():
+        indices = [session.resolve(query).index]
     else:
         pattern = query if any(c in query for c in "*?[") else f"*{query}*"
         pattern = pattern.lower()
@@ -327,7 +320,6 @@ def _run(ctx: Context, command: str, limit: int | None = None, layer_bound: bool
                 if not steps:
                     break
                 result = steps[0]
-                _keep_offload_consistent(session, result.index)
                 state.record(result)
                 state.last = result
                 run.steps.append(result)
@@ -432,7 +424,6 @@ def cmd_print(ctx: Context, args: list[str]):
     note = ""
     if targets is None:
         verdict = session.propagated(op.index) if mode == PROPAGATED else session.isolated(op.index)
-        _keep_offload_consistent(session, op.index)
         note = f"{verdict.status}: {verdict.message}" if verdict.message else "the target gave no value"
     outputs = []
     for number, source in enumerate(sources):
@@ -447,22 +438,8 @@ def cmd_print(ctx: Context, args: list[str]):
 
 
 def _target_value(session, index: int, mode: str):
-    """The op's target value in `mode`, the one its verdict compared.
-
-    Workaround: `Session.target_output(i, "propagated")` returns a value only when op i is
-    offloaded or when its upstream chain had to be recomputed, so for an op outside the
-    offload set it gives None or a value depending on history. Offloading op i alone for the
-    call (its own membership changes no upstream value) makes it consistent; the value is then
-    dropped so downstream ops keep reading the source value.
-    """
-    if mode != PROPAGATED or index in session.offload:
-        return session.target_output(index, mode)
-    session.offload.add(index)
-    try:
-        return session.target_output(index, mode)
-    finally:
-        session.offload.discard(index)
-        session.target_values.pop(session.ops[index].name, None)
+    """The op's target value in `mode`, the one its verdict compared."""
+    return session.target_output(index, mode)
 
 
 def cmd_tol(ctx: Context, args: list[str]):
@@ -502,11 +479,7 @@ def cmd_tol(ctx: Context, args: list[str]):
         message = f"{head}: rtol={rtol:g} atol={atol:g}"
     else:
         raise ArgError(f"expected a dtype ({', '.join(TOL_DTYPES)}), op, propagated or reset; not {head!r}")
-    # Workaround: the engine caches isolated verdicts and does not drop them when the policy
-    # changes, so a stale pass/fail would survive a new tolerance.
-    cache = getattr(session, "_isolated_cache", None)
-    if isinstance(cache, dict):
-        cache.clear()
+    session.invalidate_verdicts()
     return R.TolResult(policy.to_json(), message + " (verdicts from now on; `reset` to re-run from op 0)")
 
 

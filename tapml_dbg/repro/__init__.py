@@ -1,8 +1,19 @@
 """Standalone repros: `dump` one op into a folder that needs only tvm + numpy; `carve` every op
-into a pytest suite. Both share one runtime file, `standalone.py`, copied into the folder."""
+into a pytest suite. Both share one runtime file, `standalone.py`, copied into the folder.
 
-from .carve import DEFAULT_CARVE_MAX_MB, CarveResult, carve
-from .dump import DumpResult, dump_op
-from .unit import RoundTripError
+Names are imported lazily: the engine's `compare` uses `standalone` too, and must not pull in
+the session through this package.
+"""
 
-__all__ = ["dump_op", "carve", "DumpResult", "CarveResult", "DEFAULT_CARVE_MAX_MB", "RoundTripError"]
+_EXPORTS = {"carve": "carve_suite", "CarveResult": "carve_suite", "DEFAULT_CARVE_MAX_MB": "carve_suite",
+            "dump_op": "dump_dir", "DumpResult": "dump_dir", "RoundTripError": "unit"}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(name)
+    import importlib
+
+    return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)

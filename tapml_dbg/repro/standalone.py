@@ -21,8 +21,10 @@ import importlib.util
 import json
 import math
 import os
+import shutil
 import sys
 import tempfile
+import weakref
 import zipfile
 
 import numpy as np
@@ -194,6 +196,9 @@ def _compare(target: np.ndarray, source: np.ndarray, rtol: float, atol: float) -
     if np.any(significant & finite):
         m["max_rel_err"] = float(np.max(diff[significant & finite] / np.abs(s64[significant & finite])))
     m["cosine"] = _cosine(np.where(finite, t64, 0.0), np.where(finite, s64, 0.0))
+    if m["nan_mismatch"] or m["inf_mismatch"]:  # finite-only figures would look perfect
+        m["cosine"] = math.nan
+        m["max_abs_err"] = math.inf
     bound = atol + rtol * scale
     m["bound"] = bound
     m["mismatched"] = int(np.count_nonzero(diff > bound)) + m["nan_mismatch"] + m["inf_mismatch"]
@@ -359,6 +364,7 @@ class Runner:
             return relax.VirtualMachine(executable, device)
         if self._tmp is None:
             self._tmp = tempfile.mkdtemp(prefix="tapml_repro_")
+            weakref.finalize(self, shutil.rmtree, self._tmp, True)
         path = os.path.join(self._tmp, f"{name}.so")
         executable.export_library(path)
         self._remote.upload(path)

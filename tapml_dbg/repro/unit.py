@@ -170,7 +170,7 @@ def op_module(session, op: OpInfo) -> OpModule:
         source = [_declared_shape(array, spec_.shape) for array, spec_ in zip(source, op.outputs)]
     outputs = [ValueRef(f"op/{op.name}/{k}", "op", op.name, k, array) for k, array in enumerate(source)]
     # the tolerance as the session picks it: by the source's own dtype when the recorder had to cast
-    tolerance_dtype = getattr(session, "_tolerance_dtype", lambda _index: None)(op.index)
+    tolerance_dtype = session.tolerance_dtype(op.index)
     tolerances = []
     for array in source:
         tol = session.policy.for_value(tolerance_dtype or dtype_name(array), op.name, False)
