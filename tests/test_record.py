@@ -101,3 +101,12 @@ def test_tvm_source(tmp_path):
     with TraceReader(path) as reader:
         assert reader.meta["source"] == "tvm:llvm"
         assert reader.complete and len(reader.finished_ops()) == len(reader.ops)
+
+
+def test_committed_sample_trace_replays_clean():
+    from conftest import ROOT
+    from tapml_dbg.session import Session
+
+    with Session.open(ROOT / "traces" / "sample_mlp.h5") as session:
+        assert len(session.ops) == 26
+        assert not session.bisect().diverged

@@ -9,6 +9,7 @@ import numpy as np
 from ..frontend.serialize import function_to_json
 from .compiler import DEFAULT_CACHE_DIR, compile_unit
 from .units import build_unit
+from .worker import flatten_value
 
 
 class LocalRunner:
@@ -34,13 +35,4 @@ class LocalRunner:
         args = [tvm.runtime.tensor(np.require(values[name][max(index, 0)], requirements="C"), tvm.cpu())
                 for name, index in spec.inputs]
         result = self._vms[key]["main"](*args)
-        return [_flatten(item) for item in result]
-
-
-def _flatten(value) -> list[np.ndarray]:
-    if hasattr(value, "numpy"):
-        return [value.numpy()]
-    out: list[np.ndarray] = []
-    for item in value:
-        out.extend(_flatten(item))
-    return out
+        return [flatten_value(item) for item in result]

@@ -41,15 +41,7 @@ def build_unit(main, op_names: list[str], outputs: list[str]):
                 continue
             seen.add(var.name)
             if isinstance(var.ty, relax.TupleType):
-                fields = []
-                for index, field_ty in enumerate(var.ty.fields):
-                    field_var = relax.Var(f"{var.name}__{index}", field_ty)
-                    params.append(field_var)
-                    spec_inputs.append((var.name, index))
-                    fields.append(field_var)
-                packed = relax.Var(var.name, var.ty)
-                prologue.append(relax.VarBinding(packed, relax.Tuple(fields)))
-                remap[var] = packed
+                remap[var] = _tuple_input(var, var.name, f"{var.name}__", params, spec_inputs, prologue)
             else:
                 params.append(var)
                 spec_inputs.append((var.name, -1))
@@ -62,6 +54,21 @@ def build_unit(main, op_names: list[str], outputs: list[str]):
         builder.emit_func_output(relax.Tuple(result_vars))
     func = builder.get()["main"]
     return func, UnitSpec(ops=list(op_names), outputs=list(outputs), inputs=spec_inputs)
+
+
+def _tuple_input(var, packed_name: str, field_prefix: str, params: list, spec_inputs: list, prologue: list):
+    """Pass a tuple-typed input field by field; return the var that re-packs it inside the unit."""
+    from tvm import relax
+
+    fields = []
+    for index, field_ty in enumerate(var.ty.fields):
+        field_var = relax.Var(f"{field_prefix}{index}", field_ty)
+        params.append(field_var)
+        spec_inputs.append((var.name, index))
+        fields.append(field_var)
+    packed = relax.Var(packed_name, var.ty)
+    prologue.append(relax.VarBinding(packed, relax.Tuple(fields)))
+    return packed
 
 
 def _rebind(binding, remap):
@@ -95,15 +102,8 @@ def build_isolated_batch(main, op_names: list[str]):
             if var in remap:
                 continue
             if isinstance(var.ty, relax.TupleType):
-                fields = []
-                for index, field_ty in enumerate(var.ty.fields):
-                    field_var = relax.Var(f"{var.name}__in{index}", field_ty)
-                    params.append(field_var)
-                    spec_inputs.append((var.name, index))
-                    fields.append(field_var)
-                packed = relax.Var(f"{var.name}__in", var.ty)
-                prologue.append(relax.VarBinding(packed, relax.Tuple(fields)))
-                remap[var] = packed
+                remap[var] = _tuple_input(var, f"{var.name}__in", f"{var.name}__in", params, spec_inputs,
+                                          prologue)
             else:
                 fresh = relax.Var(f"{var.name}__in", var.ty)
                 params.append(fresh)

@@ -108,7 +108,7 @@ class _WorkerState:
                 result = vm.get_outputs("main")
             else:
                 result = vm["main"](*args)
-            outputs = [_flatten(value) for value in result]
+            outputs = [flatten_value(value) for value in result]
         except TapmlError as exc:
             return {"status": "error", "message": str(exc)}
         except Exception as exc:
@@ -204,12 +204,13 @@ def _looks_like_lost_connection(exc: BaseException) -> bool:
     return any(marker in str(exc) for marker in _LOST_CONNECTION_MARKERS)
 
 
-def _flatten(value) -> list[np.ndarray]:
+def flatten_value(value) -> list[np.ndarray]:
+    """A (possibly nested) tuple of TVM tensors as a flat list of numpy arrays."""
     if hasattr(value, "numpy"):
         return [value.numpy()]
     flat: list[np.ndarray] = []
     for item in value:
-        flat.extend(_flatten(item))
+        flat.extend(flatten_value(item))
     return flat
 
 
