@@ -25,6 +25,9 @@ def _add_target_options(parser: argparse.ArgumentParser) -> None:
                         help="IRModule -> IRModule pass applied before every target compile")
     parser.add_argument("--timeout", type=float, default=None, metavar="S",
                         help="seconds one unit may take to compile and run (default 300)")
+    parser.add_argument("--parallel", type=int, default=None, metavar="N",
+                        help="worker lanes for independent units (sweep batches, per-op compiles); default: "
+                             "one per free tracker server for --tracker/--key, else 1")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -133,6 +136,8 @@ def _session_options(args) -> dict:
                    transform=args.transform)
     if args.timeout:
         options["unit_timeout_s"] = args.timeout
+    if getattr(args, "parallel", None) is not None:
+        options["parallel"] = args.parallel
     return options
 
 

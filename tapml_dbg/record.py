@@ -2,16 +2,26 @@
 
 A torch source runs the decomposed FX graph node by node (the same graph that was imported),
 so each op gets the value torch eager computed for its FX node. Helper bindings that have no
-FX node of their own (the matmul inside an `addmm`, say) are computed on the host with TVM
-llvm from recorded values, and marked so in the trace.
+FX node of their own (the matmul inside an `addmm`, say) are computed from recorded values,
+bit for bit as tvm:llvm computes them: by numpy where that is provably the same (see
+`host_ops`), else by TVM llvm; the trace notes which.
+
+Speed and memory (docs/perf.md): values are freed after their last consumer; stats and HDF5
+writes run on a background thread fed through a byte-bounded queue, so they overlap the model
+run without holding more than `WRITE_QUEUE_BYTES` of values in flight.
+
+A capture budget (`window`, `max_bytes`; see `trace.capture`) keeps every op's stats but the
+tensors of a window of ops only (plus the values the window reads from outside it).
 """
 
 from __future__ import annotations
 
+import collections
 import datetime
 import platform
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -22,9 +32,14 @@ from .frontend.graph import Graph, OpInfo
 from .frontend.importer import Provenance, export_program, import_program
 from .frontend.model_loader import load_model
 from .frontend.serialize import function_to_json
+from .trace.capture import parse_size, plan_capture
 
 DEFAULT_SEED = 0
 HELPER_NOTE = "computed by tvm:llvm from recorded inputs (no FX node of its own)"
+HOST_NOTE = "computed on the host from recorded inputs, bit-identical to tvm:llvm (no FX node of its own)"
+WRITE_QUEUE_BYTES = 128 * 2**20  # values handed to the writer thread but not yet written
+WRITE_IN_BACKGROUND = True  # False: stats and writes inline (for comparison in benchmarks)
+EAGER_REPEATS = 3  # best-of-N warm eager forwards timed after recording, for the ratio
 
 Progress = Callable[[int, int], None]
 
@@ -33,20 +48,33 @@ Progress = Callable[[int, int], None]
 class RecordResult:
     path: Path
     ops: int
-    seconds: float
-    eager_seconds: float  # the bare eager forward of the same model, same inputs
-    helper_ops: int
+    seconds: float  # prepare + run: what the recorder itself took (record_seconds in the trace)
+    eager_seconds: float  # the bare eager forward of the same model, same inputs (warm, best of N)
+    helper_ops: int  # bindings with no FX node of their own (computed on the host or by tvm:llvm)
     file_bytes: int
+    prepare_seconds: float = 0.0  # torch.export + decomposition + TVM import + graph serialization
+    run_seconds: float = 0.0  # every op run, its stats and writes, until the trace is closed
+    host_helpers: int = 0  # helpers numpy computed, bit-identical to tvm:llvm
+    tvm_helpers: int = 0  # helpers tvm:llvm computed (verifications included)
+    stored_ops: int = 0  # ops whose tensors are in the trace (all of them without a budget)
+    capture: dict | None = None  # the capture budget (trace meta "capture"), None for a full trace
+    phases: dict = field(default_factory=dict)  # seconds per phase, as in the trace's meta
 
 
 def record(model_spec: str, out_path: str | Path, *, source: str = "torch", inputs_npz: str | None = None,
            seed: int = DEFAULT_SEED, compression: str | None = None,
-           progress: Progress | None = None) -> RecordResult:
-    """Record `model_spec` (FILE.py[:FUNC]) into `out_path`."""
+           progress: Progress | None = None, window: str | None = None,
+           max_bytes: int | str | None = None) -> RecordResult:
+    """Record `model_spec` (FILE.py[:FUNC]) into `out_path`.
+
+    `window` (`A:B`, an op, or a layer) and/or `max_bytes` (bytes of op tensors) set a capture
+    budget: every op's stats are stored, tensors only for the window (see `trace.capture`).
+    """
     import torch
 
     if source != "torch" and not source.startswith("tvm:"):
         raise UsageError(f"unknown source {source!r}: use torch or tvm:TARGET (e.g. tvm:llvm)")
+    max_bytes = parse_size(max_bytes)
     torch.manual_seed(seed)
     np.random.seed(seed)
     module, inputs = load_model(model_spec)
@@ -55,9 +83,12 @@ def record(model_spec: str, out_path: str | Path, *, source: str = "torch", inpu
     started = time.perf_counter()
     with torch.no_grad():
         program = export_program(module, inputs)
+    exported = time.perf_counter()
     graph, provenance = import_program(program)
+    phases = {"export": exported - started, "import": time.perf_counter() - exported}
+    plan = plan_capture([op.to_json() for op in graph.ops], window, max_bytes)
     return _record_graph(model_spec, out_path, graph, provenance, program, module, inputs, source,
-                         seed, compression, progress, started)
+                         seed, compression, progress, started, plan, phases)
 
 
 def _load_inputs(npz_path: str, examples: tuple) -> tuple:
@@ -80,25 +111,32 @@ def _load_inputs(npz_path: str, examples: tuple) -> tuple:
 
 
 def to_numpy(tensor) -> np.ndarray:
-    """torch tensor → numpy, bfloat16 kept exactly (as ml_dtypes.bfloat16)."""
+    """torch tensor → numpy without a copy (a strided view when the tensor is one), bfloat16 kept
+    exactly (as ml_dtypes.bfloat16). The trace writer makes the one contiguous copy it needs."""
     import torch
 
-    tensor = tensor.detach().cpu().contiguous()
+    tensor = tensor.detach().cpu()
     if tensor.dtype == torch.bfloat16:
         import ml_dtypes
 
-        return tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-    return tensor.numpy()
+        return tensor.contiguous().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    try:
+        return tensor.numpy()
+    except (RuntimeError, TypeError):  # e.g. a lazily negated view: materialise it
+        return tensor.contiguous().numpy()
 
 
 def _record_graph(model_spec, out_path, graph: Graph, provenance, program, module, inputs, source, seed,
-                  compression, progress, started) -> RecordResult:
+                  compression, progress, started, plan=None, phases=None) -> RecordResult:
     import torch
     import tvm
 
     from .backends.local import LocalRunner
+    from .host_ops import HostOps
     from .trace import TraceWriter
 
+    phases = dict(phases or {})
+    serialize_started = time.perf_counter()
     input_arrays = {name: to_numpy(t) for (name, _), t in zip(graph.inputs, inputs)}
     param_arrays = _param_arrays(graph, program)
     meta = {
@@ -109,14 +147,22 @@ def _record_graph(model_spec, out_path, graph: Graph, provenance, program, modul
         "inputs": [name for name, _ in graph.inputs], "params": [name for name, _ in graph.params],
         "outputs": graph.outputs, "num_ops": len(graph.ops), "import_fixes": graph.import_fixes,
     }
-    writer = TraceWriter(out_path, meta=meta, graph_json=_graph_json(graph),
-                         tvmscript=graph.mod.script(), ops=[op.to_json() for op in graph.ops],
-                         inputs=input_arrays, params=param_arrays, compression=compression)
+    if plan is not None:
+        meta["capture"] = plan.to_meta()
+    header = dict(meta=meta, graph_json=_graph_json(graph), tvmscript=graph.mod.script(),
+                  ops=[op.to_json() for op in graph.ops], inputs=input_arrays, params=param_arrays,
+                  compression=compression, capture=plan is not None)
+    run_started = time.perf_counter()
+    phases["serialize"] = run_started - serialize_started
+    sink = _TraceSink(lambda: TraceWriter(out_path, **header), background=WRITE_IN_BACKGROUND)
     runner = LocalRunner(graph.mod["main"], target=source[4:] if source.startswith("tvm:") else "llvm")
     store = _ValueStore(graph, {**{k: [v] for k, v in input_arrays.items()},
                                 **{k: [v] for k, v in param_arrays.items()}})
-    helpers = 0
-    with writer:
+    host = HostOps(graph.mod["main"], lambda op: runner.run_ops([op.name], store.values)[0])
+    stored = set(plan.stored) if plan is not None else None
+    helpers = host_helpers = 0
+    values: list[np.ndarray] = []
+    try:
         node_values = _torch_node_values(program, inputs) if source == "torch" else None
         pending: dict[str, object] = {}
         last_op_of_node: dict[str, int] = {}
@@ -131,22 +177,139 @@ def _record_graph(model_spec, out_path, graph: Graph, provenance, program, modul
                 matched = _match_outputs(value, prov, op)
                 if matched is not None:
                     values, note = matched
-            if values is None:
+            if values is None and source == "torch":
+                values, on_host = host.compute(op, store.values)
+                note = HOST_NOTE if on_host else HELPER_NOTE
+                helpers += 1
+                host_helpers += on_host
+            elif values is None:
                 values = runner.run_ops([op.name], store.values)[0]
-                note = HELPER_NOTE if source == "torch" else f"computed by {source}"
-                helpers += source == "torch"
-            writer.write_op(op.index, values, note=note)
+                note = f"computed by {source}"
+            sink.put(op.index, values, note, stored is None or op.index in stored)
             store.add(op, values)
             for name in [n for n in pending if last_op_of_node.get(n, -1) <= op.index]:
                 del pending[name]
             if progress:
                 progress(op.index + 1, len(graph.ops))
-        writer.set_meta("record_seconds", time.perf_counter() - started)
+        pending.clear()
+        writer = sink.finish()
+    except BaseException:
+        sink.abort()
+        raise
+    try:
+        finished = time.perf_counter()
+        phases["run"] = finished - run_started
+        record_seconds = finished - started
+        writer.set_meta("record_seconds", record_seconds)
+        writer.set_meta("record_phases", phases)
+        writer.set_meta("helpers", {"host": host_helpers, "tvm": helpers - host_helpers})
         eager, eager_outputs = _time_eager(module, inputs)
+        writer.set_meta("eager_seconds", eager)
         writer.set_meta("eager_output_max_abs_diff", _output_difference(values, eager_outputs))
+    except BaseException:
+        writer.close(complete=False)
+        raise
+    writer.close(complete=True)
     path = Path(out_path)
-    return RecordResult(path, len(graph.ops), time.perf_counter() - started, eager, helpers,
-                        path.stat().st_size)
+    prepare = phases.get("export", 0.0) + phases.get("import", 0.0) + phases["serialize"]
+    return RecordResult(path, len(graph.ops), record_seconds, eager, helpers, path.stat().st_size,
+                        prepare_seconds=prepare, run_seconds=phases["run"], host_helpers=host_helpers,
+                        tvm_helpers=helpers - host_helpers,
+                        stored_ops=len(stored) if stored is not None else len(graph.ops),
+                        capture=plan.to_meta() if plan is not None else None, phases=phases)
+
+
+class _TraceSink:
+    """Creates the trace writer and writes ops on a background thread, in submission order.
+
+    Stats and HDF5 writes (numpy and HDF5 release the GIL for the heavy parts) then overlap the
+    model run. Memory stays bounded: `put` waits while more than `WRITE_QUEUE_BYTES` of values
+    are queued. An error on the thread is raised by the next `put` or by `finish`.
+    """
+
+    def __init__(self, make_writer, background: bool = True, limit_bytes: int = WRITE_QUEUE_BYTES):
+        self.limit = limit_bytes
+        self.writer = None
+        self._queue: collections.deque = collections.deque()
+        self._cond = threading.Condition()
+        self._queued_bytes = 0
+        self._error: BaseException | None = None
+        self._closing = False
+        self._thread = None
+        if background:
+            self._thread = threading.Thread(target=self._loop, args=(make_writer,), daemon=True,
+                                            name="tapml-trace-writer")
+            self._thread.start()
+        else:
+            self.writer = make_writer()
+
+    def put(self, index: int, values: list[np.ndarray], note: str, store: bool) -> None:
+        if self._thread is None:
+            self._write((index, values, note, store, 0))
+            return
+        nbytes = sum(int(getattr(v, "nbytes", 0)) for v in values)
+        with self._cond:
+            while self._queued_bytes and self._queued_bytes + nbytes > self.limit and self._error is None:
+                self._cond.wait()
+            self._raise_error()
+            self._queue.append((index, values, note, store, nbytes))
+            self._queued_bytes += nbytes
+            self._cond.notify_all()
+
+    def _write(self, item) -> None:
+        index, values, note, store, _ = item
+        if store:
+            self.writer.write_op(index, values, note=note)
+        else:
+            self.writer.write_op_stats(index, values, note=note)
+
+    def _loop(self, make_writer) -> None:
+        try:
+            self.writer = make_writer()
+            while True:
+                with self._cond:
+                    while not self._queue and not self._closing:
+                        self._cond.wait()
+                    if not self._queue:
+                        return
+                    item = self._queue[0]
+                self._write(item)
+                with self._cond:
+                    if self._queue and self._queue[0] is item:  # abort() may have emptied it
+                        self._queue.popleft()
+                        self._queued_bytes -= item[4]
+                    self._cond.notify_all()
+        except BaseException as exc:  # handed to the recording thread
+            with self._cond:
+                self._error = exc
+                self._queue.clear()
+                self._cond.notify_all()
+
+    def _raise_error(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def finish(self):
+        """Wait until everything queued is written; the writer (still open) or the thread's error."""
+        if self._thread is not None:
+            with self._cond:
+                self._closing = True
+                self._cond.notify_all()
+            self._thread.join()
+            self._raise_error()
+        return self.writer
+
+    def abort(self) -> None:
+        """Stop after the op being written; close the trace as incomplete."""
+        if self._thread is not None:
+            with self._cond:
+                self._queue.clear()
+                self._queued_bytes = 0
+                self._closing = True
+                self._cond.notify_all()
+            self._thread.join()
+        if self.writer is not None:
+            self.writer.close(complete=False)
 
 
 def _graph_json(graph: Graph) -> str:
@@ -301,7 +464,7 @@ def _numpy_dtype(name: str):
     return np.dtype(name)
 
 
-def _time_eager(module, inputs, repeats: int = 3):
+def _time_eager(module, inputs, repeats: int = EAGER_REPEATS):
     """Best-of-N wall time of the bare eager forward (for the overhead ratio), and its outputs."""
     import torch
 

@@ -91,3 +91,23 @@ def test_bad_target_and_transform(traces, tmp_path):
 def test_missing_op(traces, tmp_path):
     _assert_one_line_error(run_cli("dump", str(traces.get("mlp")), "--op", "no_such_op", "-o", str(tmp_path / "d")),
                            "no op named")
+
+
+def test_crafted_graph_cannot_build_arbitrary_objects(tmp_path):
+    """Opening a trace only rebuilds Relax op calls and their attributes; nothing else."""
+    import json
+
+    import numpy as np
+
+    from conftest import ROOT
+
+    path = tmp_path / "crafted.h5"
+    path.write_bytes((ROOT / "traces" / "sample_mlp.h5").read_bytes())
+    with h5py.File(path, "r+") as handle:
+        graph = json.loads(bytes(handle["graph/ir_json"][()]).decode())
+        call = next(b["value"] for b in graph["bindings"] if b["value"].get("attrs"))
+        call["attrs"]["type"] = "runtime.Module"
+        data = np.frombuffer(json.dumps(graph).encode(), dtype=np.uint8)
+        del handle["graph/ir_json"]
+        handle.create_dataset("graph/ir_json", data=data)
+    _assert_one_line_error(run_cli("bisect", str(path)), "not a Relax op attribute")

@@ -15,6 +15,7 @@ import numpy as np
 from ..errors import TraceError
 
 SCHEMA = "tapml-relax-graph/1"
+ALLOWED_ATTRS_PREFIX = "relax.attrs."  # a trace may only rebuild op attributes, no other TVM object
 
 
 def function_to_json(func) -> dict:
@@ -157,6 +158,9 @@ def _attrs_from_json(data):
 
     if data is None:
         return None
+    if not str(data.get("type", "")).startswith(ALLOWED_ATTRS_PREFIX):
+        raise TraceError(f"the trace's graph names attribute type {data.get('type')!r}, which is not a "
+                         "Relax op attribute; the trace is corrupt or crafted")
     fields = {name: _value_from_json(value) for name, value in data["fields"].items()}
     return tvm.ir.make_node(data["type"], **fields)
 

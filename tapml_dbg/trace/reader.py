@@ -119,21 +119,62 @@ class TraceReader:
             return False  # a group the killed recorder was writing: not finished
 
     def finished_ops(self) -> list[int]:
+        """Ops whose values (tensors) are in the trace."""
         names = [n for n in self._group(S.GROUP_OPS) if n.isdigit()]
         return sorted(i for i in map(int, names) if self.has_op(i))
+
+    def has_stats(self, index: int) -> bool:
+        """True when op `index`'s stats are in the trace (with its tensors, or alone: v1.1)."""
+        return self.has_op(index) or self.stats_only(index)
+
+    def stats_only(self, index: int) -> bool:
+        """True when a capture budget kept op `index`'s stats but not its tensors (v1.1)."""
+        try:
+            group = self._group(S.GROUP_OPS).get(str(int(index)))
+            return isinstance(group, h5py.Group) and bool(group.attrs.get(S.ATTR_STATS_DONE, 0)) \
+                and not bool(group.attrs.get(S.ATTR_DONE, 0))
+        except (OSError, KeyError, ValueError, RuntimeError):
+            return False
+
+    def stats_only_ops(self) -> list[int]:
+        if self.capture is None:
+            return []
+        names = [n for n in self._group(S.GROUP_OPS) if n.isdigit()]
+        return sorted(i for i in map(int, names) if self.stats_only(i))
+
+    @property
+    def capture(self) -> dict | None:
+        """The capture budget the trace was recorded with (meta `capture`), None for a full trace."""
+        capture = self.meta.get(S.META_CAPTURE)
+        return capture if isinstance(capture, dict) else None
+
+    def missing_values_message(self, index: int, needed_by: int | None = None) -> str:
+        """Why op `index` has no values here and how to get them (one line, for errors and verdicts)."""
+        index = int(index)
+        if self.stats_only(index) or (self.capture is not None and self.complete):
+            from .capture import missing_values_message
+
+            return missing_values_message(self.ops, self.meta, index, needed_by)
+        name = self.ops[index].get("name", "?") if 0 <= index < len(self.ops) else "?"
+        return f"op {index} ({name}) has no recorded values (the recording stopped before it; record again)"
 
     def op_outputs(self, index: int) -> list[np.ndarray]:
         return [self._tensor(ds) for ds in self._op_datasets(index)]
 
     def op_stats(self, index: int) -> list[dict]:
+        if not self.has_op(index) and self.stats_only(index):
+            group = self._group(S.GROUP_OPS)[str(int(index))]
+            return self._guard(f"op {index}", lambda: json.loads(S.decode_str(group.attrs[S.ATTR_OP_STATS])))
         return [self._stats(ds) for ds in self._op_datasets(index)]
 
     def op_note(self, index: int) -> str:
-        group = self._op_group(index)
+        group = self._op_group(index, stats_ok=True)
         return self._guard(f"op {index}", lambda: S.decode_str(group.attrs.get(S.ATTR_NOTE, b"")))
 
-    def _op_group(self, index: int) -> h5py.Group:
-        if not self.has_op(index):
+    def _op_group(self, index: int, stats_ok: bool = False) -> h5py.Group:
+        if not self.has_op(index) and not (stats_ok and self.stats_only(index)):
+            if self.stats_only(index):
+                raise TraceError(self.missing_values_message(index))
             raise TraceError(f"op {index} has no recorded values "
                              f"(the recording stopped before it; record again)")
         return self._group(S.GROUP_OPS)[str(int(index))]

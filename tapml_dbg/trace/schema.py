@@ -13,7 +13,8 @@ import numpy as np
 import h5py
 
 FORMAT_NAME = "tapml-trace"
-FORMAT_VERSION = (1, 0)  # (major, minor): readers refuse a newer major, accept a newer minor
+FORMAT_VERSION = (1, 1)  # (major, minor): readers refuse a newer major, accept a newer minor
+# 1.1 adds capture budgets: ops recorded with stats only (@stats_done, @stats) and meta["capture"]
 
 # HDF5 file-format bounds: 1.8-era objects (checksummed metadata, readable by any
 # HDF5 >= 1.8), nothing newer, so a trace written here opens on older h5py builds.
@@ -42,6 +43,12 @@ ATTR_STATS = "stats"
 # attributes of an /ops/<index> group
 ATTR_DONE = "done"
 ATTR_NOTE = "note"
+# v1.1, only in traces recorded with a capture budget (--window / --max-bytes):
+ATTR_STATS_DONE = "stats_done"  # uint8: 1 once the op's stats (and no tensors) are written
+ATTR_OP_STATS = "stats"  # str: JSON list, one stats object per output, on stats-only ops
+
+# meta key describing the capture budget (absent: every op's tensors are stored)
+META_CAPTURE = "capture"
 
 # dtypes stored as themselves (TVM spelling == numpy spelling)
 NATIVE_DTYPES = frozenset(
@@ -67,14 +74,27 @@ class DtypeError(ValueError):
 
 def to_storable(array) -> tuple[np.ndarray, str]:
     """Return (contiguous native-endian array HDF5 can hold, TVM dtype name). Bit exact."""
+    return storage_view(normalized(array))
+
+
+def normalized(array) -> np.ndarray:
+    """The array C-contiguous and native-endian in its own dtype (a copy only when needed).
+
+    Stats are computed on this form, so they do not depend on the layout the source produced
+    (a transposed view sums in another order than its contiguous copy).
+    """
     arr = np.asarray(array)
-    name = arr.dtype.name
-    if name not in SUPPORTED_DTYPES:
+    if arr.dtype.name not in SUPPORTED_DTYPES:
         raise DtypeError(f"dtype {arr.dtype} cannot be stored in a trace (supported: "
                          f"{', '.join(sorted(SUPPORTED_DTYPES))})")
     if not arr.dtype.isnative:
         arr = arr.astype(arr.dtype.newbyteorder("="))
-    arr = _c_contiguous(arr)
+    return _c_contiguous(arr)
+
+
+def storage_view(arr: np.ndarray) -> tuple[np.ndarray, str]:
+    """A `normalized` array as the dataset HDF5 holds (a view, no copy), and its dtype name."""
+    name = arr.dtype.name
     if name == "bool":
         return arr.view(np.uint8), name
     if name in BITS_DTYPES:

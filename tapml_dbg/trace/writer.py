@@ -12,6 +12,10 @@ Crash safety (a SIGKILL at any moment leaves a readable trace with every op whos
 
 SWMR mode is not used: it forbids creating datasets after it is switched on, and op
 output shapes are only known when the op runs.
+
+A trace recorded with a capture budget (`capture=True`, format v1.1) also pre-creates
+`stats_done` (0) in every op group: `write_op_stats` stores an op's stats without its tensors
+and overwrites that marker in place (1), under the same rules as `done`.
 """
 
 from __future__ import annotations
@@ -50,11 +54,12 @@ class TraceWriter:
 
     def __init__(self, path, *, meta: dict, graph_json: str, tvmscript: str, ops: list[dict],
                  inputs: dict[str, np.ndarray], params: dict[str, np.ndarray],
-                 compression: str | None = None):
+                 compression: str | None = None, capture: bool = False):
         if compression not in COMPRESSIONS:
             raise ValueError(f"compression must be one of {COMPRESSIONS}, not {compression!r}")
         self.path = os.fspath(path)
         self.compression = compression
+        self.capture = capture
         self._meta = dict(meta)
         self._file = h5py.File(self.path, "w", libver=S.LIBVER)
         try:
@@ -83,7 +88,7 @@ class TraceWriter:
                 self._write_tensor(group, _check_name(name, group_name[:-1]), value)
         ops_group = f.create_group(S.GROUP_OPS)
         for index in range(len(ops)):
-            self._new_op_group(ops_group, index)
+            self._new_op_group(ops_group, index, self.capture)
 
     def _write_text(self, path: str, text: str) -> None:
         data = np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
@@ -94,16 +99,19 @@ class TraceWriter:
             return {}
         return {"compression": self.compression, "chunks": True}
 
-    def _write_tensor(self, group: h5py.Group, name: str, value, stored=None) -> None:
-        data, dtype_name = stored if stored is not None else S.to_storable(value)
+    def _write_tensor(self, group: h5py.Group, name: str, value, normalized=None) -> None:
+        arr = normalized if normalized is not None else S.normalized(value)
+        data, dtype_name = S.storage_view(arr)
         ds = group.create_dataset(name, data=data, **self._layout(data))
         ds.attrs[S.ATTR_DTYPE] = S.encode_str(dtype_name)
-        ds.attrs[S.ATTR_STATS] = S.encode_str(_json(tensor_stats(value)))
+        ds.attrs[S.ATTR_STATS] = S.encode_str(_json(tensor_stats(arr)))
 
     @staticmethod
-    def _new_op_group(ops_group: h5py.Group, index: int) -> None:
+    def _new_op_group(ops_group: h5py.Group, index: int, capture: bool = False) -> None:
         group = ops_group.create_group(str(index))
         group.attrs[S.ATTR_DONE] = np.uint8(0)  # overwritten in place by write_op
+        if capture:
+            group.attrs[S.ATTR_STATS_DONE] = np.uint8(0)  # overwritten in place by write_op_stats
 
     # ---- streaming ---------------------------------------------------------------------
     def write_op(self, index: int, outputs: list[np.ndarray], *, note: str = "") -> None:
@@ -112,23 +120,43 @@ class TraceWriter:
         `index` must be in the op table: creating an op group now would modify the shared
         /ops group, which a kill could corrupt (seen in kill tests: the reader then segfaulted).
         """
+        group = self._unwritten_group(index)
+        # convert everything first so a bad dtype fails before anything is written
+        arrays = [S.normalized(value) for value in outputs]
+        for name in list(group):  # leftovers of an earlier write_op that raised
+            del group[name]
+        for k, (value, arr) in enumerate(zip(outputs, arrays)):
+            self._write_tensor(group, str(k), value, arr)
+        group.attrs[S.ATTR_NOTE] = S.encode_str(note)
+        self._file.flush()
+        group.attrs.modify(S.ATTR_DONE, np.uint8(1))  # in place: one header chunk rewrite
+        self._file.flush()
+
+    def write_op_stats(self, index: int, outputs: list[np.ndarray], *, note: str = "") -> None:
+        """Store only the stats of op `index`'s outputs (a capture budget left its tensors out).
+
+        The op then has stats but no values: `done` stays 0 (so a v1.0 reader sees an op that
+        was not recorded) and `stats_done` becomes 1. Needs a writer made with `capture=True`.
+        """
+        group = self._unwritten_group(index)
+        if S.ATTR_STATS_DONE not in group.attrs:
+            raise ValueError("write_op_stats needs a writer made with capture=True")
+        stats = [tensor_stats(S.normalized(value)) for value in outputs]
+        group.attrs[S.ATTR_OP_STATS] = S.encode_str(_json(stats))
+        group.attrs[S.ATTR_NOTE] = S.encode_str(note)
+        self._file.flush()
+        group.attrs.modify(S.ATTR_STATS_DONE, np.uint8(1))
+        self._file.flush()
+
+    def _unwritten_group(self, index: int) -> h5py.Group:
         index = int(index)
         group = self._open_file()[S.GROUP_OPS].get(str(index))
         if group is None:
             raise ValueError(f"op {index} is not in the op table given to the writer "
                              f"(it has {len(self._file[S.GROUP_OPS])} ops)")
-        if group.attrs[S.ATTR_DONE]:
+        if group.attrs[S.ATTR_DONE] or group.attrs.get(S.ATTR_STATS_DONE, 0):
             raise ValueError(f"op {index} was already written to {self.path}")
-        # convert everything first so a bad dtype fails before anything is written
-        stored = [S.to_storable(value) for value in outputs]
-        for name in list(group):  # leftovers of an earlier write_op that raised
-            del group[name]
-        for k, (value, item) in enumerate(zip(outputs, stored)):
-            self._write_tensor(group, str(k), value, item)
-        group.attrs[S.ATTR_NOTE] = S.encode_str(note)
-        self._file.flush()
-        group.attrs.modify(S.ATTR_DONE, np.uint8(1))  # in place: one header chunk rewrite
-        self._file.flush()
+        return group
 
     def set_meta(self, key: str, value) -> None:
         """Update one meta entry; rewritten in place while it fits the reserved capacity."""

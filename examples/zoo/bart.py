@@ -1,0 +1,8 @@
+"""`bart`: encoder-decoder (one forward with decoder_input_ids) from a small transformers config with random weights.
+
+The config and the positional wrapper are in registry.py; `tapml-dbg record examples/zoo/bart.py -o t.h5`.
+"""
+
+from registry import builder
+
+build = builder("bart")

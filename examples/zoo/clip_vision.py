@@ -1,0 +1,8 @@
+"""`clip_vision`: vision transformer from a small transformers config with random weights.
+
+The config and the positional wrapper are in registry.py; `tapml-dbg record examples/zoo/clip_vision.py -o t.h5`.
+"""
+
+from registry import builder
+
+build = builder("clip_vision")

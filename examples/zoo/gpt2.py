@@ -1,0 +1,8 @@
+"""`gpt2`: decoder LLM from a small transformers config with random weights.
+
+The config and the positional wrapper are in registry.py; `tapml-dbg record examples/zoo/gpt2.py -o t.h5`.
+"""
+
+from registry import builder
+
+build = builder("gpt2")

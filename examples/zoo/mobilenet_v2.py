@@ -1,0 +1,8 @@
+"""`mobilenet_v2`: CNN from a small transformers config with random weights.
+
+The config and the positional wrapper are in registry.py; `tapml-dbg record examples/zoo/mobilenet_v2.py -o t.h5`.
+"""
+
+from registry import builder
+
+build = builder("mobilenet_v2")

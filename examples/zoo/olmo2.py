@@ -1,0 +1,8 @@
+"""`olmo2`: decoder LLM from a small transformers config with random weights.
+
+The config and the positional wrapper are in registry.py; `tapml-dbg record examples/zoo/olmo2.py -o t.h5`.
+"""
+
+from registry import builder
+
+build = builder("olmo2")

@@ -1,0 +1,8 @@
+"""`phi3`: decoder LLM from a small transformers config with random weights.
+
+The config and the positional wrapper are in registry.py; `tapml-dbg record examples/zoo/phi3.py -o t.h5`.
+"""
+
+from registry import builder
+
+build = builder("phi3")

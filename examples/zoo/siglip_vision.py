@@ -1,0 +1,8 @@
+"""`siglip_vision`: vision transformer from a small transformers config with random weights.
+
+The config and the positional wrapper are in registry.py; `tapml-dbg record examples/zoo/siglip_vision.py -o t.h5`.
+"""
+
+from registry import builder
+
+build = builder("siglip_vision")

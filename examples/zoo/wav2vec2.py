@@ -1,0 +1,8 @@
+"""`wav2vec2`: audio encoder from a small transformers config with random weights.
+
+The config and the positional wrapper are in registry.py; `tapml-dbg record examples/zoo/wav2vec2.py -o t.h5`.
+"""
+
+from registry import builder
+
+build = builder("wav2vec2")

@@ -1,0 +1,8 @@
+"""`xglm`: decoder LLM from a small transformers config with random weights.
+
+The config and the positional wrapper are in registry.py; `tapml-dbg record examples/zoo/xglm.py -o t.h5`.
+"""
+
+from registry import builder
+
+build = builder("xglm")

@@ -1,0 +1,8 @@
+"""`xlm_roberta`: text encoder from a small transformers config with random weights.
+
+The config and the positional wrapper are in registry.py; `tapml-dbg record examples/zoo/xlm_roberta.py -o t.h5`.
+"""
+
+from registry import builder
+
+build = builder("xlm_roberta")
