@@ -1,5 +1,9 @@
 """Bisect vs a linear per-op scan, cold and warm compile cache, on real-size traces.
 
+"no-sweep" is the pure binary search over fused prefixes (`bisect --no-sweep`); the default
+bisect adds the isolated sweep below the candidate, which is what makes it correct when a
+fault washes out downstream. The scan stops at the first op whose isolated verdict fails.
+
 Usage: python benchmarks/bisect_bench.py [MODEL ...]   (default: tiny_llama and gpt2_124m)
 
 For each model: record a trace once, plant a 1% fault at the op in the middle (through the
@@ -42,20 +46,23 @@ def main(models: list[str]) -> None:
         transform = fault_transform(work, "scale", middle)
         cache = work / f"cache-{model}"
         row = {"model": model, "ops": recorded.ops, "fault at": f"#{session.by_name[middle].index} {middle}"}
-        for phase in ("cold", "warm"):
+        for phase in ("cold", "warm", "warm no-sweep"):
             if phase == "cold":
                 shutil.rmtree(cache, ignore_errors=True)
             with Session.open(trace, transform=transform, cache_dir=cache) as session:
+                session.isolated(0)  # start the worker: its start-up is not the search's cost
                 started = time.perf_counter()
-                result = session.bisect()
+                result = session.bisect(sweep=phase != "warm no-sweep")
                 row[f"bisect {phase} s"] = time.perf_counter() - started
-                row["probes"] = result.probes
+                key = "probes" if phase != "warm no-sweep" else "probes no-sweep"
+                row[key] = result.probes
                 row["found"] = result.culprit.name == middle if result.culprit else False
         scan_cache = work / f"scan-{model}"
         for phase in ("cold", "warm"):
             if phase == "cold":
                 shutil.rmtree(scan_cache, ignore_errors=True)
             with Session.open(trace, transform=transform, cache_dir=scan_cache) as session:
+                session.isolated(len(session.ops) - 1)  # start the worker
                 started = time.perf_counter()
                 first = next((op.index for op in session.ops if session.isolated(op.index).failed), None)
                 row[f"scan {phase} s"] = time.perf_counter() - started
@@ -83,7 +90,7 @@ def _print(rows: list[dict]) -> None:
     print(f"python {platform.python_version()}, torch {torch.__version__}, tvm {tvm.__version__}, "
           f"numpy {numpy.__version__}")
     columns = ["model", "ops", "fault at", "probes", "found", "bisect cold s", "bisect warm s",
-               "scan units", "scan found", "scan cold s", "scan warm s"]
+               "probes no-sweep", "bisect warm no-sweep s", "scan units", "scan found", "scan cold s", "scan warm s"]
     print("| " + " | ".join(columns) + " | speed-up cold | speed-up warm |")
     print("|" + "---|" * (len(columns) + 2))
     for row in rows:
