@@ -41,6 +41,12 @@ def build_parser() -> argparse.ArgumentParser:
     rec.add_argument("--inputs", metavar="FILE.npz", help="real inputs, one array per model input")
     rec.add_argument("--seed", type=int, default=0, help="seed for random weights and inputs")
     rec.add_argument("--compression", choices=["none", "lzf", "gzip"], default="none")
+    rec.add_argument("--window", metavar="OPS|LAYER",
+                     help="store tensors only for these ops (A:B, end exclusive; an op; or a layer such as "
+                          "transformer.h.3) plus the values they read; every op keeps its stats")
+    rec.add_argument("--max-bytes", metavar="SIZE",
+                     help="budget for stored op tensors (e.g. 200M, 1.5G): tensors of ops from the window's "
+                          "start (or op 0) until the budget is spent; every op keeps its stats")
 
     info = commands.add_parser("info", help="summarize a trace")
     info.add_argument("trace", metavar="TRACE")
@@ -115,7 +121,7 @@ def _record(args, render) -> int:
     with render.progress("recording") as progress:
         result = record(args.model, args.output, source=args.source, inputs_npz=args.inputs, seed=args.seed,
                         compression=None if args.compression == "none" else args.compression,
-                        progress=progress)
+                        progress=progress, window=args.window, max_bytes=args.max_bytes)
     render.record_result(result)
     return 0
 

@@ -36,6 +36,8 @@ from .frontend.graph import OpInfo
 HOST_OPS_MODES = ("verify-first", "verify-all", "off")
 HOST_OPS_MODE = os.environ.get("TAPML_HOST_OPS", "verify-first")
 MATMUL_BLOCK_ELEMS = 1 << 16  # accumulator block (elements): stays in L2 while k runs
+MATMUL_THREADS = max(1, min(4, os.cpu_count() or 1))  # column blocks run side by side (numpy frees the GIL)
+MATMUL_PARALLEL_MACS = 1 << 22  # below this many multiply-adds one thread is faster
 
 MOVE_OPS = frozenset({"relax.reshape", "relax.permute_dims", "relax.expand_dims", "relax.squeeze",
                       "relax.flatten", "relax.broadcast_to", "relax.take", "relax.zeros_like",
@@ -47,9 +49,10 @@ ARITH_OPS = frozenset({"relax.matmul", "relax.add", "relax.subtract", "relax.mul
 class HostOps:
     """Compute helper ops on the host when exactly possible; verify arithmetic kinds against TVM."""
 
-    def __init__(self, main, tvm_run: Callable[[OpInfo], list[np.ndarray]], mode: str = HOST_OPS_MODE):
+    def __init__(self, main, tvm_run: Callable[[OpInfo], list[np.ndarray]], mode: str | None = None):
         from .backends.units import bindings_by_name
 
+        mode = mode or HOST_OPS_MODE
         if mode not in HOST_OPS_MODES:
             raise ValueError(f"TAPML_HOST_OPS must be one of {', '.join(HOST_OPS_MODES)}, not {mode!r}")
         self.mode = mode
@@ -246,21 +249,44 @@ def matmul_sequential(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     out = np.empty(batch + (m, n), dtype=a.dtype)
     rows = max(1, math.prod(batch) * m)
     block = max(1, min(n, MATMUL_BLOCK_ELEMS // rows))
-    with np.errstate(all="ignore"):
-        for c0 in range(0, n, block):
-            c1 = min(n, c0 + block)
-            panel = np.ascontiguousarray(b2[..., :, c0:c1])
-            acc = np.zeros(batch + (m, c1 - c0), dtype=a.dtype)
-            tmp = np.empty_like(acc)
+    parallel = MATMUL_THREADS > 1 and n > 1 and rows * n * k_size > MATMUL_PARALLEL_MACS
+    if parallel:  # at least one block per thread
+        block = max(1, min(block, -(-n // MATMUL_THREADS)))
+
+    def columns(c0: int) -> None:  # every output element still sums k = 0, 1, ... in order
+        c1 = min(n, c0 + block)
+        panel = np.ascontiguousarray(b2[..., :, c0:c1])
+        acc = np.zeros(batch + (m, c1 - c0), dtype=a.dtype)
+        tmp = np.empty_like(acc)
+        with np.errstate(all="ignore"):
             for k in range(k_size):
                 np.multiply(a2[..., :, k:k + 1], panel[..., k:k + 1, :], out=tmp)
                 np.add(acc, tmp, out=acc)
-            out[..., c0:c1] = acc
+        out[..., c0:c1] = acc
+
+    starts = range(0, n, block)
+    if parallel:
+        list(_pool().map(columns, starts))
+    else:
+        for c0 in starts:
+            columns(c0)
     if a.ndim == 1:
         out = out[..., 0, :]
     if b.ndim == 1:
         out = out[..., 0]
     return out
+
+
+_POOL = None
+
+
+def _pool():
+    global _POOL
+    if _POOL is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _POOL = ThreadPoolExecutor(MATMUL_THREADS, thread_name_prefix="tapml-host-matmul")
+    return _POOL
 
 
 def _binary(ufunc, kinds: str):

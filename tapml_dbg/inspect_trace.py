@@ -11,6 +11,7 @@ def trace_info(path: str) -> dict:
         meta = reader.meta
         ops = reader.ops
         finished = set(reader.finished_ops())
+        stats_only = set(reader.stats_only_ops())
         layers: set[str] = set()
         for op in ops:
             parts = op.get("layer", "").split(".") if op.get("layer") else []
@@ -38,8 +39,11 @@ def trace_info(path: str) -> dict:
             "record_seconds": meta.get("record_seconds"),
             "eager_output_max_abs_diff": meta.get("eager_output_max_abs_diff"),
             "import_fixes": meta.get("import_fixes", []),
+            "capture": reader.capture,  # None: every op's tensors are stored
+            "stats_only_ops": len(stats_only),
             "ops": [{"index": op["index"], "name": op["name"], "op": op["op"], "layer": op.get("layer", ""),
                      "relax_op": op.get("relax_op", ""), "recorded": op["index"] in finished,
+                     "stats": op["index"] in finished or op["index"] in stats_only,
                      "outputs": op.get("outputs", [])} for op in ops],
         }
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import datetime
+import os
 import platform
 import threading
 import time
@@ -38,7 +39,7 @@ DEFAULT_SEED = 0
 HELPER_NOTE = "computed by tvm:llvm from recorded inputs (no FX node of its own)"
 HOST_NOTE = "computed on the host from recorded inputs, bit-identical to tvm:llvm (no FX node of its own)"
 WRITE_QUEUE_BYTES = 128 * 2**20  # values handed to the writer thread but not yet written
-WRITE_IN_BACKGROUND = True  # False: stats and writes inline (for comparison in benchmarks)
+WRITE_IN_BACKGROUND = os.environ.get("TAPML_WRITE_THREAD", "1") != "0"  # "0": stats and writes inline
 EAGER_REPEATS = 3  # best-of-N warm eager forwards timed after recording, for the ratio
 
 Progress = Callable[[int, int], None]
@@ -154,12 +155,12 @@ def _record_graph(model_spec, out_path, graph: Graph, provenance, program, modul
                   compression=compression, capture=plan is not None)
     run_started = time.perf_counter()
     phases["serialize"] = run_started - serialize_started
-    sink = _TraceSink(lambda: TraceWriter(out_path, **header), background=WRITE_IN_BACKGROUND)
     runner = LocalRunner(graph.mod["main"], target=source[4:] if source.startswith("tvm:") else "llvm")
     store = _ValueStore(graph, {**{k: [v] for k, v in input_arrays.items()},
                                 **{k: [v] for k, v in param_arrays.items()}})
     host = HostOps(graph.mod["main"], lambda op: runner.run_ops([op.name], store.values)[0])
     stored = set(plan.stored) if plan is not None else None
+    sink = _TraceSink(lambda: TraceWriter(out_path, **header), background=WRITE_IN_BACKGROUND)
     helpers = host_helpers = 0
     values: list[np.ndarray] = []
     try:

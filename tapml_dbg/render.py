@@ -45,10 +45,30 @@ def human_bytes(count: float | None) -> str:
 
 
 def record_result(result) -> None:
-    ratio = result.seconds / result.eager_seconds if result.eager_seconds else float("nan")
+    eager = result.eager_seconds
+    run = getattr(result, "run_seconds", 0.0) or result.seconds
+    ratio = f"{run / eager:.1f}x" if eager else "?"
     console.print(f"recorded [bold]{result.ops}[/] ops to {result.path} ({human_bytes(result.file_bytes)}) "
-                  f"in {result.seconds:.2f} s ({ratio:.0f}x the bare eager forward); "
-                  f"{result.helper_ops} helper ops computed on tvm:llvm")
+                  f"in {result.seconds:.2f} s: prepare (export + import) "
+                  f"{getattr(result, 'prepare_seconds', 0.0):.2f} s, run {run:.2f} s = {ratio} the bare eager "
+                  f"forward ({eager:.2f} s, warm)")
+    host = getattr(result, "host_helpers", 0)
+    console.print(f"  {result.helper_ops} helper ops: {host} on the host (bit-identical to tvm:llvm), "
+                  f"{result.helper_ops - host} on tvm:llvm")
+    capture = getattr(result, "capture", None)
+    if capture:
+        console.print(f"  tensors stored for {result.stored_ops} of {result.ops} ops "
+                      f"({_capture_text(capture)}); every op has stats")
+
+
+def _capture_text(capture: dict) -> str:
+    how = " ".join(part for part in (f"--window {capture['window']}" if capture.get("window") is not None else "",
+                                     f"--max-bytes {capture['max_bytes']}" if capture.get("max_bytes") is not None
+                                     else "") if part)
+    layer = f", layer {capture['layer']}" if capture.get("layer") else ""
+    cut = ", cut short by the byte budget" if capture.get("truncated") else ""
+    return (f"{how}: window ops {capture['first']}..{capture['end'] - 1}{layer}{cut}, "
+            f"{human_bytes(capture.get('stored_bytes'))} of op tensors")
 
 
 def trace_info(info: dict) -> None:
@@ -65,6 +85,9 @@ def trace_info(info: dict) -> None:
         ("activations", human_bytes(info["activation_bytes"])),
         ("vs eager forward", _eager_diff(info.get("eager_output_max_abs_diff"))),
     ]
+    if info.get("capture"):
+        rows.append(("capture", f"{_capture_text(info['capture'])}; {info['recorded_ops']} ops with tensors, "
+                                f"{info.get('stats_only_ops', 0)} with stats only"))
     if info.get("import_fixes"):
         rows.append(("import fixes", ", ".join(info["import_fixes"])))
     for key, value in rows:

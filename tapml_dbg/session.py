@@ -66,7 +66,9 @@ class Session:
         self.policy = policy or TolerancePolicy()
         self.sweep_chunk = DEFAULT_SWEEP_CHUNK
         # one lane per free tracker server (or --parallel N); lane 0 also does the sequential work
+        self.parallel = parallel
         self.lane_plan = plan_lanes(parallel, rpc, tracker, rpc_key)
+        self._replan = False
         self.pool = ExecutorPool(
             WorkerConfig(trace_path=str(reader.path), target=target, transform=transform,
                          cache_dir=str(cache_dir), rpc=rpc, tracker=tracker, rpc_key=rpc_key),
@@ -168,9 +170,18 @@ class Session:
     # ---------------------------------------------------------------- values
     def source_values(self, index: int) -> list[np.ndarray]:
         if index not in self.recorded:
-            raise TraceError(f"op {index} ({self.ops[index].name}) has no recorded values (the "
-                             "recording stopped before it; record again)")
+            raise TraceError(self.reader.missing_values_message(index))
         return self.reader.op_outputs(index)
+
+    def _missing_values(self, index: int) -> str | None:
+        """Why op `index` has no isolated verdict in this trace (it or an input has no values), or None."""
+        if index not in self.recorded:
+            return self.reader.missing_values_message(index)
+        for name in self.ops[index].inputs:
+            op = self.by_name.get(name)
+            if op is not None and op.index not in self.recorded:
+                return self.reader.missing_values_message(op.index, needed_by=index)
+        return None
 
     def _recorded_ref(self, name: str, field: int) -> tuple:
         if name in self.input_names:
@@ -179,8 +190,7 @@ class Session:
             return ("param", name)
         op = self.by_name[name]
         if op.index not in self.recorded:
-            raise TraceError(f"op {op.index} ({name}) has no recorded values (the recording stopped "
-                             "before it; record again)")
+            raise TraceError(self.reader.missing_values_message(op.index))
         return ("op", name, field)
 
     def _input_refs(self, spec_inputs, use_target: bool) -> list[tuple]:
@@ -197,23 +207,42 @@ class Session:
                            outputs=spec.outputs)
 
     def _run(self, func, spec, use_target: bool, timeout_s: float | None = None) -> UnitResult:
-        request = self._request(func, spec, use_target)
+        return self._run_request(self._request(func, spec, use_target), timeout_s)
+
+    def _run_request(self, request: UnitRequest, timeout_s: float | None = None) -> UnitResult:
+        """One unit on lane 0 (sequential work)."""
+        self._lanes_ready()
         return self._counted(self.pool.run(request, timeout_s))
+
+    def _dispatch(self):
+        """Independent units for all lanes (see `ExecutorPool.dispatch`)."""
+        self._lanes_ready()
+        return self.pool.dispatch()
 
     def _counted(self, result: UnitResult) -> UnitResult:
         """Count a unit that ran; a lost connection is not the op's fault: an error, no verdict."""
         self.probes += 1
         if result.status == "target-lost":
+            # a server may be gone for good: count the tracker's servers again before the next
+            # command, so that no lane waits for a lease that never comes
+            self._replan = bool(self.tracker)
             raise TargetError(result.message)
         return result
+
+    def _lanes_ready(self) -> None:
+        if not self._replan:
+            return
+        self._replan = False
+        self.pool.stop_all()  # our own leases go back first, or the tracker would not count them
+        self.lane_plan = plan_lanes(self.parallel, self.rpc, self.tracker, self.rpc_key)
+        self.pool.resize(self.lane_plan.lanes)
 
     # ---------------------------------------------------------------- verdicts
     def _verdict(self, op: OpInfo, mode: str, result: UnitResult, outputs: list[np.ndarray] | None) -> Verdict:
         if not result.ok:
             return Verdict(op.index, op.name, mode, result.status, message=result.message)
         if op.index not in self.recorded:
-            return Verdict(op.index, op.name, mode, "missing",
-                           message="no recorded value to compare with (the recording stopped before it)")
+            return Verdict(op.index, op.name, mode, "missing", message=self.reader.missing_values_message(op.index))
         source = self.source_values(op.index)
         if len(outputs) != len(source):
             return Verdict(op.index, op.name, mode, "fail",
@@ -250,11 +279,14 @@ class Session:
         request = self._isolated_request(index)
         if isinstance(request, Verdict):
             return request
-        return self._isolated_done(index, self._counted(self.pool.run(request)))
+        return self._isolated_done(index, self._run_request(request))
 
     def _isolated_request(self, index: int) -> UnitRequest | Verdict:
         """The op's one-op unit, or its `missing` verdict (not cached) when an input was not recorded."""
         op = self.ops[index]
+        missing = self._missing_values(index)
+        if missing:  # nothing to feed it or to compare with: say so without compiling
+            return Verdict(index, op.name, ISOLATED, "missing", message=missing)
         try:
             func, spec = build_unit(self.main, [op.name], [op.name])
             return self._request(func, spec, use_target=False)
@@ -336,22 +368,20 @@ class Session:
         """Find the first divergent op (see docs: propagated search, isolated confirm and sweep)."""
         started = time.perf_counter()
         probes_before = self.probes
-        last = self._last_recorded_prefix()
-        notes = []
-        if last < len(self.ops) - 1:
-            notes.append(f"the trace is incomplete: searched ops 0..{last} only")
+        first, last, notes = self._search_range()
+        self._search_first = first  # prefix probes run ops [first, k]
         search = SearchTrace()
         statuses: dict[int, UnitResult] = {}
-        total_steps = max(1, int(np.ceil(np.log2(max(last + 1, 2)))) + 1)
+        total_steps = max(1, int(np.ceil(np.log2(max(last - first + 1, 2)))) + 1)
 
         def prefix_fails(k: int) -> bool:
-            progress(len(search.probes), total_steps, f"probe ops 0..{k}")
+            progress(len(search.probes), total_steps, f"probe ops {first}..{k}")
             failed, result = self._prefix_probe(k)
             statuses[k] = result
             return failed
 
         def prefixes_fail(ks: list[int]) -> list[bool]:  # one round of speculative probes, side by side
-            progress(len(search.probes), total_steps, "probe ops 0.." + ", 0..".join(map(str, ks)))
+            progress(len(search.probes), total_steps, f"probe ops {first}.." + f", {first}..".join(map(str, ks)))
             outcomes = self._prefix_probes(ks)
             failed = []
             for k in ks:
@@ -360,16 +390,16 @@ class Session:
             return failed
 
         parallel = self.pool.size > 1
-        if last < 0:
+        if last < first:
             candidate = None
         elif parallel:  # same answer and path as first_failing, ~1.5x fewer rounds with 2 lanes
-            candidate = first_failing_speculative(0, last, prefixes_fail, self.pool.size, search)
+            candidate = first_failing_speculative(first, last, prefixes_fail, self.pool.size, search)
         else:
-            candidate = first_failing(0, last, prefix_fails, search)
+            candidate = first_failing(first, last, prefix_fails, search)
         end = candidate if candidate is not None else last + 1
         earliest = None
         if sweep and parallel:  # the sweep's batches and the candidate's own unit go side by side
-            earliest = self._isolated_sweep(list(range(0, end)), progress,
+            earliest = self._isolated_sweep(list(range(first, end)), progress,
                                             also=[candidate] if candidate is not None else [])
         culprit: Culprit | None = None
         if candidate is not None:
@@ -382,7 +412,7 @@ class Session:
                 culprit = self._culprit(candidate, prop, PROPAGATED)
         if sweep:
             if not parallel:
-                earliest = self._isolated_sweep(list(range(0, end)), progress)
+                earliest = self._isolated_sweep(list(range(first, end)), progress)
             if earliest is not None:
                 if culprit is None:
                     notes.append("the divergence does not persist to the model's output (it washes out "
@@ -396,33 +426,54 @@ class Session:
                             seconds=time.perf_counter() - started, target=self.target, culprit=culprit,
                             neighbourhood=neighbourhood, search=search.probes, notes=notes)
 
-    def _last_recorded_prefix(self) -> int:
-        last = -1
+    def _last_recorded_prefix(self, first: int = 0) -> int:
+        last = first - 1
         while last + 1 < len(self.ops) and (last + 1) in self.recorded:
             last += 1
         return last
 
+    _search_first = 0  # the first op bisection searches: 0, or a capture window's start
+
+    def _search_range(self) -> tuple[int, int, list[str]]:
+        """Ops [first, last] bisection searches, and notes on what it leaves out.
+
+        A full trace: op 0 to the end of the recorded prefix. A trace recorded with a capture
+        budget (--window / --max-bytes) holds tensors for its window only: search the window.
+        """
+        capture = self.reader.capture
+        if capture is None:
+            last = self._last_recorded_prefix()
+            incomplete = last < len(self.ops) - 1
+            return 0, last, [f"the trace is incomplete: searched ops 0..{last} only"] if incomplete else []
+        first = int(capture.get("first", 0))
+        end = min(int(capture.get("end", len(self.ops))), len(self.ops))
+        last = min(self._last_recorded_prefix(first), end - 1)
+        how = " ".join(f"--{key.replace('_', '-')} {capture[key]}" for key in ("window", "max_bytes")
+                       if capture.get(key) is not None)
+        return first, last, [f"the trace holds tensors for ops {first}..{end - 1} only (recorded with {how}): "
+                             f"searched ops {first}..{last}; record another window to search elsewhere"]
+
     def _frontier(self, k: int) -> list[str]:
-        """Ops in [0, k] whose value is read after k, plus op k itself."""
+        """Ops in [first, k] whose value is read after k, plus op k itself (first: `_search_first`)."""
         names = []
-        for op in self.ops[:k + 1]:
+        for op in self.ops[self._search_first:k + 1]:
             if op.index == k or any(c > k for c in self.consumers.get(op.name, [])):
                 if op.outputs:
                     names.append(op.name)
         return names
 
     def _prefix_request(self, k: int) -> UnitRequest:
-        names = [op.name for op in self.ops[:k + 1]]
+        names = [op.name for op in self.ops[self._search_first:k + 1]]
         func, spec = build_unit(self.main, names, self._frontier(k))
         return self._request(func, spec, use_target=False)
 
     def _prefix_probe(self, k: int) -> tuple[bool, UnitResult]:
-        return self._prefix_outcome(k, self._counted(self.pool.run(self._prefix_request(k))))
+        return self._prefix_outcome(k, self._run_request(self._prefix_request(k)))
 
     def _prefix_probes(self, ks: list[int]) -> dict[int, tuple[bool, UnitResult]]:
         """Several prefix probes side by side, one per lane."""
         outcomes = {}
-        with self.pool.dispatch() as work:
+        with self._dispatch() as work:
             for k in ks:
                 work.submit(k, k, self._prefix_request(k))
             for k, result in work:
@@ -483,7 +534,7 @@ class Session:
             size = max(1, min(size, math.ceil(len(todo) / self.pool.size)))
         batches = chunks(todo, size)
         finished = 0
-        with self.pool.dispatch() as work:
+        with self._dispatch() as work:
             for index in also:
                 if index not in self._isolated_cache:
                     request = self._isolated_request(index)
@@ -534,7 +585,7 @@ class Session:
     def _neighbourhood(self, index: int) -> list[StepResult]:
         window = range(max(0, index - NEIGHBOURHOOD_RADIUS), min(len(self.ops), index + NEIGHBOURHOOD_RADIUS + 1))
         if self.pool.size > 1:  # the missing verdicts side by side; the loop below then reads the cache
-            with self.pool.dispatch() as work:
+            with self._dispatch() as work:
                 for i in window:
                     if i not in self._isolated_cache:
                         request = self._isolated_request(i)
@@ -553,7 +604,7 @@ class Session:
         """Compile every op for the target without running it; failures become verdicts."""
         report = CompileReport(self.target, len(self.ops))
         done = 0
-        with self.pool.dispatch() as work:  # each op is its own unit: all lanes compile side by side
+        with self._dispatch() as work:  # each op is its own unit: all lanes compile side by side
             for op in self.ops:
                 func, spec = build_unit(self.main, [op.name], [op.name])
                 work.submit(op.index, op, UnitRequest(unit_json=function_to_json(func), inputs=[],

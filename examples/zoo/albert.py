@@ -1,6 +1,6 @@
-"""`albert`: text encoder from a small transformers config with random weights.
+"""`albert`: a text encoder, tiny config, random weights (defined in registry.py).
 
-The config and the positional wrapper are in registry.py; `tapml-dbg record examples/zoo/albert.py -o t.h5`.
+`tapml-dbg record examples/zoo/albert.py -o albert.h5`
 """
 
 from registry import builder

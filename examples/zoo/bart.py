@@ -1,6 +1,6 @@
-"""`bart`: encoder-decoder (one forward with decoder_input_ids) from a small transformers config with random weights.
+"""`bart`: an encoder-decoder (one forward with decoder_input_ids), tiny config, random weights (defined in registry.py).
 
-The config and the positional wrapper are in registry.py; `tapml-dbg record examples/zoo/bart.py -o t.h5`.
+`tapml-dbg record examples/zoo/bart.py -o bart.h5`
 """
 
 from registry import builder

@@ -1,6 +1,6 @@
-"""`bert`: text encoder from a small transformers config with random weights.
+"""`bert`: a text encoder, tiny config, random weights (defined in registry.py).
 
-The config and the positional wrapper are in registry.py; `tapml-dbg record examples/zoo/bert.py -o t.h5`.
+`tapml-dbg record examples/zoo/bert.py -o bert.h5`
 """
 
 from registry import builder

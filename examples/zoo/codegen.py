@@ -1,6 +1,6 @@
-"""`codegen`: decoder LLM from a small transformers config with random weights.
+"""`codegen`: a decoder LLM, tiny config, random weights (defined in registry.py).
 
-The config and the positional wrapper are in registry.py; `tapml-dbg record examples/zoo/codegen.py -o t.h5`.
+`tapml-dbg record examples/zoo/codegen.py -o codegen.h5`
 """
 
 from registry import builder

@@ -1,6 +1,6 @@
-"""`convbert`: text encoder from a small transformers config with random weights.
+"""`convbert`: a text encoder, tiny config, random weights (defined in registry.py).
 
-The config and the positional wrapper are in registry.py; `tapml-dbg record examples/zoo/convbert.py -o t.h5`.
+`tapml-dbg record examples/zoo/convbert.py -o convbert.h5`
 """
 
 from registry import builder

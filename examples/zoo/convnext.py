@@ -1,6 +1,6 @@
-"""`convnext`: CNN from a small transformers config with random weights.
+"""`convnext`: a CNN, tiny config, random weights (defined in registry.py).
 
-The config and the positional wrapper are in registry.py; `tapml-dbg record examples/zoo/convnext.py -o t.h5`.
+`tapml-dbg record examples/zoo/convnext.py -o convnext.h5`
 """
 
 from registry import builder

@@ -1,6 +1,6 @@
-"""`convnextv2`: CNN from a small transformers config with random weights.
+"""`convnextv2`: a CNN, tiny config, random weights (defined in registry.py).
 
-The config and the positional wrapper are in registry.py; `tapml-dbg record examples/zoo/convnextv2.py -o t.h5`.
+`tapml-dbg record examples/zoo/convnextv2.py -o convnextv2.h5`
 """
 
 from registry import builder

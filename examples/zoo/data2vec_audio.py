@@ -1,6 +1,6 @@
-"""`data2vec_audio`: audio encoder from a small transformers config with random weights.
+"""`data2vec_audio`: an audio encoder, tiny config, random weights (defined in registry.py).
 
-The config and the positional wrapper are in registry.py; `tapml-dbg record examples/zoo/data2vec_audio.py -o t.h5`.
+`tapml-dbg record examples/zoo/data2vec_audio.py -o data2vec_audio.h5`
 """
 
 from registry import builder

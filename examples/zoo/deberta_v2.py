@@ -1,6 +1,6 @@
-"""`deberta_v2`: text encoder from a small transformers config with random weights.
+"""`deberta_v2`: a text encoder, tiny config, random weights (defined in registry.py).
 
-The config and the positional wrapper are in registry.py; `tapml-dbg record examples/zoo/deberta_v2.py -o t.h5`.
+`tapml-dbg record examples/zoo/deberta_v2.py -o deberta_v2.h5`
 """
 
 from registry import builder

@@ -1,6 +1,6 @@
-"""`deit`: vision transformer from a small transformers config with random weights.
+"""`deit`: a vision transformer, tiny config, random weights (defined in registry.py).
 
-The config and the positional wrapper are in registry.py; `tapml-dbg record examples/zoo/deit.py -o t.h5`.
+`tapml-dbg record examples/zoo/deit.py -o deit.h5`
 """
 
 from registry import builder

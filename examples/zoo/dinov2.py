@@ -1,6 +1,6 @@
-"""`dinov2`: vision transformer from a small transformers config with random weights.
+"""`dinov2`: a vision transformer, tiny config, random weights (defined in registry.py).
 
-The config and the positional wrapper are in registry.py; `tapml-dbg record examples/zoo/dinov2.py -o t.h5`.
+`tapml-dbg record examples/zoo/dinov2.py -o dinov2.h5`
 """
 
 from registry import builder

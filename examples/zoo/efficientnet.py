@@ -1,6 +1,6 @@
-"""`efficientnet`: CNN from a small transformers config with random weights.
+"""`efficientnet`: a CNN, tiny config, random weights (defined in registry.py).
 
-The config and the positional wrapper are in registry.py; `tapml-dbg record examples/zoo/efficientnet.py -o t.h5`.
+`tapml-dbg record examples/zoo/efficientnet.py -o efficientnet.h5`
 """
 
 from registry import builder

@@ -1,6 +1,6 @@
-"""`electra`: text encoder from a small transformers config with random weights.
+"""`electra`: a text encoder, tiny config, random weights (defined in registry.py).
 
-The config and the positional wrapper are in registry.py; `tapml-dbg record examples/zoo/electra.py -o t.h5`.
+`tapml-dbg record examples/zoo/electra.py -o electra.h5`
 """
 
 from registry import builder

@@ -1,6 +1,8 @@
-"""`falcon`: decoder LLM from a small transformers config with random weights.
+"""`falcon`: a decoder LLM, tiny config, random weights (defined in registry.py).
 
-The config and the positional wrapper are in registry.py; `tapml-dbg record examples/zoo/falcon.py -o t.h5`.
+Multi_query=False: see falcon_mqa.
+
+`tapml-dbg record examples/zoo/falcon.py -o falcon.h5`
 """
 
 from registry import builder

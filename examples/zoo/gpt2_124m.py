@@ -1,6 +1,8 @@
-"""`gpt2_124m`: decoder LLM from a small transformers config with random weights (the real GPT-2 small config (124M params), seq 64).
+"""`gpt2_124m`: a decoder LLM, real-size config, random weights (defined in registry.py).
 
-The config and the positional wrapper are in registry.py; `tapml-dbg record examples/zoo/gpt2_124m.py -o t.h5`.
+The real GPT-2 small config (124M params), seq 64.
+
+`tapml-dbg record examples/zoo/gpt2_124m.py -o gpt2_124m.h5`
 """
 
 from registry import builder

@@ -1,6 +1,6 @@
-"""`gpt_neo`: decoder LLM from a small transformers config with random weights.
+"""`gpt_neo`: a decoder LLM, tiny config, random weights (defined in registry.py).
 
-The config and the positional wrapper are in registry.py; `tapml-dbg record examples/zoo/gpt_neo.py -o t.h5`.
+`tapml-dbg record examples/zoo/gpt_neo.py -o gpt_neo.h5`
 """
 
 from registry import builder

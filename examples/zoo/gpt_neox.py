@@ -1,6 +1,6 @@
-"""`gpt_neox`: decoder LLM from a small transformers config with random weights.
+"""`gpt_neox`: a decoder LLM, tiny config, random weights (defined in registry.py).
 
-The config and the positional wrapper are in registry.py; `tapml-dbg record examples/zoo/gpt_neox.py -o t.h5`.
+`tapml-dbg record examples/zoo/gpt_neox.py -o gpt_neox.h5`
 """
 
 from registry import builder

@@ -1,6 +1,6 @@
-"""`gptj`: decoder LLM from a small transformers config with random weights.
+"""`gptj`: a decoder LLM, tiny config, random weights (defined in registry.py).
 
-The config and the positional wrapper are in registry.py; `tapml-dbg record examples/zoo/gptj.py -o t.h5`.
+`tapml-dbg record examples/zoo/gptj.py -o gptj.h5`
 """
 
 from registry import builder

@@ -1,6 +1,6 @@
-"""`granite`: decoder LLM from a small transformers config with random weights.
+"""`granite`: a decoder LLM, tiny config, random weights (defined in registry.py).
 
-The config and the positional wrapper are in registry.py; `tapml-dbg record examples/zoo/granite.py -o t.h5`.
+`tapml-dbg record examples/zoo/granite.py -o granite.h5`
 """
 
 from registry import builder

@@ -1,6 +1,6 @@
-"""`hubert`: audio encoder from a small transformers config with random weights.
+"""`hubert`: an audio encoder, tiny config, random weights (defined in registry.py).
 
-The config and the positional wrapper are in registry.py; `tapml-dbg record examples/zoo/hubert.py -o t.h5`.
+`tapml-dbg record examples/zoo/hubert.py -o hubert.h5`
 """
 
 from registry import builder

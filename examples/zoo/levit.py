@@ -1,6 +1,6 @@
-"""`levit`: vision transformer from a small transformers config with random weights.
+"""`levit`: a vision transformer, tiny config, random weights (defined in registry.py).
 
-The config and the positional wrapper are in registry.py; `tapml-dbg record examples/zoo/levit.py -o t.h5`.
+`tapml-dbg record examples/zoo/levit.py -o levit.h5`
 """
 
 from registry import builder

@@ -1,6 +1,6 @@
-"""`llama`: decoder LLM from a small transformers config with random weights.
+"""`llama`: a decoder LLM, tiny config, random weights (defined in registry.py).
 
-The config and the positional wrapper are in registry.py; `tapml-dbg record examples/zoo/llama.py -o t.h5`.
+`tapml-dbg record examples/zoo/llama.py -o llama.h5`
 """
 
 from registry import builder

@@ -1,6 +1,6 @@
-"""`marian`: encoder-decoder (one forward with decoder_input_ids) from a small transformers config with random weights.
+"""`marian`: an encoder-decoder (one forward with decoder_input_ids), tiny config, random weights (defined in registry.py).
 
-The config and the positional wrapper are in registry.py; `tapml-dbg record examples/zoo/marian.py -o t.h5`.
+`tapml-dbg record examples/zoo/marian.py -o marian.h5`
 """
 
 from registry import builder

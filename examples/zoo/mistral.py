@@ -1,6 +1,6 @@
-"""`mistral`: decoder LLM from a small transformers config with random weights.
+"""`mistral`: a decoder LLM, tiny config, random weights (defined in registry.py).
 
-The config and the positional wrapper are in registry.py; `tapml-dbg record examples/zoo/mistral.py -o t.h5`.
+`tapml-dbg record examples/zoo/mistral.py -o mistral.h5`
 """
 
 from registry import builder

@@ -1,6 +1,6 @@
-"""`mobilenet_v2`: CNN from a small transformers config with random weights.
+"""`mobilenet_v2`: a CNN, tiny config, random weights (defined in registry.py).
 
-The config and the positional wrapper are in registry.py; `tapml-dbg record examples/zoo/mobilenet_v2.py -o t.h5`.
+`tapml-dbg record examples/zoo/mobilenet_v2.py -o mobilenet_v2.h5`
 """
 
 from registry import builder

@@ -1,6 +1,6 @@
-"""`mobilevit`: vision transformer from a small transformers config with random weights.
+"""`mobilevit`: a vision transformer, tiny config, random weights (defined in registry.py).
 
-The config and the positional wrapper are in registry.py; `tapml-dbg record examples/zoo/mobilevit.py -o t.h5`.
+`tapml-dbg record examples/zoo/mobilevit.py -o mobilevit.h5`
 """
 
 from registry import builder

@@ -1,6 +1,6 @@
-"""`mpnet`: text encoder from a small transformers config with random weights.
+"""`mpnet`: a text encoder, tiny config, random weights (defined in registry.py).
 
-The config and the positional wrapper are in registry.py; `tapml-dbg record examples/zoo/mpnet.py -o t.h5`.
+`tapml-dbg record examples/zoo/mpnet.py -o mpnet.h5`
 """
 
 from registry import builder

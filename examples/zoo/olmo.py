@@ -1,6 +1,6 @@
-"""`olmo`: decoder LLM from a small transformers config with random weights.
+"""`olmo`: a decoder LLM, tiny config, random weights (defined in registry.py).
 
-The config and the positional wrapper are in registry.py; `tapml-dbg record examples/zoo/olmo.py -o t.h5`.
+`tapml-dbg record examples/zoo/olmo.py -o olmo.h5`
 """
 
 from registry import builder

@@ -1,6 +1,6 @@
-"""`olmo2`: decoder LLM from a small transformers config with random weights.
+"""`olmo2`: a decoder LLM, tiny config, random weights (defined in registry.py).
 
-The config and the positional wrapper are in registry.py; `tapml-dbg record examples/zoo/olmo2.py -o t.h5`.
+`tapml-dbg record examples/zoo/olmo2.py -o olmo2.h5`
 """
 
 from registry import builder

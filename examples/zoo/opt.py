@@ -1,6 +1,6 @@
-"""`opt`: decoder LLM from a small transformers config with random weights.
+"""`opt`: a decoder LLM, tiny config, random weights (defined in registry.py).
 
-The config and the positional wrapper are in registry.py; `tapml-dbg record examples/zoo/opt.py -o t.h5`.
+`tapml-dbg record examples/zoo/opt.py -o opt.h5`
 """
 
 from registry import builder

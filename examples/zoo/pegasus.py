@@ -1,6 +1,6 @@
-"""`pegasus`: encoder-decoder (one forward with decoder_input_ids) from a small transformers config with random weights.
+"""`pegasus`: an encoder-decoder (one forward with decoder_input_ids), tiny config, random weights (defined in registry.py).
 
-The config and the positional wrapper are in registry.py; `tapml-dbg record examples/zoo/pegasus.py -o t.h5`.
+`tapml-dbg record examples/zoo/pegasus.py -o pegasus.h5`
 """
 
 from registry import builder

@@ -1,6 +1,6 @@
-"""`persimmon`: decoder LLM from a small transformers config with random weights.
+"""`persimmon`: a decoder LLM, tiny config, random weights (defined in registry.py).
 
-The config and the positional wrapper are in registry.py; `tapml-dbg record examples/zoo/persimmon.py -o t.h5`.
+`tapml-dbg record examples/zoo/persimmon.py -o persimmon.h5`
 """
 
 from registry import builder

@@ -1,6 +1,6 @@
-"""`phi`: decoder LLM from a small transformers config with random weights.
+"""`phi`: a decoder LLM, tiny config, random weights (defined in registry.py).
 
-The config and the positional wrapper are in registry.py; `tapml-dbg record examples/zoo/phi.py -o t.h5`.
+`tapml-dbg record examples/zoo/phi.py -o phi.h5`
 """
 
 from registry import builder

@@ -1,6 +1,6 @@
-"""`poolformer`: vision transformer from a small transformers config with random weights.
+"""`poolformer`: a vision transformer, tiny config, random weights (defined in registry.py).
 
-The config and the positional wrapper are in registry.py; `tapml-dbg record examples/zoo/poolformer.py -o t.h5`.
+`tapml-dbg record examples/zoo/poolformer.py -o poolformer.h5`
 """
 
 from registry import builder

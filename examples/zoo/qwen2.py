@@ -1,6 +1,6 @@
-"""`qwen2`: decoder LLM from a small transformers config with random weights.
+"""`qwen2`: a decoder LLM, tiny config, random weights (defined in registry.py).
 
-The config and the positional wrapper are in registry.py; `tapml-dbg record examples/zoo/qwen2.py -o t.h5`.
+`tapml-dbg record examples/zoo/qwen2.py -o qwen2.h5`
 """
 
 from registry import builder

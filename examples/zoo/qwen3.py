@@ -1,6 +1,6 @@
-"""`qwen3`: decoder LLM from a small transformers config with random weights.
+"""`qwen3`: a decoder LLM, tiny config, random weights (defined in registry.py).
 
-The config and the positional wrapper are in registry.py; `tapml-dbg record examples/zoo/qwen3.py -o t.h5`.
+`tapml-dbg record examples/zoo/qwen3.py -o qwen3.h5`
 """
 
 from registry import builder

@@ -1,7 +1,8 @@
 """The model zoo: `transformers` architectures from small configs with random weights.
 
 Every entry builds a tiny model (2 layers, width 32-64, short sequences, small images) from a
-config written here in code: nothing is downloaded. `ZOO[name].build()` returns
+config written here in code: nothing is downloaded (`gpt2_124m`, the real GPT-2 small config,
+is the one real-size entry). `ZOO[name].build()` returns
 `(module, tuple_of_tensor_inputs)` as the CLI contract asks; `examples/zoo/<name>.py` is a thin
 file around it so that `tapml-dbg record examples/zoo/<name>.py -o t.h5` works.
 
@@ -231,8 +232,19 @@ def bloom():
     return _causal_lm(BloomForCausalLM, BloomConfig, n_layer=2, hidden_size=64, n_head=4)
 
 
-@register("falcon", "decoder")
+@register("falcon", "decoder", note="multi_query=False: see falcon_mqa")
 def falcon():
+    from transformers import FalconConfig, FalconForCausalLM
+
+    # multi_query=False splits q/k/v with integer selects; the multi-query layout indexes with
+    # [-2] / [-1], which TVM 0.27 imports as an unwrapped take (falcon_mqa)
+    return _causal_lm(FalconForCausalLM, FalconConfig, num_hidden_layers=2, hidden_size=64,
+                      num_attention_heads=4, new_decoder_architecture=False, multi_query=False, alibi=False,
+                      max_position_embeddings=128)
+
+
+@register("falcon_mqa", "decoder", note="the Falcon-7B multi-query layout: a documented TVM 0.27 divergence")
+def falcon_mqa():
     from transformers import FalconConfig, FalconForCausalLM
 
     return _causal_lm(FalconForCausalLM, FalconConfig, num_hidden_layers=2, hidden_size=64,

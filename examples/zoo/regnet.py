@@ -1,6 +1,6 @@
-"""`regnet`: CNN from a small transformers config with random weights.
+"""`regnet`: a CNN, tiny config, random weights (defined in registry.py).
 
-The config and the positional wrapper are in registry.py; `tapml-dbg record examples/zoo/regnet.py -o t.h5`.
+`tapml-dbg record examples/zoo/regnet.py -o regnet.h5`
 """
 
 from registry import builder

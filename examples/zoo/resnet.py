@@ -1,6 +1,6 @@
-"""`resnet`: CNN from a small transformers config with random weights.
+"""`resnet`: a CNN, tiny config, random weights (defined in registry.py).
 
-The config and the positional wrapper are in registry.py; `tapml-dbg record examples/zoo/resnet.py -o t.h5`.
+`tapml-dbg record examples/zoo/resnet.py -o resnet.h5`
 """
 
 from registry import builder

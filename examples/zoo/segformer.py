@@ -1,6 +1,6 @@
-"""`segformer`: vision transformer from a small transformers config with random weights.
+"""`segformer`: a vision transformer, tiny config, random weights (defined in registry.py).
 
-The config and the positional wrapper are in registry.py; `tapml-dbg record examples/zoo/segformer.py -o t.h5`.
+`tapml-dbg record examples/zoo/segformer.py -o segformer.h5`
 """
 
 from registry import builder

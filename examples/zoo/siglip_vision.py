@@ -1,6 +1,6 @@
-"""`siglip_vision`: vision transformer from a small transformers config with random weights.
+"""`siglip_vision`: a vision transformer, tiny config, random weights (defined in registry.py).
 
-The config and the positional wrapper are in registry.py; `tapml-dbg record examples/zoo/siglip_vision.py -o t.h5`.
+`tapml-dbg record examples/zoo/siglip_vision.py -o siglip_vision.h5`
 """
 
 from registry import builder

@@ -1,6 +1,6 @@
-"""`stablelm`: decoder LLM from a small transformers config with random weights.
+"""`stablelm`: a decoder LLM, tiny config, random weights (defined in registry.py).
 
-The config and the positional wrapper are in registry.py; `tapml-dbg record examples/zoo/stablelm.py -o t.h5`.
+`tapml-dbg record examples/zoo/stablelm.py -o stablelm.h5`
 """
 
 from registry import builder

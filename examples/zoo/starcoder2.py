@@ -1,6 +1,6 @@
-"""`starcoder2`: decoder LLM from a small transformers config with random weights.
+"""`starcoder2`: a decoder LLM, tiny config, random weights (defined in registry.py).
 
-The config and the positional wrapper are in registry.py; `tapml-dbg record examples/zoo/starcoder2.py -o t.h5`.
+`tapml-dbg record examples/zoo/starcoder2.py -o starcoder2.h5`
 """
 
 from registry import builder

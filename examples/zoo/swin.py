@@ -1,6 +1,6 @@
-"""`swin`: vision transformer from a small transformers config with random weights.
+"""`swin`: a vision transformer, tiny config, random weights (defined in registry.py).
 
-The config and the positional wrapper are in registry.py; `tapml-dbg record examples/zoo/swin.py -o t.h5`.
+`tapml-dbg record examples/zoo/swin.py -o swin.h5`
 """
 
 from registry import builder

@@ -1,6 +1,6 @@
-"""`vit`: vision transformer from a small transformers config with random weights.
+"""`vit`: a vision transformer, tiny config, random weights (defined in registry.py).
 
-The config and the positional wrapper are in registry.py; `tapml-dbg record examples/zoo/vit.py -o t.h5`.
+`tapml-dbg record examples/zoo/vit.py -o vit.h5`
 """
 
 from registry import builder

@@ -1,6 +1,6 @@
-"""`wav2vec2`: audio encoder from a small transformers config with random weights.
+"""`wav2vec2`: an audio encoder, tiny config, random weights (defined in registry.py).
 
-The config and the positional wrapper are in registry.py; `tapml-dbg record examples/zoo/wav2vec2.py -o t.h5`.
+`tapml-dbg record examples/zoo/wav2vec2.py -o wav2vec2.h5`
 """
 
 from registry import builder

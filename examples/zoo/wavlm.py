@@ -1,6 +1,6 @@
-"""`wavlm`: audio encoder from a small transformers config with random weights.
+"""`wavlm`: an audio encoder, tiny config, random weights (defined in registry.py).
 
-The config and the positional wrapper are in registry.py; `tapml-dbg record examples/zoo/wavlm.py -o t.h5`.
+`tapml-dbg record examples/zoo/wavlm.py -o wavlm.h5`
 """
 
 from registry import builder

@@ -1,6 +1,6 @@
-"""`whisper_encoder`: audio encoder from a small transformers config with random weights.
+"""`whisper_encoder`: an audio encoder, tiny config, random weights (defined in registry.py).
 
-The config and the positional wrapper are in registry.py; `tapml-dbg record examples/zoo/whisper_encoder.py -o t.h5`.
+`tapml-dbg record examples/zoo/whisper_encoder.py -o whisper_encoder.h5`
 """
 
 from registry import builder

@@ -1,6 +1,6 @@
-"""`xglm`: decoder LLM from a small transformers config with random weights.
+"""`xglm`: a decoder LLM, tiny config, random weights (defined in registry.py).
 
-The config and the positional wrapper are in registry.py; `tapml-dbg record examples/zoo/xglm.py -o t.h5`.
+`tapml-dbg record examples/zoo/xglm.py -o xglm.h5`
 """
 
 from registry import builder

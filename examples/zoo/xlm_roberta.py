@@ -1,6 +1,6 @@
-"""`xlm_roberta`: text encoder from a small transformers config with random weights.
+"""`xlm_roberta`: a text encoder, tiny config, random weights (defined in registry.py).
 
-The config and the positional wrapper are in registry.py; `tapml-dbg record examples/zoo/xlm_roberta.py -o t.h5`.
+`tapml-dbg record examples/zoo/xlm_roberta.py -o xlm_roberta.h5`
 """
 
 from registry import builder

@@ -154,6 +154,20 @@ class ExecutorPool:
         """A batch of independent units: `submit` them, then iterate over the results."""
         return Dispatch(self, timeout_s)
 
+    def resize(self, lanes: int) -> None:
+        """Keep lane 0, drop or add the others (their workers stop, releasing their leases)."""
+        lanes = max(1, int(lanes))
+        for lane in self.lanes[lanes:]:
+            lane.close()
+        self.lanes = self.lanes[:lanes] + [_Lane(self.config, self.timeout_s)
+                                           for _ in range(lanes - len(self.lanes))]
+        self.units = (self.units + [0] * lanes)[:lanes]
+
+    def stop_all(self) -> None:
+        """Stop every lane's worker (a lane starts a fresh one, with a fresh lease, when next used)."""
+        for lane in self.lanes:
+            lane.stop()
+
     def close(self) -> None:
         for lane in self.lanes:
             lane.close()
@@ -169,8 +183,11 @@ class Dispatch:
 
     `cancel_above(key)` drops queued units with a larger key (units already running finish and
     are still reported). Iteration ends when nothing is queued or running. Leaving the `with`
-    block by an exception (Ctrl-C, a lost connection) kills the workers of running units, so no
-    late reply can answer a later request. One lane runs everything in the calling thread.
+    block by an error (a lost connection in one lane) drops the queue and lets running units
+    finish, unread: killing a worker in the middle of an RPC call can leave the server's session
+    hanging, so that server is never free again. Ctrl-C kills the workers of running units, as a
+    single executor does, so no late reply can answer a later request. One lane runs
+    everything in the calling thread.
     """
 
     def __init__(self, pool: ExecutorPool, timeout_s: float | None):
@@ -277,7 +294,7 @@ class Dispatch:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        self.close(kill=exc_type is not None)
+        self.close(kill=exc_type is not None and not issubclass(exc_type, Exception))
 
     def close(self, kill: bool = False) -> None:
         with self._cv:

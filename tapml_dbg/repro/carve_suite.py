@@ -35,11 +35,24 @@ class CarveResult:
     max_mb: float = DEFAULT_CARVE_MAX_MB
     target: str = "llvm"
     seconds: float = 0.0
+    # when carved over a remote target: each op's isolated verdict there (status by op name)
+    verdicts: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def diverged(self) -> list[str]:
+        """Ops whose check on the target failed (empty when nothing was checked)."""
+        return [name for name, status in self.verdicts.items() if status not in ("pass", "missing")]
 
 
 def carve(session, output, max_mb: float | None = None, progress: Callable[..., None] = _noop,
-          command: str | None = None) -> CarveResult:
-    """Write one test per recorded op of the session's trace into folder `output`."""
+          command: str | None = None, verify: bool | None = None) -> CarveResult:
+    """Write one test per recorded op of the session's trace into folder `output`.
+
+    Writing the suite runs nothing on the target. With `verify` (default: when the session's
+    target is remote, `--rpc` or `--tracker`), each carved op is also checked there first: its
+    isolated verdict, batched and spread over the session's lanes (one per tracker server), is
+    written into `meta.json` and the README, so the suite arrives with what the device said.
+    """
     started = time.perf_counter()
     max_mb = DEFAULT_CARVE_MAX_MB if max_mb is None else float(max_mb)
     if max_mb <= 0:
@@ -67,6 +80,15 @@ def carve(session, output, max_mb: float | None = None, progress: Callable[..., 
         module_path = f"{MODULES_DIR}/{op.index:03d}_{files.safe_name(op.name)}.py"
         (folder / module_path).write_text(unit.script.rstrip("\n") + "\n", encoding="utf-8")
         entries.append(unit.meta(module_path))
+    verdicts: dict[str, str] = {}
+    if verify if verify is not None else bool(session.rpc or session.tracker):
+        carved = [entry["index"] for entry in entries]
+        checked = session.isolated_many(carved, lambda done, count, what="": progress(
+            done, count, f"checking on {session.target}: {what}"))
+        for entry in entries:
+            verdict = checked[entry["index"]]
+            verdicts[entry["name"]] = verdict.status
+            entry["target_verdict"] = {"status": verdict.status, "summary": verdict.summary}
     progress(total, total, "writing data")
     writer.write(folder)
     files.copy_lib(folder)
@@ -85,11 +107,21 @@ def carve(session, output, max_mb: float | None = None, progress: Callable[..., 
         "compare_rule": lib.COMPARE_RULE, "command": command or "", "max_mb": max_mb,
         "skipped": skipped, "ops": entries,
     }
+    if verdicts:
+        meta["checked_on"] = _where(session)
     files.write_meta(folder, meta)
     size = files.write_readme_sized(folder, lambda n: _readme(meta, len(session.ops), writer.nbytes, n))
     return CarveResult(tests=len(entries), path=str(folder), bytes=size, skipped=skipped, ops=len(session.ops),
                        data_bytes=writer.nbytes, max_mb=max_mb, target=session.target,
-                       seconds=time.perf_counter() - started)
+                       seconds=time.perf_counter() - started, verdicts=verdicts)
+
+
+def _where(session) -> str:
+    if session.rpc:
+        return f"{session.target} via rpc {session.rpc}"
+    if session.tracker:
+        return f"{session.target} via tracker {session.tracker} key {session.rpc_key}"
+    return session.target
 
 
 def _readme(meta: dict, num_ops: int, data_bytes: int, total_bytes: int) -> str:
@@ -118,6 +150,19 @@ def _readme(meta: dict, num_ops: int, data_bytes: int, total_bytes: int) -> str:
     if transform and transform["env"]:
         lines += ["The transform reads environment variables; values at carve time: "
                   + ", ".join(f"`{k}={v}`" for k, v in transform["env"].items()) + ".", ""]
+    if meta.get("checked_on"):
+        checked = [entry for entry in meta["ops"] if "target_verdict" in entry]
+        bad = [entry for entry in checked if entry["target_verdict"]["status"] not in ("pass", "missing")]
+        lines += [f"## Checked on {meta['checked_on']}", "",
+                  f"When carving, each op ran once there, isolated: {len(checked) - len(bad)} of {len(checked)} "
+                  "passed (the verdicts are in `meta.json`, `target_verdict`)."
+                  + (" These did not:" if bad else ""), ""]
+        lines += [f"- op {entry['index']} `{entry['name']}` ({entry['op']}): {entry['target_verdict']['status']}"
+                  + (f": {entry['target_verdict']['summary']}" if entry["target_verdict"]["summary"] else "")
+                  for entry in bad[:50]]
+        if len(bad) > 50:
+            lines.append(f"- ... and {len(bad) - 50} more (see meta.json)")
+        lines.append("")
     if meta["skipped"]:
         lines += [f"## Left out ({len(meta['skipped'])})", ""] + [f"- {note}" for note in meta["skipped"]] + [""]
     lines += ["## Files", "",

@@ -200,12 +200,13 @@ class TraceReader:
         return self._guard(ds.name, lambda: json.loads(S.decode_str(ds.attrs[S.ATTR_STATS])))
 
     def tensor_bytes(self) -> int:
-        """Raw (uncompressed) bytes of all stored tensors: inputs, params, finished ops."""
+        """Raw (uncompressed) bytes of all stored tensors: inputs, params, finished ops (each once)."""
         datasets = [self._group(g)[n] for g in (S.GROUP_INPUTS, S.GROUP_PARAMS)
                     for n in self._group(g)]
         for index in self.finished_ops():
             datasets.extend(self._op_datasets(index))
-        return sum(int(ds.size) * ds.dtype.itemsize for ds in datasets)
+        unique = {ds.id: ds for ds in datasets}  # a tied param hard-linked under two names counts once
+        return sum(int(ds.size) * ds.dtype.itemsize for ds in unique.values())
 
     @property
     def file_size(self) -> int:

@@ -43,6 +43,14 @@ def _json_default(obj):
     raise TypeError(f"{type(obj).__name__} is not JSON serializable")
 
 
+def _memory_key(value) -> tuple | None:
+    """Identity of an array's memory and layout: equal keys mean the very same tensor (tied
+    weights such as GPT-2's wte / lm_head), so it can be stored once and hard-linked."""
+    if not isinstance(value, np.ndarray) or value.size == 0:
+        return None
+    return (value.__array_interface__["data"][0], value.shape, value.strides, value.dtype.str)
+
+
 def _check_name(name: str, what: str) -> str:
     if not isinstance(name, str) or not name or "/" in name or name in (".", ".."):
         raise ValueError(f"bad {what} name {name!r}: must be a non-empty string without '/'")
@@ -82,10 +90,18 @@ class TraceWriter:
         self._write_text(S.DS_IR_JSON, graph_json)
         self._write_text(S.DS_TVMSCRIPT, tvmscript)
         self._write_text(S.DS_OP_TABLE, _json(list(ops)))
+        written: dict[tuple, h5py.Dataset] = {}  # tied tensors (same memory) are stored once
         for group_name, tensors in ((S.GROUP_INPUTS, inputs), (S.GROUP_PARAMS, params)):
             group = f.create_group(group_name, track_order=True)  # keeps positional order
             for name, value in tensors.items():
-                self._write_tensor(group, _check_name(name, group_name[:-1]), value)
+                name = _check_name(name, group_name[:-1])
+                key = _memory_key(value)
+                if key is not None and key in written:
+                    group[name] = written[key]  # an HDF5 hard link: one dataset, two names
+                    continue
+                self._write_tensor(group, name, value)
+                if key is not None:
+                    written[key] = group[name]
         ops_group = f.create_group(S.GROUP_OPS)
         for index in range(len(ops)):
             self._new_op_group(ops_group, index, self.capture)
