@@ -340,7 +340,7 @@ a `tapml-dbg dump` command). Where a model config avoids it, the zoo does so and
    ```
    `TVM import of aten.index.Tensor ... index_tensor: cannot broadcast index shapes. Mismatch at
    axis 0: T.int64(32) vs T.int64(9)`. No ConvBERT config avoids `unfold`; the row stays failing.
-3. **`aten.amax` has no converter** (`torch.logsumexp`, max-reductions that keep dims):
+3. **`aten.amax` has no converter** (e.g. `torch.amax`, `torch.logsumexp`):
    ```python
    class M(torch.nn.Module):
        def forward(self, x):          # x: (4, 8)

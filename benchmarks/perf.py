@@ -74,13 +74,17 @@ torch.manual_seed(0)
 module, inputs = load_model(sys.argv[1])
 built = time.perf_counter()
 with torch.no_grad():
-    started = time.perf_counter(); module(*inputs); cold = time.perf_counter() - started
-    warm = []
+    started, cpu = time.perf_counter(), time.process_time()
+    module(*inputs)
+    cold, cold_cpu = time.perf_counter() - started, time.process_time() - cpu
+    warm, warm_cpu = [], []
     for _ in range(3):
-        started = time.perf_counter(); module(*inputs); warm.append(time.perf_counter() - started)
+        started, cpu = time.perf_counter(), time.process_time()
+        module(*inputs)
+        warm.append(time.perf_counter() - started); warm_cpu.append(time.process_time() - cpu)
 params = sum(p.numel() * p.element_size() for p in module.parameters())
-_emit({"build_s": built - t0, "cold_s": cold, "warm_s": min(warm), "param_bytes": params,
-       "process_s": time.perf_counter() - t0 - sum(warm)})
+_emit({"build_s": built - t0, "cold_s": cold, "warm_s": min(warm), "cold_cpu_s": cold_cpu,
+       "warm_cpu_s": min(warm_cpu), "param_bytes": params, "process_s": time.perf_counter() - t0 - sum(warm)})
 """
 
 RECORD = PRELUDE + """
@@ -100,12 +104,13 @@ def _sample():
 threading.Thread(target=_sample, daemon=True).start()
 _init, _finish = recorder._TraceSink.__init__, recorder._TraceSink.finish
 def _start(self, *args, **kwargs):
-    state["start"] = me.memory_info().rss
+    state["start"], state["cpu"] = me.memory_info().rss, time.process_time()
     state["peak"], state["on"] = state["start"], True
     _init(self, *args, **kwargs)
 def _stop(self):
     writer = _finish(self)
     state["peak"], state["on"] = max(state["peak"], me.memory_info().rss), False
+    state["run_cpu"] = time.process_time() - state["cpu"]  # all threads of the process
     return writer
 recorder._TraceSink.__init__, recorder._TraceSink.finish = _start, _stop
 result = recorder.record(sys.argv[1], sys.argv[2], window=sys.argv[3] or None)
@@ -123,7 +128,8 @@ _emit({"ops": result.ops, "total_s": result.seconds, "prepare_s": result.prepare
        "helpers": result.helper_ops, "host_helpers": result.host_helpers, "file_bytes": result.file_bytes,
        "op_tensor_bytes": activations, "tensor_bytes": stored, "activation_bytes": all_ops,
        "stored_ops": result.stored_ops, "process_s": time.perf_counter() - t0,
-       "run_start_rss": state["start"], "run_peak_rss": state["peak"], "run_growth_rss": state["peak"] - state["start"]})
+       "run_start_rss": state["start"], "run_peak_rss": state["peak"], "run_growth_rss": state["peak"] - state["start"],
+       "run_cpu_s": state["run_cpu"]})
 """
 
 WRITE = PRELUDE + """
@@ -335,14 +341,26 @@ def report(info: dict, rows: list[dict], scaling: list[dict]) -> None:
           "stats and writes, until the trace is closed.")
     print()
     print("| model | ops | eager cold | eager warm | record total | prepare | run | run / warm | run / cold | "
-          "total / cold | CPU s (record process) | helpers (host) |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "total / cold | helpers (host) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for row in rows:
         bare, rec = row["bare"], row["record"]
         print(f"| {row['model']} | {rec['ops']} | {bare['cold_s']:.2f} | {bare['warm_s']:.3f} | {rec['total_s']:.1f} "
               f"| {rec['prepare_s']:.1f} | {rec['run_s']:.2f} | {rec['run_s'] / bare['warm_s']:.1f}x | "
-              f"{rec['run_s'] / bare['cold_s']:.1f}x | {rec['total_s'] / bare['cold_s']:.1f}x | {rec['cpu']:.1f} | "
+              f"{rec['run_s'] / bare['cold_s']:.1f}x | {rec['total_s'] / bare['cold_s']:.1f}x | "
               f"{rec['helpers']} ({rec['host_helpers']}) |")
+    print()
+    print("The same in CPU seconds (user + system, all threads; less sensitive to other users of the machine "
+          "than wall time, but counts torch's 2 intra-op threads and the writer thread in full).")
+    print()
+    print("| model | eager cold CPU | eager warm CPU | record process CPU | run CPU | run CPU / warm CPU | "
+          "run CPU / cold CPU |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for row in rows:
+        bare, rec = row["bare"], row["record"]
+        print(f"| {row['model']} | {bare['cold_cpu_s']:.2f} | {bare['warm_cpu_s']:.3f} | {rec['cpu']:.1f} | "
+              f"{rec['run_cpu_s']:.2f} | {rec['run_cpu_s'] / max(bare['warm_cpu_s'], 1e-9):.1f}x | "
+              f"{rec['run_cpu_s'] / max(bare['cold_cpu_s'], 1e-9):.1f}x |")
     print()
     print("Trace size and write throughput. raw activations = every op's outputs at their dtypes; trace write = "
           "TraceWriter.write_op (stats + HDF5 + flushes) of the recorded op tensors; raw write = numpy tofile of "

@@ -17,6 +17,7 @@ GIL is not the bottleneck; compiling and running happen in the worker processes.
 from __future__ import annotations
 
 import heapq
+import os
 import queue
 import socket
 import threading
@@ -71,9 +72,11 @@ def free_servers(tracker: str, key: str | None, timeout_s: float = TRACKER_PROBE
 def plan_lanes(parallel: int | None, rpc: str | None, tracker: str | None, key: str | None) -> LanePlan:
     """Lanes for a session.
 
-    - tracker: one lane per free server for the key (`summary()["queue_info"][key]["free"]`);
-      `--parallel N` asks for N but never more than are free, since a lane whose lease waits in
-      the tracker's queue would look like a hanging unit and earn a false `timeout` verdict.
+    - tracker: one lane per free server for the key (`summary()["queue_info"][key]["free"]`),
+      at most one per CPU of this machine (every lane compiles here), so a big device farm is
+      not leased whole by default; `--parallel N` asks for N but never more than are free, since
+      a lane whose lease waits in the tracker's queue would look like a hanging unit and earn a
+      false `timeout` verdict.
     - `--rpc HOST:PORT`: one lane. A TVM RPC server serves one session at a time, so a second
       lane would wait for the first to end, which never happens.
     - local: `--parallel N` lanes (default 1). Useful for compile-bound work even on one device.
@@ -88,7 +91,7 @@ def plan_lanes(parallel: int | None, rpc: str | None, tracker: str | None, key: 
             return LanePlan(1, None, "" if parallel in (None, 1) else
                             f"--parallel {parallel}: could not read the tracker's summary; using one lane")
         if parallel is None:
-            return LanePlan(max(1, free), free)
+            return LanePlan(max(1, min(free, os.cpu_count() or 1)), free)
         if parallel > max(1, free):
             return LanePlan(max(1, free), free, f"--parallel {parallel}: the tracker has {free} free "
                             f"'{key}' server(s); using {max(1, free)} lane(s)")

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from ..errors import TraceError, UsageError
+from ..errors import TargetError, TraceError, UsageError
 from . import files
 from . import standalone as lib
 from .templates import CONFTEST_PY, PYTEST_INI, TEST_OPS_PY
@@ -37,6 +37,7 @@ class CarveResult:
     seconds: float = 0.0
     # when carved over a remote target: each op's isolated verdict there (status by op name)
     verdicts: dict[str, str] = field(default_factory=dict)
+    check_error: str = ""  # why the check on the target stopped (the suite is written all the same)
 
     @property
     def diverged(self) -> list[str]:
@@ -81,11 +82,16 @@ def carve(session, output, max_mb: float | None = None, progress: Callable[..., 
         (folder / module_path).write_text(unit.script.rstrip("\n") + "\n", encoding="utf-8")
         entries.append(unit.meta(module_path))
     verdicts: dict[str, str] = {}
+    check_error = ""
+    checked = {}
     if verify if verify is not None else bool(session.rpc or session.tracker):
         carved = [entry["index"] for entry in entries]
-        checked = session.isolated_many(carved, lambda done, count, what="": progress(
-            done, count, f"checking on {session.target}: {what}"))
-        for entry in entries:
+        try:
+            checked = session.isolated_many(carved, lambda done, count, what="": progress(
+                done, count, f"checking on {session.target}: {what}"))
+        except TargetError as exc:  # e.g. a kernel that takes the RPC server's session down
+            check_error = str(exc)
+        for entry in entries if checked else []:
             verdict = checked[entry["index"]]
             verdicts[entry["name"]] = verdict.status
             entry["target_verdict"] = {"status": verdict.status, "summary": verdict.summary}
@@ -109,11 +115,13 @@ def carve(session, output, max_mb: float | None = None, progress: Callable[..., 
     }
     if verdicts:
         meta["checked_on"] = _where(session)
+    if check_error:
+        meta["check_error"] = f"the check on {_where(session)} stopped: {check_error}"
     files.write_meta(folder, meta)
     size = files.write_readme_sized(folder, lambda n: _readme(meta, len(session.ops), writer.nbytes, n))
     return CarveResult(tests=len(entries), path=str(folder), bytes=size, skipped=skipped, ops=len(session.ops),
                        data_bytes=writer.nbytes, max_mb=max_mb, target=session.target,
-                       seconds=time.perf_counter() - started, verdicts=verdicts)
+                       seconds=time.perf_counter() - started, verdicts=verdicts, check_error=check_error)
 
 
 def _where(session) -> str:
@@ -163,6 +171,8 @@ def _readme(meta: dict, num_ops: int, data_bytes: int, total_bytes: int) -> str:
         if len(bad) > 50:
             lines.append(f"- ... and {len(bad) - 50} more (see meta.json)")
         lines.append("")
+    if meta.get("check_error"):
+        lines += ["## Not checked on the target", "", meta["check_error"] + ".", ""]
     if meta["skipped"]:
         lines += [f"## Left out ({len(meta['skipped'])})", ""] + [f"- {note}" for note in meta["skipped"]] + [""]
     lines += ["## Files", "",

@@ -1,6 +1,7 @@
 """The trace: one HDF5 file holding a model's graph, inputs, params and every op's outputs.
 
-The format (v1) is documented in docs/trace-format.md; `schema` holds its names.
+The format (v1.1) is documented in docs/trace-format.md; `schema` holds its names, `capture`
+the capture budgets (record a window of ops with tensors, every op with stats).
 """
 
 from .reader import TraceReader
