@@ -307,7 +307,6 @@ run in its own subprocess with a {timeout:.0f} s limit. Columns:
 KNOWN_CAUSES = {
     "falcon_mqa": "TVM limitation 1 below (negative index read out of bounds)",
     "convbert": "TVM limitation 2 below (`unfold` → `aten.index.Tensor` import)",
-    "beit": "a tapml-dbg importer bug (attribution of `aten.copy`), see the last section",
 }
 
 LIMITATIONS = """## Known TVM 0.27 limitations
@@ -379,22 +378,14 @@ a `tapml-dbg dump` command). Where a model config avoids it, the zoo does so and
 8. **`pow(x, 3.0)` on CUDA is NaN for negative x** (GPT-2's `gelu_new`): not on llvm, so not in
    this table; see `docs/cuda.md` (`tapml-dbg bisect gpt2.h5 --target cuda` names `pow_1`).
 
-## Failures that are tapml-dbg's own (open)
+## Failures that were tapml-dbg's own (fixed)
 
-- **`beit`: a false divergence at `slice_4`** (an attribution bug in the importer, not a TVM
-  bug: the model's output passes). `y[1:, 1:] = x` exports as `slice → aten.copy → slice_scatter`.
-  TVM's `copy` converter overwrites the importer's value of the destination slice with the
-  copied value, so `tapml_dbg/frontend/importer.py: _final_bindings` attributes the copy's
-  binding to the slice node and the recorder stores the slice's torch value for it:
-   ```python
-   class M(torch.nn.Module):
-       def forward(self, x):          # x: (3, 3)
-           y = torch.zeros(4, 4)
-           y[1:, 1:] = x
-           return y * 2
-   ```
-   `tapml-dbg bisect` reports `slice_2` (isolated) with the note that the divergence does not
-   persist to the model's output. BEiT builds its relative-position index this way.
+- **`beit`: a false divergence at `slice_4`** (importer attribution, fixed). `y[1:, 1:] = x`
+  exports as `slice → aten.copy → slice_scatter`; TVM's `copy` converter overwrites the
+  importer's value of the destination slice, so the copy's binding was credited to the slice
+  node and recorded with the slice's torch value. The importer now takes each node's value from
+  what its converter returned (`tapml_dbg/frontend/importer.py`); the repro is a test
+  (`tests/test_record.py::test_in_place_copy_is_attributed_to_the_copy_node`).
 """
 
 

@@ -110,3 +110,33 @@ def test_committed_sample_trace_replays_clean():
     with Session.open(ROOT / "traces" / "sample_mlp.h5") as session:
         assert len(session.ops) == 26
         assert not session.bisect().diverged
+
+
+SLICE_ASSIGN = '''
+import torch
+
+class SliceAssign(torch.nn.Module):
+    def forward(self, x):
+        y = torch.zeros(4, 4)
+        y[1:, 1:] = x  # exports as slice -> aten.copy -> slice_scatter
+        return y * 2
+
+def build():
+    return SliceAssign(), (torch.randn(3, 3),)
+'''
+
+
+def test_in_place_copy_is_attributed_to_the_copy_node(tmp_path):
+    """TVM's copy converter rewrites the destination slice's value; the slice must keep its own."""
+    spec = tmp_path / "slice_assign.py"
+    spec.write_text(SLICE_ASSIGN)
+    path = tmp_path / "t.h5"
+    record(str(spec), path)
+    with TraceReader(path) as reader:
+        by_name = {op["name"]: op for op in reader.ops}
+        assert by_name["copy"]["op"] == "aten.copy.default"
+        (sliced,) = reader.op_outputs(by_name["slice_2"]["index"])
+        assert not sliced.any(), "slice_2 is a slice of zeros; the copied values belong to `copy`"
+    result = run_cli("bisect", str(path), "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["diverged"] is False

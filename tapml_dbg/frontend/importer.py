@@ -73,14 +73,19 @@ def import_program(program) -> tuple[Graph, dict[str, Provenance]]:
     fixes = apply_import_fixes(importer)
     current: dict[str, object] = {"node": None}
     emitted: dict[str, str] = {}  # relax var name -> fx node name
+    # Each node's value as its converter returned it. Not `importer.env`: in-place converters
+    # (copy_, fill_, index_put_) overwrite the env entry of the node they write into.
+    returned: dict[str, object] = {}
 
     def wrap(convert):
         def converter(node, *rest):
             current["node"] = node
             try:
-                return convert(node, *rest)
+                value = convert(node, *rest)
             except Exception as exc:
                 raise _ImportFailure(node, exc) from exc
+            returned[node.name] = value
+            return value
         return converter
 
     importer.convert_map = {key: wrap(fn) for key, fn in importer.convert_map.items()}
@@ -110,7 +115,7 @@ def import_program(program) -> tuple[Graph, dict[str, Provenance]]:
     finally:
         relax.BlockBuilder.emit = original_emit
 
-    final_of_node = _final_bindings(importer)
+    final_of_node = _final_bindings(returned)
     graph, provenance = _build_graph(mod, nodes, emitted, final_of_node)
     graph.import_fixes = fixes
     return graph, provenance
@@ -122,7 +127,7 @@ class _ImportFailure(Exception):
         self.node, self.cause = node, cause
 
 
-def _final_bindings(importer) -> dict[str, Provenance]:
+def _final_bindings(returned: dict[str, object]) -> dict[str, Provenance]:
     """Relax var name → (FX node, tuple path) for vars that hold an FX node's own value."""
     from tvm import relax
 
@@ -138,9 +143,8 @@ def _final_bindings(importer) -> dict[str, Provenance]:
             for i, item in enumerate(value.fields):
                 visit(item, node_name, (path or ()) + (i,))
 
-    for node, value in importer.env.items():
-        if node.op == "call_function":
-            visit(value, node.name, None)
+    for node_name, value in returned.items():
+        visit(value, node_name, None)
     return result
 
 
