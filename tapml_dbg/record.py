@@ -2,9 +2,9 @@
 
 A torch source runs the decomposed FX graph node by node (the same graph that was imported),
 so each op gets the value torch eager computed for its FX node. Helper bindings that have no
-FX node of their own (the matmul inside an `addmm`, say) are computed from recorded values,
-bit for bit as tvm:llvm computes them: by numpy where that is provably the same (see
-`host_ops`), else by TVM llvm; the trace notes which.
+FX node of their own (the matmul inside an `addmm`, say) are computed from recorded values on
+the host (see `host_ops`: numpy for moves and correctly rounded elementwise ops, torch for
+matmuls), else by TVM llvm; the trace notes which.
 
 Speed and memory (docs/perf.md): values are freed after their last consumer; stats and HDF5
 writes run on a background thread fed through a byte-bounded queue, so they overlap the model
@@ -37,7 +37,7 @@ from .trace.capture import parse_size, plan_capture
 
 DEFAULT_SEED = 0
 HELPER_NOTE = "computed by tvm:llvm from recorded inputs (no FX node of its own)"
-HOST_NOTE = "computed on the host from recorded inputs, bit-identical to tvm:llvm (no FX node of its own)"
+HOST_NOTE = "computed on the host (numpy, or torch for a matmul) from recorded inputs (no FX node of its own)"
 WRITE_QUEUE_BYTES = 128 * 2**20  # values handed to the writer thread but not yet written
 WRITE_IN_BACKGROUND = os.environ.get("TAPML_WRITE_THREAD", "1") != "0"  # "0": stats and writes inline
 EAGER_REPEATS = 3  # best-of-N warm eager forwards timed after recording, for the ratio
@@ -55,7 +55,7 @@ class RecordResult:
     file_bytes: int
     prepare_seconds: float = 0.0  # torch.export + decomposition + TVM import + graph serialization
     run_seconds: float = 0.0  # every op run, its stats and writes, until the trace is closed
-    host_helpers: int = 0  # helpers numpy computed, bit-identical to tvm:llvm
+    host_helpers: int = 0  # helpers computed on the host (numpy / torch), not by TVM
     tvm_helpers: int = 0  # helpers tvm:llvm computed (verifications included)
     stored_ops: int = 0  # ops whose tensors are in the trace (all of them without a budget)
     capture: dict | None = None  # the capture budget (trace meta "capture"), None for a full trace

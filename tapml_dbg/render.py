@@ -53,7 +53,7 @@ def record_result(result) -> None:
                   f"{getattr(result, 'prepare_seconds', 0.0):.2f} s, run {run:.2f} s = {ratio} the bare eager "
                   f"forward ({eager:.2f} s, warm)")
     host = getattr(result, "host_helpers", 0)
-    console.print(f"  {result.helper_ops} helper ops: {host} on the host (bit-identical to tvm:llvm), "
+    console.print(f"  {result.helper_ops} helper ops: {host} on the host (numpy / torch), "
                   f"{result.helper_ops - host} on tvm:llvm")
     capture = getattr(result, "capture", None)
     if capture:

@@ -179,45 +179,6 @@ def test_cli_record_window_and_info(tmp_path):
     assert bad.returncode == 1 and "did you mean" in bad.stderr
 
 
-def test_host_helpers_are_bit_identical_to_tvm(tmp_path, monkeypatch):
-    """Every helper the host computes equals tvm:llvm's value bit for bit (checked op by op)."""
-    import tapml_dbg.host_ops as host_ops
-
-    for example in ("tiny_gpt2", "cnn"):
-        monkeypatch.setattr(host_ops, "HOST_OPS_MODE", "verify-all")
-        checked = record(str(EXAMPLES / f"{example}.py"), tmp_path / f"{example}_host.h5")
-        monkeypatch.setattr(host_ops, "HOST_OPS_MODE", "off")
-        by_tvm = record(str(EXAMPLES / f"{example}.py"), tmp_path / f"{example}_tvm.h5")
-        assert checked.host_helpers > 0 and by_tvm.host_helpers == 0
-        with TraceReader(tmp_path / f"{example}_host.h5") as a, TraceReader(tmp_path / f"{example}_tvm.h5") as b:
-            for index in range(len(a.ops)):
-                assert all(_same_bits(x, y) for x, y in zip(a.op_outputs(index), b.op_outputs(index))), index
-                assert a.op_stats(index) == b.op_stats(index)
-
-
-@pytest.mark.parametrize("dtype", ["float32", "float16"])
-@pytest.mark.parametrize("shape_a,shape_b", [((5, 37), (37, 9)), ((2, 3, 4, 70), (70, 6)), ((37,), (37, 5)),
-                                             ((3, 37), (37,)), ((2, 1, 4, 8), (3, 8, 5))])
-def test_matmul_sequential_matches_tvm_llvm(shape_a, shape_b, dtype):
-    import tvm
-    from tvm import relax
-
-    from tapml_dbg.host_ops import matmul_sequential
-
-    rng = np.random.default_rng(0)
-    a = (rng.standard_normal(shape_a) * 3).astype(dtype)
-    b = (rng.standard_normal(shape_b) * 3).astype(dtype)
-    x, y = relax.Var("x", relax.TensorType(shape_a, dtype)), relax.Var("y", relax.TensorType(shape_b, dtype))
-    builder = relax.BlockBuilder()
-    with builder.function("main", [x, y]):
-        out = builder.emit(relax.op.matmul(x, y))
-        builder.emit_func_output(out)
-    executable = tvm.compile(builder.get(), "llvm")
-    vm = relax.VirtualMachine(executable, tvm.cpu())
-    want = vm["main"](tvm.runtime.tensor(a, tvm.cpu()), tvm.runtime.tensor(b, tvm.cpu())).numpy()
-    assert _same_bits(matmul_sequential(a, b), want)
-
-
 def test_writer_stats_only_ops_and_what_a_v1_0_reader_sees(tmp_path):
     import h5py
 

@@ -1,0 +1,82 @@
+"""Helper ops on the host: elementwise ones are TVM's exact bits, matmuls are the source's (torch)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import EXAMPLES, run_cli
+from tapml_dbg.record import record
+from tapml_dbg.trace import TraceReader
+
+
+def _same_bits(a, b) -> bool:
+    a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
+    return a.shape == b.shape and a.dtype == b.dtype and a.tobytes() == b.tobytes()
+
+
+def test_host_helpers_equal_tvm_except_matmuls_which_are_close(tmp_path, monkeypatch):
+    """Every elementwise/move helper equals tvm:llvm bit for bit; a matmul helper (torch's) and what
+    reads it differ only by summation order."""
+    import tapml_dbg.host_ops as host_ops
+
+    for example in ("tiny_gpt2", "cnn"):
+        monkeypatch.setattr(host_ops, "HOST_OPS_MODE", "verify-all")
+        checked = record(str(EXAMPLES / f"{example}.py"), tmp_path / f"{example}_host.h5")
+        monkeypatch.setattr(host_ops, "HOST_OPS_MODE", "off")
+        by_tvm = record(str(EXAMPLES / f"{example}.py"), tmp_path / f"{example}_tvm.h5")
+        assert checked.host_helpers > 0 and by_tvm.host_helpers == 0
+        with TraceReader(tmp_path / f"{example}_host.h5") as a, TraceReader(tmp_path / f"{example}_tvm.h5") as b:
+            differ: set[str] = set()
+            for op in a.ops:
+                pairs = list(zip(a.op_outputs(op["index"]), b.op_outputs(op["index"])))
+                if all(_same_bits(x, y) for x, y in pairs):
+                    continue
+                differ.add(op["name"])
+                assert op["relax_op"] == "relax.matmul" or set(op["inputs"]) & differ, op["name"]
+                for x, y in pairs:
+                    np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-5 * float(np.abs(y).max() or 1))
+            if example == "tiny_gpt2":
+                assert differ, "tiny_gpt2's addmm helpers are matmuls: torch and TVM sum in other orders"
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "int64"])
+@pytest.mark.parametrize("shape_a,shape_b", [((5, 37), (37, 9)), ((2, 3, 4, 70), (70, 6)), ((37,), (37, 5)),
+                                             ((3, 37), (37,)), ((2, 1, 4, 8), (3, 8, 5))])
+def test_host_matmul_is_torch_matmul(shape_a, shape_b, dtype):
+    from tapml_dbg.host_ops import _HOST, _dtype, _from_torch, _to_torch
+
+    rng = np.random.default_rng(0)
+    a = (rng.standard_normal(shape_a) * 3).astype(_dtype(dtype))
+    b = (rng.standard_normal(shape_b) * 3).astype(_dtype(dtype))
+    want = _from_torch(torch.matmul(_to_torch(a), _to_torch(b)), _dtype(dtype))
+    out = _HOST["relax.matmul"]([a, b], None, want.shape, _dtype(dtype))
+    assert out is not None and _same_bits(out, want)
+    assert out.dtype == _dtype(dtype)
+
+
+FP16_LINEAR = '''
+import torch
+
+def build():
+    torch.manual_seed(0)
+    return torch.nn.Linear(16384, 32).half(), (torch.randn(16, 16384).half(),)
+'''
+
+
+def test_fp16_linear_matmul_accumulating_in_fp16_on_llvm_is_found(tmp_path):
+    """A real TVM 0.27 divergence: llvm's fp16 matmul sums in fp16 (torch sums in fp32). The
+    addmm's matmul helper has the source's value, so bisect names it, not the bias add."""
+    spec = tmp_path / "fp16_linear.py"
+    spec.write_text(FP16_LINEAR)
+    trace = tmp_path / "t.h5"
+    assert run_cli("record", str(spec), "-o", str(trace)).returncode == 0
+    result = run_cli("bisect", str(trace), "--json")
+    assert result.returncode == 0, result.stderr
+    found = json.loads(result.stdout)
+    assert found["diverged"] and found["op"]["name"] == "addmm_p0"
+    assert found["op"]["verdict"] == "isolated" and found["op"]["op"] == "aten.addmm.default"
+    assert found["op"]["metrics"]["scale_rel_err"] > 0.01
