@@ -33,6 +33,7 @@ from .frontend.graph import Graph, OpInfo
 from .frontend.importer import Provenance, export_program, import_program
 from .frontend.model_loader import load_model
 from .frontend.serialize import function_to_json
+from .heap import use_mmap_for_large_blocks
 from .trace.capture import parse_size, plan_capture
 
 DEFAULT_SEED = 0
@@ -76,6 +77,7 @@ def record(model_spec: str, out_path: str | Path, *, source: str = "torch", inpu
     if source != "torch" and not source.startswith("tvm:"):
         raise UsageError(f"unknown source {source!r}: use torch or tvm:TARGET (e.g. tvm:llvm)")
     max_bytes = parse_size(max_bytes)
+    use_mmap_for_large_blocks()  # else freed activations fragment the heap and RSS grows per op
     torch.manual_seed(seed)
     np.random.seed(seed)
     module, inputs = load_model(model_spec)
