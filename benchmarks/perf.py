@@ -15,6 +15,9 @@ leak into the next. For each model:
 - trace write vs raw write: the recorded op tensors written again, op by op and interleaved,
   once through `TraceWriter.write_op` (stats, HDF5, flushes) and once with numpy `tofile` into
   one flat file (flushed per op): the same bytes, in the same run;
+- disk floor: the trace file's size written again as one flat file in 16 MiB blocks (`os.write`,
+  no fsync, like the recorder), in its own process after the recording: what just moving the
+  trace's bytes to this disk costs, with no graph, stats or HDF5;
 - replay: the isolated verdict of every op (`Session.isolated_many`) and a bisect to a fault
   planted at the op in the middle, both with an empty compile cache, on tvm llvm, and the peak
   RSS of the replaying process tree;
@@ -47,7 +50,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 DEFAULT_MODELS = ["tiny_llama", "gpt2_124m", "cnn"]
-WINDOWS = {"gpt2_124m": "transformer.h.5"}
+WINDOWS = {"gpt2_124m": "transformer.h.5", "gpt2_124m_ctx1024": "transformer.h.5"}
 POLL_S = 0.05  # psutil sampling period of the process tree's RSS
 CHILD_TIMEOUT_S = 3600
 DEFAULT_REPEAT = 3  # bare and record runs per model: the machine is shared, so take the best
@@ -159,6 +162,20 @@ _emit({"bytes": total, "trace_s": trace_s, "raw_s": raw_s, "trace_file": os.path
        "raw_file": os.path.getsize(out_raw)})
 """
 
+DISK = PRELUDE + """
+size, path = int(sys.argv[1]), sys.argv[2]
+block = os.urandom(1 << 20) * 16  # 16 MiB, not zeros (no filesystem can skip them)
+started = time.perf_counter()
+fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+written = 0
+while written < size:
+    written += os.write(fd, block[: min(len(block), size - written)])
+os.close(fd)
+seconds = time.perf_counter() - started
+os.unlink(path)
+_emit({"bytes": written, "seconds": seconds})
+"""
+
 REPLAY = PRELUDE + """
 from conftest import fault_transform
 from pathlib import Path
@@ -265,6 +282,15 @@ def machine() -> dict:
             "torch threads": torch.get_num_threads(), "load average at start": os.getloadavg()}
 
 
+def _disk_columns(row: dict) -> str:
+    disk = row.get("disk")
+    if not disk:
+        return "- | - | -"
+    floor = disk["seconds"]
+    return (f"{floor:.2f} | {floor / row['bare']['cold_s']:.1f}x | "
+            f"{row['record']['run_s'] / floor:.1f}x")
+
+
 def mib(count: float) -> str:
     return f"{count / 2**20:,.0f} MiB" if count >= 2**20 else f"{count / 2**10:,.0f} KiB"
 
@@ -297,7 +323,8 @@ def main() -> None:
                 trace = work / f"{model}{'-w' if window else ''}.h5"
                 rec = best_of([run_child(RECORD, spec, str(trace), window or "") for _ in range(args.repeat)])
                 print(f"[{name}] record: {rec['total_s']:.1f} s (run {rec['run_s']:.1f} s)", file=sys.stderr)
-                row = {"model": name, "bare": bare, "record": rec}
+                row = {"model": name, "bare": bare, "record": rec,
+                       "disk": run_child(DISK, str(rec["file_bytes"]), str(work / "disk.bin"))}
                 if window is None:
                     row["write"] = run_child(WRITE, str(trace), str(work / "rewrite.h5"), str(work / "raw.bin"))
                     for leftover in ("rewrite.h5", "raw.bin"):
@@ -338,17 +365,18 @@ def report(info: dict, rows: list[dict], scaling: list[dict]) -> None:
     print()
     print("Record time (wall seconds). cold = first forward in a fresh process; warm = best of 3 after it. "
           "prepare = torch.export + decomposition + TVM import + graph serialization; run = every op, its "
-          "stats and writes, until the trace is closed.")
+          "stats and writes, until the trace is closed. disk floor = the trace file's bytes written as one flat "
+          "file in 16 MiB blocks, nothing else (its own process, right after the recording).")
     print()
     print("| model | ops | eager cold | eager warm | record total | prepare | run | run / warm | run / cold | "
-          "total / cold | helpers (host) |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "total / cold | disk floor | floor / cold | run / floor | helpers (host) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for row in rows:
         bare, rec = row["bare"], row["record"]
         print(f"| {row['model']} | {rec['ops']} | {bare['cold_s']:.2f} | {bare['warm_s']:.3f} | {rec['total_s']:.1f} "
               f"| {rec['prepare_s']:.1f} | {rec['run_s']:.2f} | {rec['run_s'] / bare['warm_s']:.1f}x | "
               f"{rec['run_s'] / bare['cold_s']:.1f}x | {rec['total_s'] / bare['cold_s']:.1f}x | "
-              f"{rec['helpers']} ({rec['host_helpers']}) |")
+              f"{_disk_columns(row)} | {rec['helpers']} ({rec['host_helpers']}) |")
     print()
     print("The same in CPU seconds (user + system, all threads; less sensitive to other users of the machine "
           "than wall time, but counts torch's 2 intra-op threads and the writer thread in full).")
