@@ -375,7 +375,11 @@ a `tapml-dbg dump` command). Where a model config avoids it, the zoo does so and
        def forward(self, x):          # x: (1, 2, 4, 4)
            return torch.nn.functional.max_pool2d(x, 2, return_indices=True)[1]
    ```
-8. **`pow(x, 3.0)` on CUDA is NaN for negative x** (GPT-2's `gelu_new`): not on llvm, so not in
+8. **fp16 `matmul` sums in fp16 on llvm** (torch sums in fp32 and rounds once): 3% off over
+   k=16384, 2% at k=4096. `tapml-dbg record examples/fp16_wide_projection.py -o t.h5 &&
+   tapml-dbg bisect t.h5` names `addmm_1_p0` (the matmul inside the down projection's `addmm`);
+   `tapml-dbg dump t.h5 --op addmm_1_p0 -o DIR` writes the repro. The zoo records in fp32.
+9. **`pow(x, 3.0)` on CUDA is NaN for negative x** (GPT-2's `gelu_new`): not on llvm, so not in
    this table; see `docs/cuda.md` (`tapml-dbg bisect gpt2.h5 --target cuda` names `pow_1`).
 
 ## Failures that were tapml-dbg's own (fixed)

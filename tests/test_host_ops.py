@@ -58,25 +58,15 @@ def test_host_matmul_is_torch_matmul(shape_a, shape_b, dtype):
     assert out.dtype == _dtype(dtype)
 
 
-FP16_LINEAR = '''
-import torch
-
-def build():
-    torch.manual_seed(0)
-    return torch.nn.Linear(16384, 32).half(), (torch.randn(16, 16384).half(),)
-'''
-
-
-def test_fp16_linear_matmul_accumulating_in_fp16_on_llvm_is_found(tmp_path):
+def test_fp16_matmul_accumulating_in_fp16_on_llvm_is_found_at_the_matmul(tmp_path):
     """A real TVM 0.27 divergence: llvm's fp16 matmul sums in fp16 (torch sums in fp32). The
-    addmm's matmul helper has the source's value, so bisect names it, not the bias add."""
-    spec = tmp_path / "fp16_linear.py"
-    spec.write_text(FP16_LINEAR)
+    addmm's matmul helper has the source's value, so bisect names it, not the bias add after it
+    (with helpers computed by TVM, as before, the blame fell on `addmm_1`)."""
     trace = tmp_path / "t.h5"
-    assert run_cli("record", str(spec), "-o", str(trace)).returncode == 0
+    assert run_cli("record", str(EXAMPLES / "fp16_wide_projection.py"), "-o", str(trace)).returncode == 0
     result = run_cli("bisect", str(trace), "--json")
     assert result.returncode == 0, result.stderr
     found = json.loads(result.stdout)
-    assert found["diverged"] and found["op"]["name"] == "addmm_p0"
+    assert found["diverged"] and found["op"]["name"] == "addmm_1_p0"
     assert found["op"]["verdict"] == "isolated" and found["op"]["op"] == "aten.addmm.default"
-    assert found["op"]["metrics"]["scale_rel_err"] > 0.01
+    assert found["op"]["metrics"]["scale_rel_err"] > 0.015
