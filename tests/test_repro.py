@@ -206,6 +206,26 @@ def test_compare_rule(case):
     assert lib.format_metrics(mine)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "int64"])
+def test_compare_in_blocks_equals_compare_in_one_block(monkeypatch, dtype):
+    """Big tensors are compared block by block (bounded memory); the figures must not change."""
+    rng = np.random.default_rng(1)
+    source = (rng.standard_normal((37, 29)) * 5).astype(dtype)
+    target = source + (rng.standard_normal(source.shape) * 1e-3).astype(dtype) if dtype == "float32" else source.copy()
+    target.reshape(-1)[::17] += 3
+    if dtype == "float32":
+        target.reshape(-1)[5], source.reshape(-1)[600] = np.nan, np.inf
+    whole = lib.compare(target.T, source.T, 1e-4, 1e-6)  # transposed: non-contiguous inputs too
+    monkeypatch.setattr(lib, "COMPARE_BLOCK", 100)
+    blocks = lib.compare(target.T, source.T, 1e-4, 1e-6)
+    assert whole["mismatched"] > 10 and not whole["passed"]
+    for key, value in whole.items():
+        if isinstance(value, float) and not math.isnan(value):
+            assert blocks[key] == pytest.approx(value, rel=1e-9), key
+        elif not isinstance(value, float):
+            assert blocks[key] == value, key
+
+
 def test_bits_round_trip_for_bfloat16_and_scalars(tmp_path):
     import ml_dtypes
 

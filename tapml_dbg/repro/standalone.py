@@ -139,14 +139,35 @@ def _is_float(dtype: str) -> bool:
     return dtype.startswith("float") or dtype.startswith("bfloat")
 
 
-def _cosine(a: np.ndarray, b: np.ndarray) -> float:
-    a, b = a.ravel(), b.ravel()
-    na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
-    if na == 0 and nb == 0:
-        return 1.0
-    if na == 0 or nb == 0:
-        return 0.0
-    return float(np.dot(a, b) / (na * nb))
+COMPARE_BLOCK = 1 << 20  # elements per block: the float64 temporaries stay ~10 x 8 MiB for any tensor
+
+
+def _blocks(target: np.ndarray, source: np.ndarray):
+    """(target, source) as float64, block by block (a 40M-element tensor in one go needs GiBs)."""
+    t, s = target.reshape(-1), source.reshape(-1)
+    for start in range(0, t.size, COMPARE_BLOCK):
+        yield (t[start:start + COMPARE_BLOCK].astype(np.float64),
+               s[start:start + COMPARE_BLOCK].astype(np.float64))
+
+
+class _Cosine:
+    """Cosine similarity accumulated over blocks."""
+
+    def __init__(self):
+        self.dot = self.aa = self.bb = 0.0
+
+    def add(self, a: np.ndarray, b: np.ndarray) -> None:
+        self.dot += float(np.dot(a, b))
+        self.aa += float(np.dot(a, a))
+        self.bb += float(np.dot(b, b))
+
+    def value(self) -> float:
+        na, nb = math.sqrt(self.aa), math.sqrt(self.bb)
+        if na == 0 and nb == 0:
+            return 1.0
+        if na == 0 or nb == 0:
+            return 0.0
+        return self.dot / (na * nb)
 
 
 def compare(target: np.ndarray, source: np.ndarray, rtol: float, atol: float) -> dict:
@@ -170,39 +191,51 @@ def _compare(target: np.ndarray, source: np.ndarray, rtol: float, atol: float) -
     if source.size == 0:
         return m
     if not _is_float(dtype_name(source)):
-        diff = target != source
-        m["mismatched"] = int(np.count_nonzero(diff))
-        m["bound"] = 0.0
-        if m["mismatched"]:
-            t64, s64 = target.astype(np.float64), source.astype(np.float64)
-            m["max_abs_err"] = float(np.max(np.abs(t64 - s64)))
-            m["scale_rel_err"] = m["max_abs_err"] / max(float(np.max(np.abs(s64))), 1.0)
-            m["cosine"] = _cosine(t64, s64)
-        m["passed"] = m["mismatched"] == 0
-        return m
-    t64, s64 = target.astype(np.float64), source.astype(np.float64)
-    t_nan, s_nan = np.isnan(t64), np.isnan(s64)
-    t_inf, s_inf = np.isinf(t64), np.isinf(s64)
-    m["nan_mismatch"] = int(np.count_nonzero(t_nan != s_nan))
-    same_inf = (t_inf & s_inf) & (np.sign(t64) == np.sign(s64))
-    m["inf_mismatch"] = int(np.count_nonzero((t_inf | s_inf) & ~same_inf & ~(t_nan | s_nan)))
-    finite = np.isfinite(t64) & np.isfinite(s64)
-    diff = np.abs(np.where(finite, t64 - s64, 0.0))
-    scale = float(np.max(np.abs(np.where(np.isfinite(s64), s64, 0.0))))
+        return _compare_exact(target, source, m)
+    scale = 0.0  # pass 1: the source's largest finite magnitude sets the bound
+    for _, s64 in _blocks(target, source):
+        scale = max(scale, float(np.max(np.abs(np.where(np.isfinite(s64), s64, 0.0)))))
+    bound = atol + rtol * scale
+    cosine = _Cosine()
+    for t64, s64 in _blocks(target, source):  # pass 2: every other figure
+        t_nan, s_nan = np.isnan(t64), np.isnan(s64)
+        t_inf, s_inf = np.isinf(t64), np.isinf(s64)
+        m["nan_mismatch"] += int(np.count_nonzero(t_nan != s_nan))
+        same_inf = (t_inf & s_inf) & (np.sign(t64) == np.sign(s64))
+        m["inf_mismatch"] += int(np.count_nonzero((t_inf | s_inf) & ~same_inf & ~(t_nan | s_nan)))
+        finite = np.isfinite(t64) & np.isfinite(s64)
+        diff = np.abs(np.where(finite, t64 - s64, 0.0))
+        m["max_abs_err"] = max(m["max_abs_err"], float(np.max(diff)))
+        significant = (np.abs(s64) > max(atol, 1e-30)) & finite
+        if np.any(significant):
+            m["max_rel_err"] = max(m["max_rel_err"], float(np.max(diff[significant] / np.abs(s64[significant]))))
+        cosine.add(np.where(finite, t64, 0.0), np.where(finite, s64, 0.0))
+        m["mismatched"] += int(np.count_nonzero(diff > bound))
     m["absmax"] = scale
-    m["max_abs_err"] = float(np.max(diff))
     m["scale_rel_err"] = m["max_abs_err"] / scale if scale > 0 else (0.0 if m["max_abs_err"] == 0 else math.inf)
-    significant = np.abs(s64) > max(atol, 1e-30)
-    if np.any(significant & finite):
-        m["max_rel_err"] = float(np.max(diff[significant & finite] / np.abs(s64[significant & finite])))
-    m["cosine"] = _cosine(np.where(finite, t64, 0.0), np.where(finite, s64, 0.0))
+    m["cosine"] = cosine.value()
     if m["nan_mismatch"] or m["inf_mismatch"]:  # finite-only figures would look perfect
         m["cosine"] = math.nan
         m["max_abs_err"] = math.inf
-    bound = atol + rtol * scale
     m["bound"] = bound
-    m["mismatched"] = int(np.count_nonzero(diff > bound)) + m["nan_mismatch"] + m["inf_mismatch"]
+    m["mismatched"] += m["nan_mismatch"] + m["inf_mismatch"]
     m["passed"] = m["max_abs_err"] <= bound and not m["nan_mismatch"] and not m["inf_mismatch"]
+    return m
+
+
+def _compare_exact(target: np.ndarray, source: np.ndarray, m: dict) -> dict:
+    """Integers and bools must match exactly; the float figures say by how much they do not."""
+    m["bound"] = 0.0
+    m["mismatched"] = int(np.count_nonzero(target != source))
+    if m["mismatched"]:
+        scale, cosine = 1.0, _Cosine()
+        for t64, s64 in _blocks(target, source):
+            m["max_abs_err"] = max(m["max_abs_err"], float(np.max(np.abs(t64 - s64))))
+            scale = max(scale, float(np.max(np.abs(s64))))
+            cosine.add(t64, s64)
+        m["scale_rel_err"] = m["max_abs_err"] / scale
+        m["cosine"] = cosine.value()
+    m["passed"] = m["mismatched"] == 0
     return m
 
 
