@@ -42,7 +42,7 @@ def main(models: list[str]) -> None:
         trace = work / f"{model}.h5"
         recorded = record(str(ROOT / "examples" / f"{model}.py"), trace)
         with Session.open(trace) as session:
-            middle = _middle_op(session)
+            middle = middle_op(session)
         transform = fault_transform(work, "scale", middle)
         cache = work / f"cache-{model}"
         row = {"model": model, "ops": recorded.ops, "fault at": f"#{session.by_name[middle].index} {middle}"}
@@ -73,7 +73,8 @@ def main(models: list[str]) -> None:
     shutil.rmtree(work, ignore_errors=True)
 
 
-def _middle_op(session) -> str:
+def middle_op(session) -> str:
+    """The first plain float32 op from the middle on: where the benchmarks plant their fault."""
     for op in session.ops[len(session.ops) // 2:]:
         if op.outputs and op.outputs[0].dtype == "float32" and op.relax_op.startswith("relax.") \
                 and "reshape" not in op.relax_op and not op.is_tuple:

@@ -35,6 +35,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 
+from bisect_bench import middle_op  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
+
 KEY = "cpu"
 DEFAULT_MODELS = ["tiny_gpt2", "tiny_llama"]
 WORKLOADS = ["isolated sweep", "compile_all", "bisect"]
@@ -62,7 +64,7 @@ def main() -> None:
             trace = work / f"{model}.h5"
             record(str(ROOT / "examples" / f"{model}.py"), trace)
             with Session.open(trace) as session:
-                middle = _middle_op(session)
+                middle = middle_op(session)
                 ops = len(session.ops)
             transform = fault_transform(work, "scale", middle)
             settings = [("1 server", dict(tracker=tracker.address, rpc_key=KEY, parallel=1)),
@@ -119,14 +121,6 @@ def _cpu() -> float:
     """CPU seconds of this process and of every child it waited for (workers; servers are separate)."""
     me, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return me.ru_utime + me.ru_stime + children.ru_utime + children.ru_stime
-
-
-def _middle_op(session) -> str:
-    for op in session.ops[len(session.ops) // 2:]:
-        if op.outputs and op.outputs[0].dtype == "float32" and op.relax_op.startswith("relax.") \
-                and "reshape" not in op.relax_op and not op.is_tuple:
-            return op.name
-    raise SystemExit("no float op to plant a fault in")
 
 
 def _print(rows: list[dict]) -> None:

@@ -360,6 +360,13 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
+def _table_head(header: str, left: int = 1) -> None:
+    """A markdown table's header row and its alignment row (`left` columns left-aligned, the rest right)."""
+    print(header)
+    count = header.count("|") - 1
+    print("|" + "|".join(["---"] * left + ["---:"] * (count - left)) + "|")
+
+
 def report(info: dict, rows: list[dict], scaling: list[dict]) -> None:
     print("machine: " + "; ".join(f"{k} {v}" for k, v in info.items()))
     print()
@@ -368,9 +375,8 @@ def report(info: dict, rows: list[dict], scaling: list[dict]) -> None:
           "stats and writes, until the trace is closed. disk floor = the trace file's bytes written as one flat "
           "file in 16 MiB blocks, nothing else (its own process, right after the recording).")
     print()
-    print("| model | ops | eager cold | eager warm | record total | prepare | run | run / warm | run / cold | "
+    _table_head("| model | ops | eager cold | eager warm | record total | prepare | run | run / warm | run / cold | "
           "total / cold | disk floor | floor / cold | run / floor | helpers (host) |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for row in rows:
         bare, rec = row["bare"], row["record"]
         print(f"| {row['model']} | {rec['ops']} | {bare['cold_s']:.2f} | {bare['warm_s']:.3f} | {rec['total_s']:.1f} "
@@ -381,9 +387,8 @@ def report(info: dict, rows: list[dict], scaling: list[dict]) -> None:
     print("The same in CPU seconds (user + system, all threads; less sensitive to other users of the machine "
           "than wall time, but counts torch's 2 intra-op threads and the writer thread in full).")
     print()
-    print("| model | eager cold CPU | eager warm CPU | record process CPU | run CPU | run CPU / warm CPU | "
+    _table_head("| model | eager cold CPU | eager warm CPU | record process CPU | run CPU | run CPU / warm CPU | "
           "run CPU / cold CPU |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
     for row in rows:
         bare, rec = row["bare"], row["record"]
         print(f"| {row['model']} | {bare['cold_cpu_s']:.2f} | {bare['warm_cpu_s']:.3f} | {rec['cpu']:.1f} | "
@@ -394,9 +399,8 @@ def report(info: dict, rows: list[dict], scaling: list[dict]) -> None:
           "TraceWriter.write_op (stats + HDF5 + flushes) of the recorded op tensors; raw write = numpy tofile of "
           "the same bytes, interleaved op by op in the same run.")
     print()
-    print("| model | raw activations | op tensors stored | params + inputs | trace file | file / stored tensors | "
+    _table_head("| model | raw activations | op tensors stored | params + inputs | trace file | file / stored tensors | "
           "trace write | raw write | trace / raw |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for row in rows:
         rec, write = row["record"], row.get("write")
         params = rec["tensor_bytes"] - rec["op_tensor_bytes"]
@@ -411,9 +415,8 @@ def report(info: dict, rows: list[dict], scaling: list[dict]) -> None:
     print("Peak RSS. process = getrusage maxrss of the one process; tree = psutil-sampled sum over the process "
           "and its children (replay runs its units in worker processes).")
     print()
-    print("| model | trace file | bare forward | record (process) | record / bare | run-phase growth | "
+    _table_head("| model | trace file | bare forward | record (process) | record / bare | run-phase growth | "
           "replay (tree) | replay / trace file |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for row in rows:
         bare, rec, replay = row["bare"], row["record"], row.get("replay")
         replay_text = f"{mib(replay['tree_peak_rss'])} | {replay['tree_peak_rss'] / rec['file_bytes']:.2f}" \
@@ -427,9 +430,8 @@ def report(info: dict, rows: list[dict], scaling: list[dict]) -> None:
               "the session's lanes); bisect = a 1% fault planted at the middle op, found by prefix probes + "
               "isolated confirmation + isolated sweep.")
         print()
-        print("| model | ops searched | isolated verdicts (s) | units | all pass | bisect (s) | probes | "
+        _table_head("| model | ops searched | isolated verdicts (s) | units | all pass | bisect (s) | probes | "
               "prefix probes | log2(ops) + 1 | found |")
-        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for row in rows:
             replay = row.get("replay")
             if not replay:
@@ -443,9 +445,8 @@ def report(info: dict, rows: list[dict], scaling: list[dict]) -> None:
         print()
         print("Memory vs number of ops: tiny_gpt2 (width 64, seq 64) with 2 and 24 layers.")
         print()
-        print("| layers | ops | params | bare forward peak RSS | record peak RSS | RSS at run start | "
-              "run-phase peak RSS | run-phase growth |")
-        print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+        _table_head("| layers | ops | params | bare forward peak RSS | record peak RSS | RSS at run start | "
+              "run-phase peak RSS | run-phase growth |", left=0)
         for item in scaling:
             rec, bare = item["record"], item["bare"]
             print(f"| {item['layers']} | {rec['ops']} | {mib(bare['param_bytes'])} | {mib(bare['maxrss'])} | "

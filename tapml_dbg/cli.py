@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.argv = argv
     _quiet_libraries()
-    from . import render
+    from .repl import console as render
 
     try:
         handler = _HANDLERS[args.command]

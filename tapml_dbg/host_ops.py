@@ -231,12 +231,14 @@ def _matmul(args, attrs, shape, dtype):
     """torch.matmul, as the source computes it (batched, broadcast and 1-D operands included)."""
     import torch
 
+    from .record import to_numpy
+
     a, b = args[0], args[1]
     if a.dtype != dtype or b.dtype != dtype or dtype.kind not in "fiu" and dtype != _dtype("bfloat16"):
         return None
     if a.ndim == 0 or b.ndim == 0:
         return None
-    out = _from_torch(torch.matmul(_to_torch(a), _to_torch(b)), dtype)
+    out = to_numpy(torch.matmul(_to_torch(a), _to_torch(b)))
     return out if tuple(out.shape) == tuple(shape) else None
 
 
@@ -246,14 +248,6 @@ def _to_torch(array: np.ndarray):
     if array.dtype == _dtype("bfloat16"):  # numpy's bfloat16 (ml_dtypes) is not torch's: share the bits
         return torch.from_numpy(np.ascontiguousarray(array).view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(np.ascontiguousarray(array))
-
-
-def _from_torch(tensor, dtype: np.dtype) -> np.ndarray:
-    import torch
-
-    if tensor.dtype == torch.bfloat16:
-        return tensor.view(torch.int16).numpy().view(dtype)
-    return tensor.numpy()
 
 
 def _binary(ufunc, kinds: str):

@@ -131,7 +131,7 @@ def to_numpy(tensor) -> np.ndarray:
 
 
 def _record_graph(model_spec, out_path, graph: Graph, provenance, program, module, inputs, source, seed,
-                  compression, progress, started, plan=None, phases=None, ops_json=None) -> RecordResult:
+                  compression, progress, started, plan, phases, ops_json) -> RecordResult:
     import torch
     import tvm
 
@@ -139,7 +139,7 @@ def _record_graph(model_spec, out_path, graph: Graph, provenance, program, modul
     from .host_ops import HostOps
     from .trace import TraceWriter
 
-    phases = dict(phases or {})
+    phases = dict(phases)
     serialize_started = time.perf_counter()
     input_arrays = {name: to_numpy(t) for (name, _), t in zip(graph.inputs, inputs)}
     param_arrays = _param_arrays(graph, program)
@@ -154,8 +154,7 @@ def _record_graph(model_spec, out_path, graph: Graph, provenance, program, modul
     if plan is not None:
         meta["capture"] = plan.to_meta()
     header = dict(meta=meta, graph_json=_graph_json(graph), tvmscript=graph.mod.script(),
-                  ops=ops_json if ops_json is not None else [op.to_json() for op in graph.ops],
-                  inputs=input_arrays, params=param_arrays,
+                  ops=ops_json, inputs=input_arrays, params=param_arrays,
                   compression=compression, capture=plan is not None)
     run_started = time.perf_counter()
     phases["serialize"] = run_started - serialize_started

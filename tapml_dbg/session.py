@@ -93,6 +93,15 @@ class Session:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    @property
+    def where(self) -> str:
+        """The target and how it is reached, as reports name it ("cuda via rpc HOST:PORT")."""
+        if self.rpc:
+            return f"{self.target} via rpc {self.rpc}"
+        if self.tracker:
+            return f"{self.target} via tracker {self.tracker} key {self.rpc_key}"
+        return self.target
+
     def close(self) -> None:
         self.pool.close()
         self.reader.close()

@@ -28,24 +28,34 @@ def wait_for_port(port: int, timeout: float = 60.0) -> None:
 
 
 class Server:
-    """`python -m tvm.exec.rpc_server` bound to 127.0.0.1 only."""
+    """`python -m tvm.exec.rpc_server` bound to 127.0.0.1 only; with `log_path`, its log tells how
+    many sessions it served."""
 
-    def __init__(self, port: int | None = None, tracker: str | None = None, key: str = "cpu"):
+    def __init__(self, port: int | None = None, tracker: str | None = None, key: str = "cpu", log_path=None):
         self.port = port or free_port()
+        self.log_path = log_path
         command = [sys.executable, "-m", "tvm.exec.rpc_server", "--host", "127.0.0.1", "--port", str(self.port),
                    "--port-end", str(self.port + 1)]
         if tracker:
             command += ["--tracker", tracker, "--key", key]
         # its own process group: the server forks one child per session, and "the server dies"
         # must take the children (and so the live connection) with it
-        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                        start_new_session=True)
+        log = open(log_path, "wb") if log_path else subprocess.DEVNULL
+        try:
+            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT if log_path else log,
+                                            start_new_session=True)
+        finally:
+            if log_path:
+                log.close()
         if not tracker:
             wait_for_port(self.port)
 
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    def sessions(self) -> int:
+        return self.log_path.read_text(errors="replace").count("connected from")
 
     def stop(self) -> None:
         try:

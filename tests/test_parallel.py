@@ -7,16 +7,12 @@ Real TVM RPC servers and a tracker on 127.0.0.1 (see rpc_helpers.py).
 from __future__ import annotations
 
 import json
-import os
 import random
-import signal
-import subprocess
-import sys
 
 import pytest
 
 from conftest import fault_transform, run_cli
-from rpc_helpers import Tracker, free_port
+from rpc_helpers import Server, Tracker, free_port
 from tapml_dbg.backends.pool import plan_lanes
 from tapml_dbg.bisect import SearchTrace, first_failing, first_failing_speculative
 from tapml_dbg.errors import UsageError
@@ -25,35 +21,12 @@ from tapml_dbg.session import Session
 KEY = "cpu"
 
 
-class LoggedServer:
-    """`python -m tvm.exec.rpc_server` on 127.0.0.1 whose log tells how many sessions it served."""
-
-    def __init__(self, tracker: str, log_path):
-        self.port = free_port()
-        self.log_path = log_path
-        with open(log_path, "wb") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "tvm.exec.rpc_server", "--host", "127.0.0.1", "--port", str(self.port),
-                 "--port-end", str(self.port + 1), "--tracker", tracker, "--key", KEY],
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-
-    def sessions(self) -> int:
-        return self.log_path.read_text(errors="replace").count("connected from")
-
-    def stop(self) -> None:
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.process.wait(timeout=10)
-
-
 @pytest.fixture(scope="module")
 def farm(tmp_path_factory):
     """A tracker with two servers under one key."""
     folder = tmp_path_factory.mktemp("farm")
     tracker = Tracker()
-    servers = [LoggedServer(tracker.address, folder / f"server{n}.log") for n in range(2)]
+    servers = [Server(tracker=tracker.address, key=KEY, log_path=folder / f"server{n}.log") for n in range(2)]
     try:
         tracker.wait_for_servers(KEY, 2)
         yield tracker, servers

@@ -94,14 +94,6 @@ def offload_summary(session) -> str:
     return f"{', '.join(spans)} ({len(indices)} of {len(session.ops)} ops)"
 
 
-def target_label(session) -> str:
-    if session.rpc:
-        return f"{session.target} via rpc {session.rpc}"
-    if session.tracker:
-        return f"{session.target} via tracker {session.tracker} key {session.rpc_key}"
-    return session.target
-
-
 def _clamp_range(session, indices: list[int]) -> list[int]:
     return [i for i in indices if 0 <= i < len(session.ops)]
 
@@ -177,7 +169,7 @@ def cmd_where(ctx: Context, args: list[str]):
     _need(args, 0, 0)
     session = ctx.session
     op = session.ops[session.position] if session.position < len(session.ops) else None
-    return R.WhereResult(session.position, len(session.ops), op, ctx.state.last, target_label(session),
+    return R.WhereResult(session.position, len(session.ops), op, ctx.state.last, session.where,
                          ctx.state.mode, offload_summary(session), len(ctx.state.breakpoints))
 
 

@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ..render import human_bytes, verdict_style
+from .console import human_bytes, verdict_style
 from ..verdicts import BisectResult, StepResult, Verdict
 from . import results as R
 

@@ -114,22 +114,14 @@ def carve(session, output, max_mb: float | None = None, progress: Callable[..., 
         "skipped": skipped, "ops": entries,
     }
     if verdicts:
-        meta["checked_on"] = _where(session)
+        meta["checked_on"] = session.where
     if check_error:
-        meta["check_error"] = f"the check on {_where(session)} stopped: {check_error}"
+        meta["check_error"] = f"the check on {session.where} stopped: {check_error}"
     files.write_meta(folder, meta)
     size = files.write_readme_sized(folder, lambda n: _readme(meta, len(session.ops), writer.nbytes, n))
     return CarveResult(tests=len(entries), path=str(folder), bytes=size, skipped=skipped, ops=len(session.ops),
                        data_bytes=writer.nbytes, max_mb=max_mb, target=session.target,
                        seconds=time.perf_counter() - started, verdicts=verdicts, check_error=check_error)
-
-
-def _where(session) -> str:
-    if session.rpc:
-        return f"{session.target} via rpc {session.rpc}"
-    if session.tracker:
-        return f"{session.target} via tracker {session.tracker} key {session.rpc_key}"
-    return session.target
 
 
 def _readme(meta: dict, num_ops: int, data_bytes: int, total_bytes: int) -> str:

@@ -142,12 +142,11 @@ def _is_float(dtype: str) -> bool:
 COMPARE_BLOCK = 1 << 20  # elements per block: the float64 temporaries stay ~10 x 8 MiB for any tensor
 
 
-def _blocks(target: np.ndarray, source: np.ndarray):
-    """(target, source) as float64, block by block (a 40M-element tensor in one go needs GiBs)."""
-    t, s = target.reshape(-1), source.reshape(-1)
-    for start in range(0, t.size, COMPARE_BLOCK):
-        yield (t[start:start + COMPARE_BLOCK].astype(np.float64),
-               s[start:start + COMPARE_BLOCK].astype(np.float64))
+def _blocks(*flat: np.ndarray):
+    """Aligned slices of 1-D arrays, COMPARE_BLOCK elements at a time: float64 copies of a block stay
+    small, while a 40M-element tensor converted in one go needs GiBs."""
+    for start in range(0, flat[0].size, COMPARE_BLOCK):
+        yield tuple(array[start:start + COMPARE_BLOCK] for array in flat)
 
 
 class _Cosine:
@@ -190,14 +189,17 @@ def _compare(target: np.ndarray, source: np.ndarray, rtol: float, atol: float) -
         return m
     if source.size == 0:
         return m
+    target, source = target.reshape(-1), source.reshape(-1)  # one copy at most, if not contiguous
     if not _is_float(dtype_name(source)):
         return _compare_exact(target, source, m)
     scale = 0.0  # pass 1: the source's largest finite magnitude sets the bound
-    for _, s64 in _blocks(target, source):
+    for (s_block,) in _blocks(source):
+        s64 = s_block.astype(np.float64)
         scale = max(scale, float(np.max(np.abs(np.where(np.isfinite(s64), s64, 0.0)))))
     bound = atol + rtol * scale
     cosine = _Cosine()
-    for t64, s64 in _blocks(target, source):  # pass 2: every other figure
+    for t_block, s_block in _blocks(target, source):  # pass 2: every other figure
+        t64, s64 = t_block.astype(np.float64), s_block.astype(np.float64)
         t_nan, s_nan = np.isnan(t64), np.isnan(s64)
         t_inf, s_inf = np.isinf(t64), np.isinf(s64)
         m["nan_mismatch"] += int(np.count_nonzero(t_nan != s_nan))
@@ -229,7 +231,8 @@ def _compare_exact(target: np.ndarray, source: np.ndarray, m: dict) -> dict:
     m["mismatched"] = int(np.count_nonzero(target != source))
     if m["mismatched"]:
         scale, cosine = 1.0, _Cosine()
-        for t64, s64 in _blocks(target, source):
+        for t_block, s_block in _blocks(target, source):
+            t64, s64 = t_block.astype(np.float64), s_block.astype(np.float64)
             m["max_abs_err"] = max(m["max_abs_err"], float(np.max(np.abs(t64 - s64))))
             scale = max(scale, float(np.max(np.abs(s64))))
             cosine.add(t64, s64)

@@ -1,4 +1,4 @@
-"""Rich rendering of engine results for the CLI (the REPL reuses these)."""
+"""Rich rendering of engine results for the CLI (the REPL reuses `human_bytes`, `verdict_style`)."""
 
 from __future__ import annotations
 
