@@ -33,8 +33,8 @@ DEFAULT_MODELS = ["tiny_llama", "gpt2_124m"]
 
 def main(models: list[str]) -> None:
     from conftest import fault_transform
-    from tapml_dbg.record import record
-    from tapml_dbg.session import Session
+    from tapml_dbg.record.recorder import record
+    from tapml_dbg.engine.session import Session
 
     work = Path(tempfile.mkdtemp(prefix="tapml-bench-"))
     rows = []

@@ -95,7 +95,7 @@ def _stage_import(spec: str, row: dict) -> tuple[bool, str]:
 
     from tapml_dbg.frontend.importer import export_program, import_program
     from tapml_dbg.frontend.model_loader import load_model
-    from tapml_dbg.record import DEFAULT_SEED
+    from tapml_dbg.record.recorder import DEFAULT_SEED
 
     torch.manual_seed(DEFAULT_SEED)
     module, inputs = load_model(spec)
@@ -110,7 +110,7 @@ def _stage_import(spec: str, row: dict) -> tuple[bool, str]:
 
 
 def _stage_record(spec: str, trace: Path, row: dict) -> tuple[bool, str]:
-    from tapml_dbg.record import record
+    from tapml_dbg.record.recorder import record
     from tapml_dbg.trace import TraceReader
 
     result = record(spec, trace)
@@ -127,7 +127,7 @@ def _stage_record(spec: str, trace: Path, row: dict) -> tuple[bool, str]:
 
 
 def _stage_clean(trace: Path, target: str, cache: Path, state: dict) -> tuple[bool, str]:
-    from tapml_dbg.session import Session
+    from tapml_dbg.engine.session import Session
 
     with Session.open(trace, target=target, cache_dir=cache) as session:
         result = session.bisect()
@@ -163,7 +163,7 @@ def _fault_op(session) -> str | None:
 
 def _stage_fault(trace: Path, target: str, cache: Path, work: Path, state: dict) -> tuple[bool, str]:
     from conftest import fault_transform
-    from tapml_dbg.session import Session
+    from tapml_dbg.engine.session import Session
 
     op = state.get("fault_op")
     if op is None:

@@ -25,7 +25,7 @@ def main(trace_dir: Path, report: Path | None) -> int:
     import tvm
 
     from conftest import fault_transform
-    from tapml_dbg.session import Session
+    from tapml_dbg.engine.session import Session
 
     device = tvm.cuda(0)
     if not device.exist:

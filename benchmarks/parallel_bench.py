@@ -51,8 +51,8 @@ def main() -> None:
 
     from conftest import fault_transform
     from rpc_helpers import Server, Tracker
-    from tapml_dbg.record import record
-    from tapml_dbg.session import Session
+    from tapml_dbg.record.recorder import record
+    from tapml_dbg.engine.session import Session
 
     work = Path(tempfile.mkdtemp(prefix="tapml-parallel-bench-"))
     tracker = Tracker()

@@ -94,7 +94,7 @@ RECORD = PRELUDE + """
 import math, threading
 import psutil
 t0 = time.perf_counter()
-import tapml_dbg.record as recorder
+import tapml_dbg.record.recorder as recorder
 # RSS when the run phase starts (after export and import) and its peak during the run phase,
 # sampled by a thread: what the run itself adds, independent of the graph's size
 state = {"start": 0, "peak": 0, "on": False}
@@ -179,7 +179,7 @@ _emit({"bytes": written, "seconds": seconds})
 REPLAY = PRELUDE + """
 from conftest import fault_transform
 from pathlib import Path
-from tapml_dbg.session import Session
+from tapml_dbg.engine.session import Session
 trace, cache, folder = sys.argv[1], sys.argv[2], Path(sys.argv[3])
 out = {}
 with Session.open(trace, cache_dir=cache + "-sweep") as session:

@@ -18,7 +18,7 @@ def run_cli(*args: str, env: dict | None = None, timeout: float = 600, cwd: str 
     """Run `tapml-dbg ARGS` in a fresh interpreter; returns the CompletedProcess."""
     full_env = dict(os.environ)
     full_env.update(env or {})
-    return subprocess.run([sys.executable, "-m", "tapml_dbg.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "tapml_dbg", *args], capture_output=True, text=True,
                           env=full_env, timeout=timeout, cwd=cwd)
 
 

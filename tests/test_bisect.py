@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import EXAMPLES, fault_transform, run_cli
-from tapml_dbg.session import Session
+from tapml_dbg.engine.session import Session
 
 
 def _bisect(path, folder=None, fault=None, op=None, sweep=True, **settings):

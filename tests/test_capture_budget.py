@@ -9,8 +9,8 @@ import pytest
 
 from conftest import EXAMPLES, fault_transform, run_cli
 from tapml_dbg.errors import UsageError
-from tapml_dbg.record import record
-from tapml_dbg.session import Session
+from tapml_dbg.record.recorder import record
+from tapml_dbg.engine.session import Session
 from tapml_dbg.trace import TraceReader
 from tapml_dbg.trace.capture import CapturePlan, op_bytes, parse_size, plan_capture
 

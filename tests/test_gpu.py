@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import fault_transform
-from tapml_dbg.session import Session
+from tapml_dbg.engine.session import Session
 
 
 def _has_cuda() -> bool:

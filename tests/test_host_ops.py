@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from conftest import EXAMPLES, run_cli
-from tapml_dbg.record import record
+from tapml_dbg.record.recorder import record
 from tapml_dbg.trace import TraceReader
 
 
@@ -21,7 +21,7 @@ def _same_bits(a, b) -> bool:
 def test_host_helpers_equal_tvm_except_matmuls_which_are_close(tmp_path, monkeypatch):
     """Every elementwise/move helper equals tvm:llvm bit for bit; a matmul helper (torch's) and what
     reads it differ only by summation order."""
-    import tapml_dbg.host_ops as host_ops
+    import tapml_dbg.record.host_ops as host_ops
 
     for example in ("tiny_gpt2", "cnn"):
         monkeypatch.setattr(host_ops, "HOST_OPS_MODE", "verify-all")
@@ -47,8 +47,8 @@ def test_host_helpers_equal_tvm_except_matmuls_which_are_close(tmp_path, monkeyp
 @pytest.mark.parametrize("shape_a,shape_b", [((5, 37), (37, 9)), ((2, 3, 4, 70), (70, 6)), ((37,), (37, 5)),
                                              ((3, 37), (37,)), ((2, 1, 4, 8), (3, 8, 5))])
 def test_host_matmul_is_torch_matmul(shape_a, shape_b, dtype):
-    from tapml_dbg.host_ops import _HOST, _dtype, _to_torch
-    from tapml_dbg.record import to_numpy
+    from tapml_dbg.record.host_ops import _HOST, _dtype, _to_torch
+    from tapml_dbg.record.recorder import to_numpy
 
     rng = np.random.default_rng(0)
     a = (rng.standard_normal(shape_a) * 3).astype(_dtype(dtype))

@@ -13,10 +13,10 @@ import pytest
 
 from conftest import fault_transform, run_cli
 from rpc_helpers import Server, Tracker, free_port
-from tapml_dbg.backends.pool import plan_lanes
-from tapml_dbg.bisect import SearchTrace, first_failing, first_failing_speculative
+from tapml_dbg.runtime.pool import plan_lanes
+from tapml_dbg.engine.search import SearchTrace, first_failing, first_failing_speculative
 from tapml_dbg.errors import UsageError
-from tapml_dbg.session import Session
+from tapml_dbg.engine.session import Session
 
 KEY = "cpu"
 

@@ -11,8 +11,8 @@ import torch
 from conftest import EXAMPLES, run_cli
 from tapml_dbg.frontend.importer import export_program, import_program
 from tapml_dbg.frontend.model_loader import load_model
-from tapml_dbg.frontend.serialize import function_from_json
-from tapml_dbg.record import record
+from tapml_dbg.model.serialize import function_from_json
+from tapml_dbg.record.recorder import record
 from tapml_dbg.trace import TraceReader
 
 
@@ -105,7 +105,7 @@ def test_tvm_source(tmp_path):
 
 def test_committed_sample_trace_replays_clean():
     from conftest import ROOT
-    from tapml_dbg.session import Session
+    from tapml_dbg.engine.session import Session
 
     with Session.open(ROOT / "traces" / "sample_mlp.h5") as session:
         assert len(session.ops) == 26

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from tapml_dbg.compare import TolerancePolicy
-from tapml_dbg.repl import commands as C
-from tapml_dbg.repl.app import Repl, make_console
-from tapml_dbg.repl.completion import suggest
-from tapml_dbg.repl.parsing import ArgError, parse_slice, split_commands
+from tapml_dbg.judge.compare import TolerancePolicy
+from tapml_dbg.ui.repl import commands as C
+from tapml_dbg.ui.repl.app import Repl, make_console
+from tapml_dbg.ui.repl.completion import suggest
+from tapml_dbg.ui.repl.parsing import ArgError, parse_slice, split_commands
 
 ROOT = Path(__file__).resolve().parents[1]
 FAULTS = ROOT / "tests" / "transforms" / "faults.py"
@@ -32,7 +32,7 @@ def trace(tmp_path_factory) -> Path:
     path = tmp_path_factory.getbasetemp() / "repl-trace" / "mlp.h5"
     if not path.exists():
         path.parent.mkdir(exist_ok=True)
-        subprocess.run([sys.executable, "-m", "tapml_dbg.cli", "record", str(ROOT / "examples" / "mlp.py"),
+        subprocess.run([sys.executable, "-m", "tapml_dbg", "record", str(ROOT / "examples" / "mlp.py"),
                         "-o", str(path)], check=True, cwd=ROOT, capture_output=True)
     return path
 
@@ -53,7 +53,7 @@ def faults(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def faulty_session(trace, faults):
     """An engine session whose target multiplies gelu_1's result by 1.01."""
-    from tapml_dbg.session import Session
+    from tapml_dbg.engine.session import Session
 
     old = os.environ.get("TAPML_FAULT_OP")
     os.environ["TAPML_FAULT_OP"] = FAULT_OP  # the worker process reads it when it starts
@@ -155,7 +155,7 @@ def test_suggest_commands_ops_layers_keywords(faulty_session):
 def test_prompt_toolkit_completer_only_maps_suggest(faulty_session):
     from prompt_toolkit.document import Document
 
-    from tapml_dbg.repl.completion import make_completer
+    from tapml_dbg.ui.repl.completion import make_completer
 
     completions = list(make_completer(faulty_session).get_completions(Document("print gelu"), None))
     assert [(c.text, c.start_position) for c in completions] == [("gelu", -4), ("gelu_1", -4), ("gelu_2", -4)]
@@ -361,7 +361,7 @@ def test_reset_and_quit(t):
 # ------------------------------------------------------------------ the real CLI, non-interactively
 def _cli(trace: Path, *args: str, fault: str | None = None, faults: Path = FAULTS) -> subprocess.CompletedProcess:
     env = dict(os.environ, TAPML_FAULT_OP=FAULT_OP)
-    command = [sys.executable, "-m", "tapml_dbg.cli", "replay", str(trace)]
+    command = [sys.executable, "-m", "tapml_dbg", "replay", str(trace)]
     if fault:
         command += ["--transform", f"{faults}:{fault}"]
     return subprocess.run(command + list(args), cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
@@ -396,9 +396,9 @@ def test_cli_script_finds_the_fault_and_fails_on_a_bad_command(trace, faults, tm
 def test_a_missing_script_fails_before_the_session_opens(tmp_path):
     import argparse
 
-    from tapml_dbg.cli import main
+    from tapml_dbg.ui.cli import main
     from tapml_dbg.errors import UsageError
-    from tapml_dbg.repl.app import run_replay
+    from tapml_dbg.ui.repl.app import run_replay
 
     args = argparse.Namespace(trace=str(tmp_path / "no-trace.h5"), commands=None, script=str(tmp_path / "none.txt"))
     with pytest.raises(UsageError, match="cannot read the script"):

@@ -39,7 +39,7 @@ def trace(tmp_path_factory) -> Path:
     path = tmp_path_factory.getbasetemp() / "repl-trace" / "mlp.h5"
     if not path.exists():
         path.parent.mkdir(exist_ok=True)
-        subprocess.run([sys.executable, "-m", "tapml_dbg.cli", "record", str(ROOT / "examples" / "mlp.py"),
+        subprocess.run([sys.executable, "-m", "tapml_dbg", "record", str(ROOT / "examples" / "mlp.py"),
                         "-o", str(path)], check=True, cwd=ROOT, capture_output=True)
     return path
 
@@ -50,7 +50,7 @@ def test_repl_in_a_pseudo_terminal(trace, tmp_path):
     transform.write_text(SLOW_TRANSFORM.format(flag=str(flag)))
     history = tmp_path / "history"
     env = dict(os.environ, TAPML_HISTORY=str(history), TERM="xterm", NO_COLOR="1", PROMPT_TOOLKIT_NO_CPR="1")
-    child = pexpect.spawn(sys.executable, ["-m", "tapml_dbg.cli", "replay", str(trace), "--transform",
+    child = pexpect.spawn(sys.executable, ["-m", "tapml_dbg", "replay", str(trace), "--transform",
                                            f"{transform}:slow"],
                           cwd=str(ROOT), env=env, encoding="utf-8", timeout=TIMEOUT_S, dimensions=(40, 120))
     transcript = []

@@ -25,12 +25,12 @@ import numpy as np
 import pytest
 
 from conftest import fault_transform
-from tapml_dbg.compare import Tolerance, compare_arrays
+from tapml_dbg.judge.compare import Tolerance, compare_arrays
 from tapml_dbg.errors import UsageError
 from tapml_dbg.repro import CarveResult, DumpResult, carve, dump_op
-from tapml_dbg.repro import standalone as lib
+from tapml_dbg.portable import standalone as lib
 from tapml_dbg.repro.unit import lift_constants, op_module, to_script
-from tapml_dbg.session import Session
+from tapml_dbg.engine.session import Session
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -74,7 +74,7 @@ def example_traces(traces):
         if name not in paths:
             path = Path(traces.folder) / f"{name}-repro.h5"
             jobs[name] = (path, subprocess.Popen(
-                [sys.executable, "-m", "tapml_dbg.cli", "record", str(EXAMPLES / f"{name}.py"), "-o", str(path)],
+                [sys.executable, "-m", "tapml_dbg", "record", str(EXAMPLES / f"{name}.py"), "-o", str(path)],
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     for name, (path, proc) in jobs.items():
         _out, err = proc.communicate(timeout=600)
@@ -387,7 +387,7 @@ def test_transform_env_names_are_noted():
 def test_carved_cnn_suite_passes_and_a_planted_fault_fails_exactly_that_op(example_traces, tmp_path):
     trace = example_traces["cnn"]
     clean_dir = tmp_path / "clean"
-    from tapml_dbg import cli
+    from tapml_dbg.ui import cli
 
     assert cli.main(["carve", str(trace), "-o", str(clean_dir)]) == 0
     meta = json.loads((clean_dir / "meta.json").read_text())

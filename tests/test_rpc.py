@@ -9,7 +9,7 @@ import pytest
 from conftest import fault_transform, run_cli
 from rpc_helpers import Server, Tracker
 from tapml_dbg.errors import TargetError
-from tapml_dbg.session import Session
+from tapml_dbg.engine.session import Session
 
 
 @pytest.fixture

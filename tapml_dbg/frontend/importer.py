@@ -11,8 +11,8 @@ import contextlib
 import re
 from dataclasses import dataclass
 
-from ..errors import ModelError
-from .graph import Graph, OpInfo, TensorSpec
+from tapml_dbg.errors import ModelError
+from tapml_dbg.model.graph import Graph, OpInfo, TensorSpec
 
 OUTPUT_OP_NAME = "output"
 
@@ -67,7 +67,7 @@ def import_program(program) -> tuple[Graph, dict[str, Provenance]]:
     from tvm import relax
     from tvm.relax.frontend.torch.exported_program_translator import ExportedProgramImporter
 
-    from .fixes import apply_import_fixes
+    from tapml_dbg.frontend.fixes import apply_import_fixes
 
     importer = ExportedProgramImporter()
     fixes = apply_import_fixes(importer)

@@ -6,7 +6,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from ..errors import ModelError
+from tapml_dbg.errors import ModelError
 
 DEFAULT_BUILD_FUNC = "build"
 

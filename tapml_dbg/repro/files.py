@@ -8,8 +8,8 @@ import re
 import shutil
 from pathlib import Path
 
-from ..errors import UsageError
-from . import standalone as lib
+from tapml_dbg.errors import UsageError
+from tapml_dbg.portable import standalone as lib
 
 STANDALONE_SOURCE = Path(__file__).with_name("standalone.py")
 TRANSFORM_DIR = "transform"
@@ -54,7 +54,7 @@ def copy_transform(folder: Path, spec: str | None) -> dict | None:
     """Copy the `--transform FILE.py:FUNC` file as-is; note the environment variables it reads."""
     if not spec:
         return None
-    from ..frontend.model_loader import split_model_spec
+    from tapml_dbg.frontend.model_loader import split_model_spec
 
     source, func = split_model_spec(spec)
     (folder / TRANSFORM_DIR).mkdir(exist_ok=True)
@@ -137,7 +137,7 @@ def versions() -> dict:
     import numpy
     import tvm
 
-    from .. import __version__ as own
+    from tapml_dbg import __version__ as own
 
     return {"tvm": tvm.__version__, "numpy": numpy.__version__, "python": platform.python_version(),
             "tapml_dbg": own}

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..backends.units import build_unit
-from ..compare import dtype_name
-from ..errors import TapmlError
-from ..frontend.graph import OpInfo
+from tapml_dbg.model.units import build_unit
+from tapml_dbg.judge.compare import dtype_name
+from tapml_dbg.errors import TapmlError
+from tapml_dbg.model.graph import OpInfo
 
 LIFTED_PREFIX = "lifted_const"
 

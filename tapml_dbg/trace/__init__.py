@@ -4,9 +4,9 @@ The format (v1.1) is documented in docs/trace-format.md; `schema` holds its name
 the capture budgets (record a window of ops with tensors, every op with stats).
 """
 
-from .reader import TraceReader
-from .schema import FORMAT_NAME, FORMAT_VERSION
-from .stats import tensor_stats
-from .writer import TraceWriter
+from tapml_dbg.trace.reader import TraceReader
+from tapml_dbg.trace.schema import FORMAT_NAME, FORMAT_VERSION
+from tapml_dbg.trace.stats import tensor_stats
+from tapml_dbg.trace.writer import TraceWriter
 
 __all__ = ["TraceWriter", "TraceReader", "FORMAT_NAME", "FORMAT_VERSION", "tensor_stats"]

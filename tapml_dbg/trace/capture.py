@@ -16,7 +16,7 @@ import difflib
 import re
 from dataclasses import asdict, dataclass, field
 
-from ..errors import UsageError
+from tapml_dbg.errors import UsageError
 
 SUGGEST_MARGIN = 10  # ops on each side of an op when suggesting a window to record
 _DTYPE_BYTES = {"bool": 1, "int8": 1, "uint8": 1, "float16": 2, "bfloat16": 2, "int16": 2, "uint16": 2,

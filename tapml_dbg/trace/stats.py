@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from .schema import BITS_DTYPES
+from tapml_dbg.trace.schema import BITS_DTYPES
 
 FP16_MAX = 65504.0  # largest finite float16; `fp16_headroom` is measured against it
 

@@ -26,8 +26,8 @@ import os
 import h5py
 import numpy as np
 
-from . import schema as S
-from .stats import tensor_stats
+from tapml_dbg.trace import schema as S
+from tapml_dbg.trace.stats import tensor_stats
 
 COMPRESSIONS = (None, "lzf", "gzip")
 META_MIN_CAPACITY = 1024  # bytes reserved for the meta JSON, so set_meta rewrites in place

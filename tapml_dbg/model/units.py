@@ -1,0 +1,122 @@
+"""Slices of `main` that compile on their own: one op, or a contiguous range fused as one function.
+
+A unit's parameters are all plain tensors: a tuple-typed input (the result of a `split`,
+say) is passed field by field and re-packed inside the unit, so every value the engine moves
+is one array.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class UnitSpec:
+    """What a unit computes: the ops it contains and the values it hands back."""
+
+    ops: list[str]
+    outputs: list[str]  # op names whose (flattened) values the unit returns
+    inputs: list[tuple[str, int]] = field(default_factory=list)  # (value name, field index)
+
+
+def bindings_by_name(main) -> dict:
+    return {b.var.name: b for block in main.body.blocks for b in block.bindings}
+
+
+def build_unit(main, op_names: list[str], outputs: list[str]):
+    """Return `(unit_function, UnitSpec)`; parameters are flattened tensor inputs."""
+    from tvm import relax
+
+    table = bindings_by_name(main)
+    chosen = [table[name] for name in op_names]
+    defined = {name for name in op_names}
+    params: list = []
+    spec_inputs: list[tuple[str, int]] = []
+    prologue: list = []
+    remap: dict = {}
+    seen: set[str] = set()
+    for binding in chosen:
+        for var in relax.analysis.free_vars(binding.value):
+            if var.name in defined or var.name in seen:
+                continue
+            seen.add(var.name)
+            if isinstance(var.ty, relax.TupleType):
+                remap[var] = _tuple_input(var, var.name, f"{var.name}__", params, spec_inputs, prologue)
+            else:
+                params.append(var)
+                spec_inputs.append((var.name, -1))
+    bindings = prologue + [_rebind(b, remap) for b in chosen] if remap else list(chosen)
+    result_vars = [table[name].var for name in outputs]
+    builder = relax.BlockBuilder()
+    with builder.function("main", params, attrs={"num_input": len(params)}, pure=True):
+        for binding in bindings:
+            builder.emit_normalized(binding)
+        builder.emit_func_output(relax.Tuple(result_vars))
+    func = builder.get()["main"]
+    return func, UnitSpec(ops=list(op_names), outputs=list(outputs), inputs=spec_inputs)
+
+
+def _tuple_input(var, packed_name: str, field_prefix: str, params: list, spec_inputs: list, prologue: list):
+    """Pass a tuple-typed input field by field; return the var that re-packs it inside the unit."""
+    from tvm import relax
+
+    fields = []
+    for index, field_ty in enumerate(var.ty.fields):
+        field_var = relax.Var(f"{field_prefix}{index}", field_ty)
+        params.append(field_var)
+        spec_inputs.append((var.name, index))
+        fields.append(field_var)
+    packed = relax.Var(packed_name, var.ty)
+    prologue.append(relax.VarBinding(packed, relax.Tuple(fields)))
+    return packed
+
+
+def _rebind(binding, remap):
+    from tvm import relax
+
+    if not remap:
+        return binding
+    from tapml_dbg.model.var_subst import substitute
+
+    return relax.VarBinding(binding.var, substitute(binding.value, remap))
+
+
+def build_isolated_batch(main, op_names: list[str]):
+    """Many ops in one function, each fed only recorded values (none reads another's result).
+
+    Used by the isolated sweep: one compile and one run give every op's isolated verdict.
+    Each free variable becomes a parameter named `<name>__in`; tuple inputs are packed as in
+    `build_unit`.
+    """
+    from tvm import relax
+
+    from tapml_dbg.model.var_subst import substitute
+
+    table = bindings_by_name(main)
+    params: list = []
+    spec_inputs: list[tuple[str, int]] = []
+    prologue: list = []
+    remap: dict = {}
+    for name in op_names:
+        for var in relax.analysis.free_vars(table[name].value):
+            if var in remap:
+                continue
+            if isinstance(var.ty, relax.TupleType):
+                remap[var] = _tuple_input(var, f"{var.name}__in", f"{var.name}__in", params, spec_inputs,
+                                          prologue)
+            else:
+                fresh = relax.Var(f"{var.name}__in", var.ty)
+                params.append(fresh)
+                spec_inputs.append((var.name, -1))
+                remap[var] = fresh
+    builder = relax.BlockBuilder()
+    with builder.function("main", params, attrs={"num_input": len(params)}, pure=True):
+        for binding in prologue:
+            builder.emit_normalized(binding)
+        results = []
+        for name in op_names:
+            binding = table[name]
+            results.append(builder.emit(substitute(binding.value, remap), name))
+        builder.emit_func_output(relax.Tuple(results))
+    func = builder.get()["main"]
+    return func, UnitSpec(ops=list(op_names), outputs=list(op_names), inputs=spec_inputs)

@@ -1,0 +1,178 @@
+"""`carve`: every op of a trace as a parametrized pytest suite that needs only tvm, numpy and pytest."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from tapml_dbg.errors import TargetError, TraceError, UsageError
+from tapml_dbg.repro import files
+from tapml_dbg.portable import standalone as lib
+from tapml_dbg.repro.templates import CONFTEST_PY, PYTEST_INI, TEST_OPS_PY
+from tapml_dbg.repro.unit import RoundTripError, op_module
+
+DEFAULT_CARVE_MAX_MB = 256.0  # data budget of a carved suite (inputs + outputs, each array once)
+MODULES_DIR = "modules"
+MIB = 1024 * 1024
+
+
+def _noop(*_args, **_kwargs) -> None:
+    return None
+
+
+@dataclass
+class CarveResult:
+    """A written suite: how many op tests, where, how big, and the ops left out (one line each)."""
+
+    tests: int
+    path: str
+    bytes: int
+    skipped: list[str] = field(default_factory=list)
+    ops: int = 0
+    data_bytes: int = 0
+    max_mb: float = DEFAULT_CARVE_MAX_MB
+    target: str = "llvm"
+    seconds: float = 0.0
+    # when carved over a remote target: each op's isolated verdict there (status by op name)
+    verdicts: dict[str, str] = field(default_factory=dict)
+    check_error: str = ""  # why the check on the target stopped (the suite is written all the same)
+
+    @property
+    def diverged(self) -> list[str]:
+        """Ops whose check on the target failed (empty when nothing was checked)."""
+        return [name for name, status in self.verdicts.items() if status not in ("pass", "missing")]
+
+
+def carve(session, output, max_mb: float | None = None, progress: Callable[..., None] = _noop,
+          command: str | None = None, verify: bool | None = None) -> CarveResult:
+    """Write one test per recorded op of the session's trace into folder `output`.
+
+    Writing the suite runs nothing on the target. With `verify` (default: when the session's
+    target is remote, `--rpc` or `--tracker`), each carved op is also checked there first: its
+    isolated verdict, batched and spread over the session's lanes (one per tracker server), is
+    written into `meta.json` and the README, so the suite arrives with what the device said.
+    """
+    started = time.perf_counter()
+    max_mb = DEFAULT_CARVE_MAX_MB if max_mb is None else float(max_mb)
+    if max_mb <= 0:
+        raise UsageError(f"--max-mb must be positive, got {max_mb:g}")
+    budget = int(max_mb * MIB)
+    folder = files.prepare_dir(output)
+    (folder / MODULES_DIR).mkdir()
+    writer = files.DataWriter()
+    entries: list[dict] = []
+    skipped: list[str] = []
+    total = len(session.ops)
+    for op in session.ops:
+        progress(op.index, total, op.name)
+        try:
+            unit = op_module(session, op)
+        except (TraceError, RoundTripError) as exc:
+            skipped.append(f"op {op.index} {op.name}: {exc}")
+            continue
+        cost = writer.new_bytes(unit.refs)
+        if writer.nbytes + cost > budget:
+            skipped.append(f"op {op.index} {op.name} ({files.human_bytes(cost)}) left out: over the "
+                           f"{max_mb:g} MiB budget (raise with --max-mb)")
+            continue
+        writer.add(unit.refs)
+        module_path = f"{MODULES_DIR}/{op.index:03d}_{files.safe_name(op.name)}.py"
+        (folder / module_path).write_text(unit.script.rstrip("\n") + "\n", encoding="utf-8")
+        entries.append(unit.meta(module_path))
+    verdicts: dict[str, str] = {}
+    check_error = ""
+    checked = {}
+    if verify if verify is not None else bool(session.rpc or session.tracker):
+        carved = [entry["index"] for entry in entries]
+        try:
+            checked = session.isolated_many(carved, lambda done, count, what="": progress(
+                done, count, f"checking on {session.target}: {what}"))
+        except TargetError as exc:  # e.g. a kernel that takes the RPC server's session down
+            check_error = str(exc)
+        for entry in entries if checked else []:
+            verdict = checked[entry["index"]]
+            verdicts[entry["name"]] = verdict.status
+            entry["target_verdict"] = {"status": verdict.status, "summary": verdict.summary}
+    progress(total, total, "writing data")
+    writer.write(folder)
+    files.copy_lib(folder)
+    transform = files.copy_transform(folder, session.transform)
+    model = session.reader.meta.get("model", "the model")
+    (folder / "test_ops.py").write_text(TEST_OPS_PY.format(model=model, target=session.target,
+                                                           folder_hint=folder.name), encoding="utf-8")
+    (folder / "conftest.py").write_text(CONFTEST_PY.format(target=session.target), encoding="utf-8")
+    (folder / "pytest.ini").write_text(PYTEST_INI, encoding="utf-8")
+    trace_meta = session.reader.meta
+    meta = {
+        "format": lib.FORMAT, "version": lib.FORMAT_VERSION, "kind": "carve",
+        "model": trace_meta.get("model", ""), "source": trace_meta.get("source", ""),
+        "trace": str(Path(session.reader.path).resolve()), "recorded_versions": trace_meta.get("versions", {}),
+        "carved_versions": files.versions(), "target": session.target, "transform": transform,
+        "compare_rule": lib.COMPARE_RULE, "command": command or "", "max_mb": max_mb,
+        "skipped": skipped, "ops": entries,
+    }
+    if verdicts:
+        meta["checked_on"] = session.where
+    if check_error:
+        meta["check_error"] = f"the check on {session.where} stopped: {check_error}"
+    files.write_meta(folder, meta)
+    size = files.write_readme_sized(folder, lambda n: _readme(meta, len(session.ops), writer.nbytes, n))
+    return CarveResult(tests=len(entries), path=str(folder), bytes=size, skipped=skipped, ops=len(session.ops),
+                       data_bytes=writer.nbytes, max_mb=max_mb, target=session.target,
+                       seconds=time.perf_counter() - started, verdicts=verdicts, check_error=check_error)
+
+
+def _readme(meta: dict, num_ops: int, data_bytes: int, total_bytes: int) -> str:
+    transform = meta["transform"]
+    env = " ".join(f"{k}={v}" for k, v in (transform or {}).get("env", {}).items() if v is not None)
+    env = env + " " if env else ""
+    lines = [f"# Carved op tests of `{meta['model']}`", "",
+             f"Written by `tapml-dbg carve`: one pytest test per op ({len(meta['ops'])} of {num_ops} ops), "
+             "each op alone, fed its inputs recorded on the source "
+             f"({meta['source']}) and compared with its recorded output. Needs only `tvm`, `numpy` and `pytest`.",
+             "", "```sh",
+             f"{env}pytest THIS_FOLDER                  # from any directory; default target {meta['target']}",
+             f"{env}pytest THIS_FOLDER --target cuda",
+             f"{env}pytest THIS_FOLDER --rpc HOST:PORT --target opencl",
+             f"{env}pytest THIS_FOLDER -k addmm         # some ops only", "```", "",
+             f"Tolerance rule per output: {meta['compare_rule']}. Per-output tolerances are in `meta.json`.", "",
+             "| | |", "|---|---|",
+             f"| model | `{meta['model']}` (recorded on {meta['source']}) |",
+             f"| recorded with | {', '.join(f'{k} {v}' for k, v in meta['recorded_versions'].items())} |",
+             f"| carved with | {', '.join(f'{k} {v}' for k, v in meta['carved_versions'].items())} |",
+             f"| target | `{meta['target']}` |",
+             "| transform | " + (f"`{transform['file']}:{transform['func']}` (copied as-is)" if transform else "none")
+             + " |",
+             f"| size | {files.human_bytes(total_bytes)} in all; data {files.human_bytes(data_bytes)} "
+             f"(budget {meta['max_mb']:g} MiB) |", ""]
+    if transform and transform["env"]:
+        lines += ["The transform reads environment variables; values at carve time: "
+                  + ", ".join(f"`{k}={v}`" for k, v in transform["env"].items()) + ".", ""]
+    if meta.get("checked_on"):
+        checked = [entry for entry in meta["ops"] if "target_verdict" in entry]
+        bad = [entry for entry in checked if entry["target_verdict"]["status"] not in ("pass", "missing")]
+        lines += [f"## Checked on {meta['checked_on']}", "",
+                  f"When carving, each op ran once there, isolated: {len(checked) - len(bad)} of {len(checked)} "
+                  "passed (the verdicts are in `meta.json`, `target_verdict`)."
+                  + (" These did not:" if bad else ""), ""]
+        lines += [f"- op {entry['index']} `{entry['name']}` ({entry['op']}): {entry['target_verdict']['status']}"
+                  + (f": {entry['target_verdict']['summary']}" if entry["target_verdict"]["summary"] else "")
+                  for entry in bad[:50]]
+        if len(bad) > 50:
+            lines.append(f"- ... and {len(bad) - 50} more (see meta.json)")
+        lines.append("")
+    if meta.get("check_error"):
+        lines += ["## Not checked on the target", "", meta["check_error"] + ".", ""]
+    if meta["skipped"]:
+        lines += [f"## Left out ({len(meta['skipped'])})", ""] + [f"- {note}" for note in meta["skipped"]] + [""]
+    lines += ["## Files", "",
+              "- `test_ops.py`, `conftest.py`, `pytest.ini`: the suite (`--target`, `--rpc`, `--tracker`/`--key`)",
+              "- `_tapml_repro_lib.py`: load, compile, run, compare (shared with `tapml-dbg dump`'s repro.py)",
+              "- `modules/NNN_OP.py`: each op's Relax module as TVMScript (tensor constants lifted to inputs)",
+              "- `data.npz`: every input and output, each array once (no pickle; bfloat16 as raw bits)",
+              "- `meta.json`: ops, array keys, dtypes, tolerances, target, versions"]
+    if meta["command"]:
+        lines += ["", "## Made by", "", "```sh", meta["command"], "```"]
+    return "\n".join(lines) + "\n"

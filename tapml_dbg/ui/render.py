@@ -1,0 +1,458 @@
+"""Rich rendering of REPL results: `render(result, console)` draws any handler result.
+
+Everything the user typed or the trace holds (op names, layers, messages) is escaped, so a
+name with `[brackets]` never reads as markup. On a pipe the console has a fixed width and no
+colors (see `app.make_console`), so transcripts are stable.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import singledispatch
+
+import numpy as np
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from tapml_dbg.ui.console import human_bytes, verdict_style
+from tapml_dbg.judge.verdict import BisectResult, StepResult, Verdict
+from tapml_dbg.ui.repl import results as R
+
+PRINT_PRECISION = 5  # digits `print` shows per element
+PRINT_THRESHOLD = 64  # arrays with more elements are summarized (numpy's threshold)
+PRINT_EDGEITEMS = 3  # items kept at each edge of a summarized axis
+PRINT_LINE_WIDTH = 46  # characters per line of one printed array (two fit side by side)
+MESSAGE_CHARS = 70
+HELP_USAGE_WIDTH = 40  # the usage column of `help`; longer usages wrap  # a crash or compile-error message is cut to this in one-line verdicts
+
+
+def layer_text(layer: str) -> str:
+    return layer or "<top>"
+
+
+def op_label(op) -> str:
+    return f"#{op.index} [bold]{escape(op.name)}[/]"
+
+
+def _rel(verdict: Verdict) -> str:
+    worst = verdict.worst
+    if worst is None:
+        return ""
+    if worst.shape_mismatch:
+        return f"shape {escape(worst.shape_mismatch)}"
+    if worst.dtype_mismatch:
+        return f"dtype {escape(worst.dtype_mismatch)}"
+    text = f"rel={worst.scale_rel_err:.1e}"
+    if worst.nan_mismatch:
+        text += f" nan!={worst.nan_mismatch}"
+    if worst.inf_mismatch:
+        text += f" inf!={worst.inf_mismatch}"
+    return text
+
+
+def verdict_cell(verdict: Verdict | None) -> str:
+    """`pass rel=1.2e-07`, `FAIL rel=1.0e-02 nan!=128`, `crash <message>`."""
+    if verdict is None:
+        return "-"
+    style = verdict_style(verdict.status)
+    status = "FAIL" if verdict.status == "fail" else verdict.status
+    if verdict.status in ("pass", "fail"):
+        return f"[{style}]{status}[/] {_rel(verdict)}"
+    message = verdict.message if len(verdict.message) <= MESSAGE_CHARS else verdict.message[:MESSAGE_CHARS - 1] + "…"
+    return f"[{style}]{status}[/] {escape(message)}"
+
+
+def short_cell(verdict: Verdict | None) -> str:
+    if verdict is None:
+        return "-"
+    status = "FAIL" if verdict.status == "fail" else verdict.status
+    return f"[{verdict_style(verdict.status)}]{status}[/]"
+
+
+def step_line(result: StepResult, inherited: bool = False) -> str:
+    """One verdict line per op: index, name, layer, isolated and propagated verdicts."""
+    line = (f"  #{result.index:<4} {escape(result.name):<22} {escape(layer_text(result.layer)):<16} "
+            f"isolated {verdict_cell(result.isolated)}  propagated {verdict_cell(result.propagated)}")
+    if inherited:
+        line += "  [dim](inherited)[/]"
+    return line
+
+
+@singledispatch
+def render(result, console: Console) -> None:
+    if result is None:
+        return
+    console.print(escape(str(result)))
+
+
+@render.register
+def _(result: R.Message, console: Console) -> None:
+    if result.text:
+        console.print(escape(result.text), style=result.style or None)
+
+
+@render.register
+def _(result: R.Quit, console: Console) -> None:
+    return None
+
+
+@render.register
+def _(result: R.HelpResult, console: Console) -> None:
+    command = result.command
+    if command is not None:
+        console.print(f"usage: [bold]{escape(command.usage)}[/]")
+        if command.aliases:
+            console.print(f"aliases: {', '.join(command.aliases)}")
+        for line in command.help.strip().splitlines():
+            console.print(f"  {escape(line)}")
+        return
+    table = Table(box=None, show_header=False, pad_edge=False)
+    table.add_column("usage", style="bold", max_width=HELP_USAGE_WIDTH)
+    table.add_column("summary")
+    for item in result.commands:
+        names = item.usage + (f"  ({', '.join(item.aliases)})" if item.aliases else "")
+        table.add_row(escape(names), escape(item.summary))
+    console.print(table)
+    console.print("OP is an op index (`12`, `#12`, `-1`) or name; `help CMD` tells more; Ctrl-C cancels a "
+                  "long command; Ctrl-D or `quit` leaves.")
+
+
+@render.register
+def _(result: R.InfoResult, console: Console) -> None:
+    info = result.trace
+    table = Table(show_header=False, box=None, pad_edge=False)
+    table.add_column("key", style="bold", no_wrap=True)
+    table.add_column("value")
+    complete = "yes" if info["complete"] else f"NO: {info['recorded_ops']} of {info['num_ops']} ops recorded"
+    rows = [
+        ("trace", info["path"]), ("model", info.get("model")), ("source", info.get("source")),
+        ("format", info.get("format")), ("complete", complete),
+        ("ops / layers", f"{info['num_ops']} / {info['num_layers']}"),
+        ("inputs / params", f"{info['num_inputs']} / {info['num_params']}"),
+        ("file size", human_bytes(info.get("file_bytes"))),
+        ("target", f"{result.target} ({result.remote})"), ("transform", result.transform),
+        ("position", f"{result.position} of {result.ops}"), ("offload", result.offload),
+        ("mode", result.mode), ("breakpoints", str(result.breakpoints)), ("tolerance", result.tolerance),
+    ]
+    for key, value in rows:
+        table.add_row(key, escape(str(value)))
+    console.print(table)
+
+
+def _seen_cell(seen: StepResult | None) -> str:
+    if seen is None:
+        return ""
+    return f"{short_cell(seen.isolated)}/{short_cell(seen.propagated)}"
+
+
+@render.register
+def _(result: R.OpsResult, console: Console) -> None:
+    if not result.rows:
+        console.print(f"no op matches {escape(result.query)!r}" if result.query else "the trace has no ops")
+        return
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for column in ("", "#", "name", "source op", "layer", "output", "T", "iso/prop"):
+        table.add_column(column, no_wrap=column in ("#", "T", ""))
+    for row in result.rows:
+        op = row.op
+        shape = ", ".join(f"{tuple(o.shape)} {o.dtype}" for o in op.outputs[:1])
+        if len(op.outputs) > 1:
+            shape += f" +{len(op.outputs) - 1}"
+        table.add_row("→" if row.current else "", str(op.index), escape(op.name), escape(op.op),
+                      escape(layer_text(op.layer)), escape(shape), "T" if row.offloaded else "",
+                      _seen_cell(row.seen))
+    console.print(table)
+    if result.matched > len(result.rows):
+        console.print(f"... {result.matched - len(result.rows)} more; narrow with `ops PATTERN` or `ops a:b`")
+
+
+@render.register
+def _(result: R.LayersResult, console: Console) -> None:
+    if not result.rows:
+        console.print("the trace has no layers (every op is at the top level)")
+        return
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    table.add_column("layer")
+    table.add_column("ops", justify="right")
+    table.add_column("count", justify="right")
+    for row in result.rows:
+        table.add_row("  " * row.depth + escape(row.path), f"{row.first}..{row.last}", str(row.count))
+    console.print(table)
+
+
+@render.register
+def _(result: R.WhereResult, console: Console) -> None:
+    if result.op is None:
+        console.print(f"at the end of the trace: all {result.ops} ops have run (`reset` starts again)")
+    else:
+        op = result.op
+        console.print(f"next op  {op_label(op)} ({escape(op.op)}) in layer [cyan]{escape(layer_text(op.layer))}[/]"
+                      f"  [{result.position}/{result.ops}]")
+    if result.last is not None:
+        last = result.last
+        console.print(f"last op  #{last.index} [bold]{escape(last.name)}[/]  isolated {verdict_cell(last.isolated)}"
+                      f"  propagated {verdict_cell(last.propagated)}")
+        if last.breakpoint:
+            console.print(f"         stopped by {escape(last.breakpoint)}")
+    console.print(f"target   {escape(result.target)}   mode {result.mode}   breakpoints {result.breakpoints}")
+    console.print(f"offload  {escape(result.offload)}")
+
+
+@render.register
+def _(result: R.ShowResult, console: Console) -> None:
+    op = result.op
+    console.print(f"{op_label(op)}  source op [bold]{escape(op.op)}[/]  relax op {escape(op.relax_op)}")
+    console.print(f"  layer {escape(layer_text(op.layer))}   fx node {escape(op.fx_node or '-')}   "
+                  f"{'offloaded' if result.offloaded else 'not offloaded'}")
+    if result.note:
+        console.print(f"  note: {escape(result.note)}")
+    if result.inputs:
+        table = Table(title="inputs", box=None, pad_edge=False, header_style="bold", title_justify="left")
+        for column in ("name", "from", "shape / stats"):
+            table.add_column(column)
+        for row in result.inputs:
+            table.add_row(escape(row.name), escape(row.kind), escape(row.spec))
+        console.print(table)
+    table = Table(title="outputs (recorded)", box=None, pad_edge=False, header_style="bold", title_justify="left")
+    for column in ("#", "shape", "dtype", "min", "max", "mean", "absmax", "nan", "inf"):
+        table.add_column(column, justify="right" if column not in ("shape", "dtype") else "left")
+    for number, spec in enumerate(op.outputs):
+        stats = result.stats[number] if number < len(result.stats) else {}
+        table.add_row(str(number), str(tuple(spec.shape)), spec.dtype, *(_num(stats.get(k)) for k in
+                                                                          ("min", "max", "mean", "absmax")),
+                      str(stats.get("nan", "")), str(stats.get("inf", "")))
+    console.print(table)
+    if result.seen is not None:
+        console.print(f"  seen: isolated {verdict_cell(result.seen.isolated)}  propagated "
+                      f"{verdict_cell(result.seen.propagated)}")
+    console.print("[bold]Relax IR[/] (the op alone, as compiled for the target):")
+    _code(console, result.ir.strip())
+
+
+def _code(console: Console, text: str) -> None:
+    if console.is_terminal and console.color_system:
+        from rich.syntax import Syntax
+
+        console.print(Syntax(text, "python", theme="ansi_dark", background_color="default", word_wrap=True))
+    else:
+        console.print(text, markup=False, highlight=False, soft_wrap=True)
+
+
+def _num(value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+@render.register
+def _(result: R.OffloadResult, console: Console) -> None:
+    console.print(escape(result.message))
+    console.print(f"offload  {escape(result.offload)}")
+
+
+@render.register
+def _(result: R.RunResult, console: Console) -> None:
+    steps = result.steps
+    if not steps and result.at_end and not result.cancelled:
+        console.print("nothing to run: at the end of the trace (`reset` starts again)")
+        return
+    if result.verbose:
+        for step in steps:
+            console.print(step_line(step, step.index in result.inherited), soft_wrap=True)
+    elif steps:
+        failed = [s for s in steps if (s.verdict(result.mode) is not None and s.verdict(result.mode).failed)]
+        console.print(f"ran #{steps[0].index}..#{steps[-1].index} ({len(steps)} ops): "
+                      f"{len(steps) - len(failed)} passed, {len(failed)} failed ({result.mode} verdict)")
+        for step in steps:
+            if step in failed or step is steps[-1]:
+                console.print(step_line(step, step.index in result.inherited), soft_wrap=True)
+    if result.cancelled:
+        console.print(f"[yellow]cancelled[/] after {len(steps)} op(s)")
+    if result.reasons:
+        last = steps[-1]
+        console.print(f"[bold]stopped[/] after #{last.index} [bold]{escape(last.name)}[/]: "
+                      f"{escape('; '.join(result.reasons))}")
+        if last.isolated is not None and last.isolated.failed:
+            console.print(f"  the isolated verdict fails too: this kernel is wrong on the target "
+                          f"(try `compare {last.index}`, `show {last.index}`)")
+        elif last.propagated is not None and last.propagated.failed:
+            console.print(f"  the isolated verdict passes: the error arrives or is amplified here "
+                          f"(`compare {last.index}`, `print {last.index}`)")
+    elif result.at_end and steps:
+        console.print("end of the trace: all ops have run")
+
+
+@render.register
+def _(result: R.CompareResult, console: Console) -> None:
+    op, step = result.op, result.step
+    console.print(f"{op_label(op)} ({escape(op.op)}) in layer [cyan]{escape(layer_text(op.layer))}[/]")
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    table.add_column("")
+    table.add_column("isolated (recorded inputs)")
+    table.add_column("propagated (target inputs)")
+    iso, prop = step.isolated, step.propagated
+    table.add_row("verdict", short_cell(iso), short_cell(prop))
+    wi, wp = (iso.worst if iso else None), (prop.worst if prop else None)
+    if wi is not None or wp is not None:
+        rows = [
+            ("max abs err", lambda m: f"{m.max_abs_err:.4g}"),
+            ("max rel err", lambda m: f"{m.max_rel_err:.4g}"),
+            ("err / absmax", lambda m: f"{m.scale_rel_err:.4g}  (rtol {m.rtol:g})"),
+            ("cosine", lambda m: f"{m.cosine:.8f}"),
+            ("nan / inf mismatch", lambda m: f"{m.nan_mismatch} / {m.inf_mismatch}"),
+            ("mismatched", lambda m: f"{m.mismatched} of {m.numel}"),
+            ("tolerance", lambda m: f"rtol={m.rtol:g} atol={m.atol:g}"),
+        ]
+        for label, fmt in rows:
+            table.add_row(label, fmt(wi) if wi else "-", fmt(wp) if wp else "-")
+        shape = (wi or wp).shape_mismatch or (wi or wp).dtype_mismatch
+        if shape:
+            table.add_row("mismatch", escape((wi.shape_mismatch or wi.dtype_mismatch) if wi else "-"),
+                          escape((wp.shape_mismatch or wp.dtype_mismatch) if wp else "-"))
+    messages = (iso.message if iso else "", prop.message if prop else "")
+    if any(messages):
+        table.add_row("message", escape(messages[0]), escape(messages[1]))
+    console.print(table)
+    if len(op.outputs) > 1:
+        console.print(f"  ({len(op.outputs)} outputs: the worst one is shown)")
+    if iso is not None and iso.failed:
+        console.print("  → the op alone is wrong on the target: a kernel (or codegen) bug here")
+    elif prop is not None and prop.failed:
+        console.print("  → the op alone is right; the error arrives from (or is amplified by) upstream ops")
+    elif iso is not None and prop is not None and iso.passed and prop.passed:
+        console.print("  → both verdicts pass")
+
+
+def _stats(array: np.ndarray | None) -> dict:
+    if array is None:
+        return {}
+    values = np.asarray(array)
+    if values.size == 0:
+        return {"numel": 0}
+    as_float = values.astype(np.float64)
+    finite = as_float[np.isfinite(as_float)]
+    return {"min": float(finite.min()) if finite.size else math.nan,
+            "max": float(finite.max()) if finite.size else math.nan,
+            "mean": float(finite.mean()) if finite.size else math.nan,
+            "absmax": float(np.abs(finite).max()) if finite.size else math.nan,
+            "nan": int(np.isnan(as_float).sum()), "inf": int(np.isinf(as_float).sum()), "numel": int(values.size)}
+
+
+def _array_text(array: np.ndarray | None) -> str:
+    if array is None:
+        return "-"
+    return np.array2string(np.asarray(array), precision=PRINT_PRECISION, threshold=PRINT_THRESHOLD,
+                           edgeitems=PRINT_EDGEITEMS, max_line_width=PRINT_LINE_WIDTH, suppress_small=False)
+
+
+@render.register
+def _(result: R.PrintResult, console: Console) -> None:
+    op = result.op
+    if not result.outputs:
+        console.print(f"{op_label(op)} has no tensor outputs")
+    for out in result.outputs:
+        where = f"[{result.index_text}]" if result.index_text else ""
+        suffix = f" output {out.number}" if len(result.outputs) > 1 else ""
+        shape = tuple(np.shape(out.source))
+        offloaded = "" if result.offloaded else ", op not offloaded"
+        console.print(f"{op_label(op)}{suffix}{escape(where)}  {shape} {np.asarray(out.source).dtype}  "
+                      f"(target value: {result.mode}{offloaded})")
+        diff = None
+        if out.target is not None and np.shape(out.target) == np.shape(out.source):
+            with np.errstate(all="ignore"):
+                diff = np.abs(np.asarray(out.target, dtype=np.float64) - np.asarray(out.source, dtype=np.float64))
+        s_stats, t_stats, d_stats = _stats(out.source), _stats(out.target), _stats(diff)
+        table = Table(box=None, pad_edge=False, header_style="bold")
+        table.add_column("")
+        table.add_column("source", justify="right")
+        table.add_column("target", justify="right")
+        table.add_column("|target - source|", justify="right")
+        for key in ("min", "max", "mean", "absmax", "nan", "inf"):
+            table.add_row(key, _num(s_stats.get(key)), _num(t_stats.get(key)),
+                          _num(d_stats.get(key)) if key not in ("nan", "inf") else "")
+        console.print(table)
+        values = Table(box=None, pad_edge=False, header_style="bold")
+        values.add_column("source", no_wrap=True)
+        values.add_column("target", no_wrap=True)
+        values.add_row(escape(_array_text(out.source)), escape(_array_text(out.target)))
+        console.print(values)
+        if out.target is None and out.note:
+            console.print(f"  no target value: {escape(out.note)}")
+
+
+@render.register
+def _(result: R.TolResult, console: Console) -> None:
+    if result.message:
+        console.print(escape(result.message))
+        return
+    policy = result.policy
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for column in ("dtype / op", "rtol", "atol"):
+        table.add_column(column)
+    for dtype, tol in policy["by_dtype"].items():
+        table.add_row(dtype, f"{tol['rtol']:g}", f"{tol['atol']:g}")
+    for name, tol in policy["by_op"].items():
+        table.add_row(f"op {escape(name)}", f"{tol['rtol']:g}", f"{tol['atol']:g}")
+    console.print(table)
+    console.print(f"propagated verdicts: {policy['propagated_factor']:g}x rtol and atol; integers and bools "
+                  "must match exactly")
+    console.print("an output passes when max_abs_err <= atol + rtol * absmax(source)")
+
+
+@render.register
+def _(result: R.BreakResult, console: Console) -> None:
+    if result.message:
+        console.print(escape(result.message))
+        return
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for column in ("num", "stops after", "hits"):
+        table.add_column(column)
+    for bp in result.breakpoints:
+        table.add_row(str(bp.number), escape(bp.describe()), str(bp.hits))
+    console.print(table)
+
+
+@render.register
+def _(result: R.DumpDone, console: Console) -> None:
+    done = result.result
+    path = getattr(done, "path", None)
+    if path is None:
+        console.print(escape(str(done)))
+        return
+    size = getattr(done, "bytes", None)
+    console.print(f"wrote repro of op #{getattr(done, 'index', '?')} {escape(str(getattr(done, 'name', '')))} "
+                  f"to {escape(str(path))}" + (f" ({human_bytes(size)})" if size is not None else "")
+                  + f"; run: python {escape(str(path))}/repro.py")
+
+
+@render.register
+def _(result: BisectResult, console: Console) -> None:
+    if not result.diverged:
+        console.print(f"[green]no divergence[/]: {result.ops} ops checked on {escape(result.target)} with "
+                      f"{result.probes} probes in {result.seconds:.1f} s")
+        for note in result.notes:
+            console.print(f"  note: {escape(note)}")
+        return
+    culprit = result.culprit
+    console.print(f"[bold red]first divergent op[/]: #{culprit.index} [bold]{escape(culprit.name)}[/] "
+                  f"({escape(culprit.op)}) in layer [cyan]{escape(layer_text(culprit.layer))}[/]")
+    console.print(f"  verdict: [{verdict_style('fail')}]{culprit.verdict}[/]  {escape(culprit.summary or '')}")
+    if culprit.message and culprit.message != culprit.summary:
+        console.print(f"  {escape(culprit.message)}")
+    console.print(f"  found on {escape(result.target)} with {result.probes} probes over {result.ops} ops "
+                  f"in {result.seconds:.1f} s")
+    if result.neighbourhood:
+        table = Table(box=None, pad_edge=False, header_style="bold")
+        for column in ("", "#", "name", "source op", "layer", "isolated"):
+            table.add_column(column)
+        for row in result.neighbourhood:
+            table.add_row("→" if row.index == culprit.index else "", str(row.index), escape(row.name),
+                          escape(row.op), escape(layer_text(row.layer)), verdict_cell(row.isolated))
+        console.print(table)
+    for note in result.notes:
+        console.print(f"  note: {escape(note)}")
+    console.print(f"  next: `show {culprit.index}`, `compare {culprit.index}`, `print {culprit.index}`, "
+                  f"`dump {culprit.index} DIR`")

@@ -1,0 +1,277 @@
+"""The REPL loop: parse a line, dispatch through the command table, render, never die.
+
+Errors are caught by category (pgcli's pattern): an unknown command names the closest one; bad
+arguments print the usage line; a `TapmlError` prints one line; any other exception is an
+internal error, printed as one line (the traceback only with TAPML_DEBUG=1). Ctrl-C during a
+command cancels it ("cancelled") and the session goes on; at the prompt it clears the line.
+
+`run_replay(args)` is what `tapml-dbg replay` calls: an interactive prompt on a terminal, or the
+commands of `-c "cmd; cmd"`, `--script FILE` (or a piped stdin) run one by one, echoed after
+the prompt so the output reads like a session; the exit status is 1 if any command failed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import sys
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+
+from tapml_dbg.errors import TapmlError, UsageError
+from tapml_dbg.ui.repl.commands import Context, UnknownCommand, lookup
+from tapml_dbg.ui.repl.parsing import ArgError, split_commands, tokenize
+from tapml_dbg.ui.render import render
+from tapml_dbg.ui.repl.results import Quit, RunResult
+from tapml_dbg.ui.repl.state import ReplState
+
+TRANSCRIPT_WIDTH = 100  # columns of output when stdout is not a terminal (pipes, files, tests)
+HISTORY_ENV = "TAPML_HISTORY"  # path of the persistent history file
+DEFAULT_HISTORY = Path.home() / ".cache" / "tapml-dbg" / "history"
+DEBUG_ENV = "TAPML_DEBUG"  # "1": show tracebacks of internal errors
+EXIT_FAILED = 1  # a command failed in -c / --script mode
+EXIT_INTERRUPTED = 130  # Ctrl-C during -c / --script mode
+_TRAILING_SPACES = re.compile(r"[ \t]+\n")
+
+
+def make_console(stream=None) -> Console:
+    """A console for `stream`: the terminal's width and colors, or fixed width and no colors."""
+    stream = stream or sys.stdout
+    is_tty = hasattr(stream, "isatty") and stream.isatty()
+    if is_tty:
+        return Console(file=stream, highlight=False, soft_wrap=True)
+    return Console(file=_TrimmedLines(stream), highlight=False, width=TRANSCRIPT_WIDTH, color_system=None, soft_wrap=True,
+                   force_terminal=False, force_interactive=False, emoji=False)
+
+
+class _TrimmedLines:
+    """A text stream that drops the trailing spaces rich pads table rows with (clean transcripts)."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        self._stream.write(_TRAILING_SPACES.sub("\n", text))
+        return len(text)
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+    def isatty(self) -> bool:
+        return False
+
+    def fileno(self) -> int:
+        return self._stream.fileno()
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+@dataclass
+class Outcome:
+    ok: bool = True
+    quit: bool = False
+    cancelled: bool = False
+
+
+def _noop_progress(*_args, **_kwargs) -> None:
+    return None
+
+
+class Repl:
+    """One REPL over one engine session. Tests drive `execute` or `interact` directly."""
+
+    def __init__(self, session, out: Console | None = None, err: Console | None = None,
+                 launch: dict | None = None, show_progress: bool | None = None):
+        self.session = session
+        self.state = ReplState()
+        self.out = out or make_console(sys.stdout)
+        self.err = err or make_console(sys.stderr)
+        self.show_progress = self.err.is_terminal if show_progress is None else show_progress
+        self.ctx = Context(session, self.state, self._progress, dict(launch or {}))
+
+    # ---------------------------------------------------------------- prompt
+    def prompt_parts(self) -> list[tuple[str, str]]:
+        session = self.session
+        target = session.target + (f"@{session.rpc}" if session.rpc else "")
+        parts = [("class:target", f"({target}) ")]
+        if session.position < len(session.ops):
+            op = session.ops[session.position]
+            parts += [("class:index", f"#{op.index} "), ("class:op", op.name),
+                      ("class:layer", f" [{op.layer or '<top>'}]")]
+        else:
+            parts += [("class:index", f"#{session.position} "), ("class:op", "<end>")]
+        parts.append(("", "> "))
+        return parts
+
+    def prompt_text(self) -> str:
+        return "".join(text for _style, text in self.prompt_parts())
+
+    # ---------------------------------------------------------------- one line
+    def execute(self, line: str) -> Outcome:
+        line = line.strip()
+        if not line or line.startswith("#"):
+            return Outcome()
+        command = None
+        try:
+            words = tokenize(line)
+            if not words:
+                return Outcome()
+            command = lookup(words[0])
+            result = command.handler(self.ctx, words[1:])
+            render(result, self.out)
+        except UnknownCommand as exc:
+            self._error(str(exc))
+            return Outcome(ok=False)
+        except ArgError as exc:
+            self._error(f"{command.name}: {exc}" if command else str(exc))
+            if command is not None:
+                self.err.print(f"usage: {escape(command.usage)}")
+            return Outcome(ok=False)
+        except TapmlError as exc:
+            self._error(str(exc))
+            return Outcome(ok=False)
+        except KeyboardInterrupt:
+            self.out.print("[yellow]cancelled[/]")
+            return Outcome(ok=False, cancelled=True)
+        except Exception as exc:  # an internal bug: report it, keep the session
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            self.err.print(f"[bold red]internal error:[/] {escape(type(exc).__name__)}: {escape(first)}"
+                           + ("" if os.environ.get(DEBUG_ENV) == "1" else f" (set {DEBUG_ENV}=1 for the traceback)"),
+                           soft_wrap=True)
+            if os.environ.get(DEBUG_ENV) == "1":
+                self.err.print(escape(traceback.format_exc()), soft_wrap=True)
+            return Outcome(ok=False)
+        if isinstance(result, Quit):
+            return Outcome(quit=True)
+        if isinstance(result, RunResult) and result.cancelled:
+            return Outcome(ok=False, cancelled=True)
+        return Outcome()
+
+    def _error(self, message: str) -> None:
+        self.err.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
+
+    @contextlib.contextmanager
+    def _progress(self, label: str):
+        """Yields `callback(done, total, note="")`; a transient bar on a terminal, nothing otherwise."""
+        if not self.show_progress:
+            yield _noop_progress
+            return
+        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
+                                   TimeElapsedColumn)
+
+        with Progress(SpinnerColumn(), TextColumn(escape(label)), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), TextColumn("{task.description}  [dim](Ctrl-C cancels)[/]"),
+                      console=self.err, transient=True) as bar:
+            task = bar.add_task("", total=None)
+
+            def update(done, total=None, note: str = "") -> None:
+                bar.update(task, completed=done, total=total, description=escape(str(note)))
+
+            yield update
+
+    # ---------------------------------------------------------------- loops
+    def interact(self, input=None, output=None, history=None) -> int:
+        """The prompt loop (prompt-toolkit); `input`/`output` let tests use a pipe input."""
+        from prompt_toolkit import PromptSession
+        from prompt_toolkit.auto_suggest import AutoSuggestFromHistory
+        from prompt_toolkit.styles import Style
+
+        from tapml_dbg.ui.repl.completion import make_completer
+
+        style = Style.from_dict({"target": "ansimagenta", "index": "ansicyan", "op": "bold", "layer": "ansigreen"})
+        prompt = PromptSession(history=history if history is not None else open_history(),
+                               completer=make_completer(self.session, self.state), complete_while_typing=False,
+                               auto_suggest=AutoSuggestFromHistory(), style=style, input=input, output=output)
+        while True:
+            try:
+                line = prompt.prompt(self.prompt_parts)
+            except KeyboardInterrupt:
+                continue  # Ctrl-C at the prompt clears the line
+            except EOFError:
+                self.out.print("quit")
+                return 0
+            if self.execute(line).quit:
+                return 0
+
+    def run_commands(self, commands: list[str], echo: bool = True) -> int:
+        """Run commands non-interactively; 1 if any failed, 130 when cancelled with Ctrl-C."""
+        failed = False
+        for line in commands:
+            if echo:
+                self.out.print(self.prompt_text() + line, markup=False, highlight=False, soft_wrap=True)
+            outcome = self.execute(line)
+            if outcome.cancelled:
+                return EXIT_INTERRUPTED
+            failed = failed or not outcome.ok
+            if outcome.quit:
+                break
+        return EXIT_FAILED if failed else 0
+
+    def banner(self) -> str:
+        session = self.session
+        return (f"tapml-dbg replay of {session.reader.path}: {len(session.ops)} ops, {len(session.layers())} "
+                f"layers, on {session.target}. `help` lists commands, Tab completes, Ctrl-D leaves.")
+
+
+def open_history():
+    """File history at $TAPML_HISTORY or ~/.cache/tapml-dbg/history; in memory if unwritable."""
+    from prompt_toolkit.history import FileHistory, InMemoryHistory
+
+    path = Path(os.environ.get(HISTORY_ENV) or DEFAULT_HISTORY).expanduser()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch(exist_ok=True)
+        with open(path, "a"):
+            pass
+    except OSError:
+        return InMemoryHistory()
+    return FileHistory(str(path))
+
+
+def _read_commands(args) -> list[str] | None:
+    """Commands of -c and --script (in that order); a piped stdin counts as a script; None: interactive."""
+    commands: list[str] = []
+    given = False
+    if getattr(args, "commands", None) is not None:
+        commands += split_commands(args.commands)
+        given = True
+    if getattr(args, "script", None):
+        try:
+            text = Path(args.script).read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UsageError(f"cannot read the script {args.script}: {exc}") from None
+        commands += split_commands(text)
+        given = True
+    if not given and not sys.stdin.isatty():
+        commands += split_commands(sys.stdin.read())
+        given = True
+    return commands if given else None
+
+
+def run_replay(args) -> int:
+    """`tapml-dbg replay TRACE [...]`: open the session, then a prompt or the given commands."""
+    from tapml_dbg.engine.session import Session
+
+    commands = _read_commands(args)
+    options = dict(target=args.target, rpc=args.rpc, tracker=args.tracker, rpc_key=args.key,
+                   transform=args.transform)
+    if getattr(args, "timeout", None):
+        options["unit_timeout_s"] = args.timeout
+    out, err = make_console(sys.stdout), make_console(sys.stderr)
+    status = err.status("opening the trace…") if err.is_terminal else contextlib.nullcontext()
+    with status:
+        session = Session.open(args.trace, **options)
+    launch = {"trace": args.trace, "rpc": args.rpc, "tracker": args.tracker, "key": args.key,
+              "transform": args.transform}
+    with session:
+        repl = Repl(session, out, err, launch=launch)
+        if commands is None:
+            out.print(escape(repl.banner()))
+            return repl.interact()
+        return repl.run_commands(commands)
