@@ -67,8 +67,8 @@ def main() -> None:
                 middle = middle_op(session)
                 ops = len(session.ops)
             transform = fault_transform(work, "scale", middle)
-            settings = [("1 server", dict(tracker=tracker.address, rpc_key=KEY, parallel=1)),
-                        ("2 servers", dict(tracker=tracker.address, rpc_key=KEY))]
+            settings = [("1 server", dict(tracker=tracker.address, key=KEY, parallel=1)),
+                        ("2 servers", dict(tracker=tracker.address, key=KEY))]
             if args.local:
                 settings += [("local, 1 lane", dict(parallel=1)), ("local, 2 lanes", dict(parallel=2))]
             for workload in WORKLOADS:

@@ -91,7 +91,7 @@ def test_crashing_kernel_is_a_finding_and_the_session_survives(traces, tmp_path)
 
 def test_hanging_compile_times_out(traces, tmp_path):
     transform = fault_transform(tmp_path, "hang", "gelu")
-    with Session.open(traces.get("mlp"), transform=transform, unit_timeout_s=8) as session:
+    with Session.open(traces.get("mlp"), transform=transform, timeout_s=8) as session:
         verdict = session.isolated(7)
         assert verdict.status == "timeout"
         assert session.isolated(3).status == "pass"  # a fresh worker takes over

@@ -48,7 +48,7 @@ def test_host_helpers_equal_tvm_except_matmuls_which_are_close(tmp_path, monkeyp
                                              ((3, 37), (37,)), ((2, 1, 4, 8), (3, 8, 5))])
 def test_host_matmul_is_torch_matmul(shape_a, shape_b, dtype):
     from tapml_dbg.record.host_ops import _HOST, _dtype, _to_torch
-    from tapml_dbg.record.recorder import to_numpy
+    from tapml_dbg.record.tensors import to_numpy
 
     rng = np.random.default_rng(0)
     a = (rng.standard_normal(shape_a) * 3).astype(_dtype(dtype))

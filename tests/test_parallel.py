@@ -93,7 +93,7 @@ def test_parallel_bisect_over_a_tracker_gives_the_sequential_answer_on_both_serv
         assert session.pool.size == 1  # local default
         sequential = session.bisect()
     before = [server.sessions() for server in servers]
-    with Session.open(path, tracker=tracker.address, rpc_key=KEY, transform=transform,
+    with Session.open(path, tracker=tracker.address, key=KEY, transform=transform,
                       cache_dir=tmp_path / "cache") as session:
         assert session.pool.size == 2  # one lane per free server
         parallel = session.bisect()  # probes two prefixes a round, sweeps ops 0..12 in two batches

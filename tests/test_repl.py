@@ -72,7 +72,7 @@ class Transcript:
     def __init__(self, session):
         session.reset()
         session.policy = TolerancePolicy()
-        session._isolated_cache.clear()
+        session.invalidate_verdicts()
         self.buffer = io.StringIO()
         console = make_console(self.buffer)
         self.repl = Repl(session, out=console, err=console, launch={"trace": str(session.reader.path)},
@@ -404,3 +404,10 @@ def test_a_missing_script_fails_before_the_session_opens(tmp_path):
     with pytest.raises(UsageError, match="cannot read the script"):
         run_replay(args)
     assert main(["replay", str(tmp_path / "no-trace.h5"), "-c", "where"]) == 1  # no such trace: one line, exit 1
+
+
+def test_replay_honours_parallel(trace):
+    """`replay --parallel N` was parsed and then dropped (the session got the default one lane)."""
+    done = _cli(trace, "--parallel", "2", "-c", "info")
+    assert done.returncode == 0, done.stderr
+    assert "llvm (local, 2 lanes)" in done.stdout

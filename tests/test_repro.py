@@ -28,7 +28,9 @@ from conftest import fault_transform
 from tapml_dbg.judge.compare import Tolerance, compare_arrays
 from tapml_dbg.errors import UsageError
 from tapml_dbg.repro import CarveResult, DumpResult, carve, dump_op
-from tapml_dbg.portable import standalone as lib
+from tapml_dbg.repro.files import LIB_SOURCE, lib_files
+from tapml_dbg import portable as lib
+from tapml_dbg.portable import comparison
 from tapml_dbg.repro.unit import lift_constants, op_module, to_script
 from tapml_dbg.engine.session import Session
 
@@ -216,7 +218,7 @@ def test_compare_in_blocks_equals_compare_in_one_block(monkeypatch, dtype):
     if dtype == "float32":
         target.reshape(-1)[5], source.reshape(-1)[600] = np.nan, np.inf
     whole = lib.compare(target.T, source.T, 1e-4, 1e-6)  # transposed: non-contiguous inputs too
-    monkeypatch.setattr(lib, "COMPARE_BLOCK", 100)
+    monkeypatch.setattr(comparison, "COMPARE_BLOCK", 100)
     blocks = lib.compare(target.T, source.T, 1e-4, 1e-6)
     assert whole["mismatched"] > 10 and not whole["passed"]
     for key, value in whole.items():
@@ -290,17 +292,18 @@ def test_dump_cnn_planted_fault_reproduces_and_clean_dump_passes(example_traces,
     faulty = make_dump(trace, op.name, tmp_path / "faulty", transform)
     assert (faulty.index, faulty.name, faulty.status, faulty.reproduces) == (op.index, op.name, "fail", True)
     clean_dir = tmp_path / "clean"
-    from tapml_dbg import cli  # the clean dump goes through the CLI: parsing, engine, renderer
+    from tapml_dbg.ui import cli  # the clean dump goes through the CLI: parsing, engine, renderer
 
     assert cli.main(["dump", str(trace), "--op", str(op.index), "-o", str(clean_dir)]) == 0
 
     folder = tmp_path / "faulty"
     files = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
     transform_file = f"transform/{Path(transform.rsplit(':', 1)[0]).name}"
-    assert files == sorted(["README.md", "_tapml_repro_lib.py", "data.npz", "meta.json", "module.py", "repro.py",
-                            transform_file])
+    lib_copy = [f"{lib.LIB_PACKAGE}/{name}" for name in lib_files()]
+    assert files == sorted(["README.md", "data.npz", "meta.json", "module.py", "repro.py", transform_file, *lib_copy])
     assert faulty.bytes == sum((folder / f).stat().st_size for f in files)
-    assert (folder / "_tapml_repro_lib.py").read_bytes() == Path(lib.__file__).read_bytes()
+    for name in lib_files():  # the engine's own runtime, verbatim
+        assert (folder / lib.LIB_PACKAGE / name).read_bytes() == (LIB_SOURCE / name).read_bytes(), name
     assert (folder / transform_file).read_bytes() == Path(transform.rsplit(":", 1)[0]).read_bytes()
     readme = (folder / "README.md").read_text()
     for needle in ("examples/cnn.py", f"`{op.name}`", op.layer, op.op, "tvm 0.27", "torch 2.",
@@ -327,7 +330,7 @@ def test_dump_cnn_planted_fault_reproduces_and_clean_dump_passes(example_traces,
     with rpc_server() as address:  # the same repro over TVM RPC (in-process: the lib is what runs)
         out = io.StringIO()
         assert lib.repro_main(str(folder), ["--rpc", address], out=out) == lib.EXIT_REPRODUCED, out.getvalue()
-        assert f"over RPC {address}: fail" in out.getvalue()
+        assert f"on llvm via rpc {address}: fail" in out.getvalue()
 
     # a transform that needs an environment variable the dump saw but the run lacks: "cannot run", exit 2
     (folder / transform_file).write_text("import os\n\ndef scale(mod):\n    os.environ['TAPML_REPRO_TEST_OP']\n"
@@ -395,7 +398,7 @@ def test_carved_cnn_suite_passes_and_a_planted_fault_fails_exactly_that_op(examp
     with Session.open(trace) as session:
         assert meta["skipped"] == [] and len(ops) == len(session.ops)
     assert sorted(p.name for p in clean_dir.iterdir()) == sorted(
-        ["README.md", "_tapml_repro_lib.py", "conftest.py", "data.npz", "meta.json", "modules", "pytest.ini",
+        ["README.md", lib.LIB_PACKAGE, "conftest.py", "data.npz", "meta.json", "modules", "pytest.ini",
          "test_ops.py"])
     assert len(list((clean_dir / "modules").iterdir())) == len(ops)
     assert any(op["lifted_constants"] for op in ops)  # batch norm's running statistics

@@ -425,3 +425,19 @@ def test_frozen_v1_fixture():
                                     "nan": 0, "inf": 0, "numel": 2,
                                     "fp16_headroom": math.log2(65504 / 8)}
         assert r.tensor_bytes() == 16 + 8 + 8 + 16 + 3 + 16 + 4
+
+
+def test_info_counts_activation_bytes_by_the_real_dtype_sizes(tmp_path):
+    """`info` once kept its own dtype table: uint16 and uint64 counted 4 bytes, float8 4 bytes."""
+    from tapml_dbg.trace.inspect import trace_info
+
+    outputs = [{"shape": [10], "dtype": "uint16"}, {"shape": [10], "dtype": "uint64"},
+               {"shape": [10], "dtype": "float8_e4m3fn"}, {"shape": [2, 5], "dtype": "bfloat16"},
+               {"shape": [], "dtype": "bool"}]
+    ops = [{"index": 0, "name": "a", "op": "relax.add", "layer": "blocks.0.fc", "outputs": outputs}]
+    path = tmp_path / "t.h5"
+    with TraceWriter(path, meta={"model": "m"}, graph_json="{}", tvmscript="", ops=ops, inputs={}, params={}):
+        pass
+    info = trace_info(path)
+    assert info["activation_bytes"] == 10 * 2 + 10 * 8 + 10 * 1 + 10 * 2 + 1
+    assert info["num_layers"] == 3  # blocks, blocks.0, blocks.0.fc

@@ -12,7 +12,9 @@ import re
 from dataclasses import dataclass
 
 from tapml_dbg.errors import ModelError
+from tapml_dbg.frontend.fixes import apply_import_fixes
 from tapml_dbg.model.graph import Graph, OpInfo, TensorSpec
+from tapml_dbg.model.units import flatten_ty
 
 OUTPUT_OP_NAME = "output"
 
@@ -66,8 +68,6 @@ def import_program(program) -> tuple[Graph, dict[str, Provenance]]:
     """Import a decomposed ExportedProgram; return the graph and each op's FX provenance."""
     from tvm import relax
     from tvm.relax.frontend.torch.exported_program_translator import ExportedProgramImporter
-
-    from tapml_dbg.frontend.fixes import apply_import_fixes
 
     importer = ExportedProgramImporter()
     fixes = apply_import_fixes(importer)
@@ -162,30 +162,6 @@ def _relax_op_name(value) -> str:
         if isinstance(value, kind):
             return name
     return type(value).__name__
-
-
-def flatten_ty(sinfo) -> list[TensorSpec] | None:
-    """Tensor specs of a (possibly nested tuple) struct info; None when not all static tensors."""
-    from tvm import relax
-
-    if isinstance(sinfo, relax.TensorType):
-        shape = sinfo.shape
-        if shape is None or not isinstance(shape, relax.ShapeExpr):
-            return None
-        try:
-            dims = tuple(int(d) for d in shape.values)
-        except TypeError:
-            return None
-        return [TensorSpec(dims, str(sinfo.dtype))]
-    if isinstance(sinfo, relax.TupleType):
-        specs: list[TensorSpec] = []
-        for field in sinfo.fields:
-            sub = flatten_ty(field)
-            if sub is None:
-                return None
-            specs.extend(sub)
-        return specs
-    return None
 
 
 def _build_graph(mod, nodes, emitted, final_of_node) -> tuple[Graph, dict[str, Provenance]]:

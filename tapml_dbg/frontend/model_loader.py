@@ -2,45 +2,30 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 from tapml_dbg.errors import ModelError
+from tapml_dbg.portable import DEFAULT_FUNC, PortableError, load_function, split_spec
 
-DEFAULT_BUILD_FUNC = "build"
+DEFAULT_BUILD_FUNC = DEFAULT_FUNC  # `FILE.py` alone means `FILE.py:build`
 
 
 def split_model_spec(spec: str) -> tuple[Path, str]:
     """`file.py:func` → (path, func); a bare path means the default `build`."""
-    path_text, sep, func = spec.rpartition(":")
-    if not sep or not path_text.endswith(".py"):
-        path_text, func = spec, DEFAULT_BUILD_FUNC
-    return Path(path_text), func or DEFAULT_BUILD_FUNC
+    path, func = split_spec(spec, DEFAULT_BUILD_FUNC)
+    return Path(path), func
 
 
 def load_python_function(spec: str, what: str = "model"):
-    """Import FILE.py and return FUNC from it, with errors that say what to fix."""
+    """Import FILE.py and return FUNC from it, with errors that say what to fix.
+
+    The loading is portable's (the one loader, which repros run too); its errors become ModelError.
+    """
     path, func_name = split_model_spec(spec)
-    if not path.is_file():
-        raise ModelError(f"{what} file not found: {path} (give a path to a .py file, as FILE.py[:FUNC])")
-    module_name = f"_tapml_user_{abs(hash(str(path.resolve())))}"
-    loader_spec = importlib.util.spec_from_file_location(module_name, path)
-    if loader_spec is None or loader_spec.loader is None:
-        raise ModelError(f"cannot import {path}: not a Python file")
-    module = importlib.util.module_from_spec(loader_spec)
-    sys.modules[module_name] = module
-    folder = str(path.resolve().parent)
-    if folder not in sys.path:  # sibling imports work as when the file runs as a script
-        sys.path.insert(0, folder)
     try:
-        loader_spec.loader.exec_module(module)
-    except Exception as exc:  # the user's file failed: say where, not a traceback
-        raise ModelError(f"importing {path} failed: {type(exc).__name__}: {exc}") from exc
-    func = getattr(module, func_name, None)
-    if not callable(func):
-        raise ModelError(f"{path} has no function {func_name!r} (name it as {path}:FUNC)")
-    return func
+        return load_function(str(path), func_name, what=what)
+    except PortableError as exc:
+        raise ModelError(str(exc)) from exc
 
 
 def load_model(spec: str):

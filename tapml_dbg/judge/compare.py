@@ -15,8 +15,8 @@ from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
-from tapml_dbg.portable.standalone import compare as standalone_compare
-from tapml_dbg.portable.standalone import dtype_name  # noqa: F401  (re-exported: one spelling of dtypes)
+from tapml_dbg.portable import compare as portable_compare
+from tapml_dbg.portable import dtype_name  # noqa: F401  (re-exported: one spelling of dtypes)
 
 
 @dataclass(frozen=True)
@@ -82,14 +82,29 @@ class Metrics:
                 for k, v in asdict(self).items()}
 
     def summary(self) -> str:
-        if self.shape_mismatch:
-            return f"shape {self.shape_mismatch}"
-        if self.dtype_mismatch:
-            return f"dtype {self.dtype_mismatch}"
-        text = f"max_abs={self.max_abs_err:.3g} rel={self.scale_rel_err:.3g} cos={self.cosine:.6f}"
-        if self.nan_mismatch or self.inf_mismatch:
-            text += f" nan!={self.nan_mismatch} inf!={self.inf_mismatch}"
-        return text
+        return metrics_text(self)
+
+
+def metrics_text(m: Metrics, compact: bool = False) -> str:
+    """The one wording of a comparison: `compact` for a table cell, else the summary repros and the UI print.
+
+    A shape or dtype mismatch is the whole story; otherwise the errors, then any NaN/Inf pattern
+    mismatch. (`portable.format_metrics` words the same figures inside a repro, which
+    cannot import this package.)
+    """
+    if m.shape_mismatch:
+        return f"shape {m.shape_mismatch}"
+    if m.dtype_mismatch:
+        return f"dtype {m.dtype_mismatch}"
+    if compact:
+        text = f"rel={m.scale_rel_err:.1e}"
+    else:
+        text = f"max_abs={m.max_abs_err:.3g} rel={m.scale_rel_err:.3g} cos={m.cosine:.6f}"
+    if m.nan_mismatch:
+        text += f" nan!={m.nan_mismatch}"
+    if m.inf_mismatch:
+        text += f" inf!={m.inf_mismatch}"
+    return text
 
 
 def _is_float(dtype: str) -> bool:
@@ -99,10 +114,10 @@ def _is_float(dtype: str) -> bool:
 def compare_arrays(target: np.ndarray, source: np.ndarray, tol: Tolerance) -> Metrics:
     """Compare one target output with its recorded source value under `tol`.
 
-    The rule itself lives in `repro/standalone.py`, which repros copy verbatim, so a repro and
+    The rule itself lives in `tapml_dbg.portable`, which repros copy verbatim, so a repro and
     the engine can never judge the same values differently.
     """
-    result = standalone_compare(target, source, tol.rtol, tol.atol)
+    result = portable_compare(target, source, tol.rtol, tol.atol)
     return Metrics(**{name: result[name] for name in Metrics.__dataclass_fields__})
 
 
@@ -110,4 +125,4 @@ def worst(metrics: list[Metrics]) -> Metrics:
     """The failing (or else the largest-error) output of a multi-output op."""
     failing = [m for m in metrics if not m.passed]
     pool = failing or metrics
-    return max(pool, key=lambda m: (m.scale_rel_err if math.isfinite(m.scale_rel_err) else 1e300))
+    return max(pool, key=lambda m: m.scale_rel_err if math.isfinite(m.scale_rel_err) else math.inf)  # NaN, inf: worst

@@ -1,34 +1,62 @@
-"""Result objects the engine returns; the REPL and CLI only render them."""
+"""A verdict: one op's target value judged against the source, in one mode, with the evidence."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from tapml_dbg.judge.compare import Metrics, worst
 
-ISOLATED = "isolated"
-PROPAGATED = "propagated"
-FAILURE_STATUSES = ("fail", "compile-error", "crash", "timeout", "error")
+
+class Mode(StrEnum):
+    """Which inputs the op was fed on the target."""
+
+    ISOLATED = "isolated"  # the recorded source inputs: "this kernel is wrong"
+    PROPAGATED = "propagated"  # the target's own upstream values: "the error arrives here"
+
+
+ISOLATED, PROPAGATED = Mode.ISOLATED, Mode.PROPAGATED
+
+
+class Status(StrEnum):
+    """A verdict's outcome. The unit statuses of a failed run (compile-error ...) keep their names."""
+
+    PASS = "pass"
+    FAIL = "fail"
+    COMPILE_ERROR = "compile-error"
+    CRASH = "crash"
+    TIMEOUT = "timeout"
+    ERROR = "error"  # the unit ran but raised, or the target gave no value
+    MISSING = "missing"  # the trace holds no value to feed or compare: no verdict
+
+    @property
+    def failed(self) -> bool:
+        return self not in (Status.PASS, Status.MISSING)
+
+    @property
+    def judged(self) -> bool:
+        """The target ran and its values were compared (pass or fail), as opposed to a failed run."""
+        return self in (Status.PASS, Status.FAIL)
 
 
 @dataclass
 class Verdict:
-    """One op's comparison in one mode. status: pass, fail, compile-error, crash, timeout, error, missing."""
+    """One op's comparison in one mode."""
 
     index: int
     name: str
-    mode: str
-    status: str
+    mode: Mode
+    status: Status
     metrics: list[Metrics] = field(default_factory=list)
     message: str = ""
 
     @property
     def passed(self) -> bool:
-        return self.status == "pass"
+        return self.status == Status.PASS
 
     @property
     def failed(self) -> bool:
-        return self.status in FAILURE_STATUSES
+        return self.status.failed
 
     @property
     def worst(self) -> Metrics | None:
@@ -36,79 +64,10 @@ class Verdict:
 
     @property
     def summary(self) -> str:
-        if self.metrics and self.status in ("pass", "fail"):
+        if self.metrics and self.status.judged:
             return self.worst.summary()
         return self.message
 
     def to_json(self) -> dict:
         return {"mode": self.mode, "status": self.status, "message": self.message,
                 "metrics": self.worst.to_json() if self.metrics else {}}
-
-
-@dataclass
-class StepResult:
-    """An op run on the target, with the verdicts computed for it."""
-
-    index: int
-    name: str
-    op: str
-    layer: str
-    isolated: Verdict | None = None
-    propagated: Verdict | None = None
-    breakpoint: str = ""  # why execution stopped here, if it did
-
-    def verdict(self, mode: str) -> Verdict | None:
-        return self.isolated if mode == ISOLATED else self.propagated
-
-
-@dataclass
-class Culprit:
-    index: int
-    name: str
-    op: str
-    layer: str
-    verdict: str  # isolated | propagated | compile-error | crash | timeout
-    metrics: Metrics | None
-    message: str = ""
-
-    @property
-    def summary(self) -> str:
-        return self.metrics.summary() if self.metrics else self.message
-
-    def to_json(self) -> dict:
-        return {"index": self.index, "name": self.name, "op": self.op, "layer": self.layer,
-                "verdict": self.verdict, "metrics": self.metrics.to_json() if self.metrics else {},
-                "message": self.message}
-
-
-@dataclass
-class BisectResult:
-    diverged: bool
-    ops: int
-    probes: int
-    seconds: float
-    target: str
-    culprit: Culprit | None = None
-    neighbourhood: list[StepResult] = field(default_factory=list)
-    search: list[tuple[int, bool]] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-
-    def to_json(self) -> dict:
-        return {"diverged": self.diverged, "ops": self.ops, "probes": self.probes,
-                "seconds": round(self.seconds, 3), "target": self.target,
-                "op": self.culprit.to_json() if self.culprit else None,
-                "search": [{"index": k, "failed": f} for k, f in self.search], "notes": self.notes}
-
-
-@dataclass
-class CompileReport:
-    target: str
-    ops: int
-    failures: list[dict] = field(default_factory=list)
-
-    @property
-    def failed(self) -> int:
-        return len(self.failures)
-
-    def to_json(self) -> dict:
-        return {"target": self.target, "ops": self.ops, "failed": self.failed, "failures": self.failures}

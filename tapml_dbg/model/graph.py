@@ -61,17 +61,3 @@ class Graph:
     params: list[tuple[str, TensorSpec]]
     outputs: list[str]  # names of the ops (or inputs) the model returns
     import_fixes: list[str] = field(default_factory=list)  # see frontend/fixes.py
-
-    def op_by_name(self) -> dict[str, OpInfo]:
-        return {op.name: op for op in self.ops}
-
-    def layers(self) -> list[str]:
-        """Every layer path in first-use order, including the parents of nested layers."""
-        seen: dict[str, None] = {}
-        for op in self.ops:
-            if not op.layer:
-                continue
-            parts = op.layer.split(".")
-            for end in range(1, len(parts) + 1):
-                seen.setdefault(".".join(parts[:end]), None)
-        return list(seen)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tapml_dbg.model.graph import TensorSpec
+
 
 @dataclass
 class UnitSpec:
@@ -76,8 +78,6 @@ def _rebind(binding, remap):
 
     if not remap:
         return binding
-    from tapml_dbg.model.var_subst import substitute
-
     return relax.VarBinding(binding.var, substitute(binding.value, remap))
 
 
@@ -89,8 +89,6 @@ def build_isolated_batch(main, op_names: list[str]):
     `build_unit`.
     """
     from tvm import relax
-
-    from tapml_dbg.model.var_subst import substitute
 
     table = bindings_by_name(main)
     params: list = []
@@ -120,3 +118,39 @@ def build_isolated_batch(main, op_names: list[str]):
         builder.emit_func_output(relax.Tuple(results))
     func = builder.get()["main"]
     return func, UnitSpec(ops=list(op_names), outputs=list(op_names), inputs=spec_inputs)
+
+
+def substitute(expr, mapping: dict):
+    """Replace free variables in a Relax expression (TVM 0.27 has no public `bind` helper)."""
+    from tvm import relax
+
+    @relax.expr_functor.mutator
+    class Substituter(relax.PyExprMutator):
+        def visit_var_(self, var):
+            return mapping.get(var, var)
+
+    return Substituter().visit_expr(expr)
+
+
+def flatten_ty(sinfo) -> list[TensorSpec] | None:
+    """Tensor specs of a (possibly nested tuple) struct info; None when not all static tensors."""
+    from tvm import relax
+
+    if isinstance(sinfo, relax.TensorType):
+        shape = sinfo.shape
+        if shape is None or not isinstance(shape, relax.ShapeExpr):
+            return None
+        try:
+            dims = tuple(int(d) for d in shape.values)
+        except TypeError:
+            return None
+        return [TensorSpec(dims, str(sinfo.dtype))]
+    if isinstance(sinfo, relax.TupleType):
+        specs: list[TensorSpec] = []
+        for field in sinfo.fields:
+            sub = flatten_ty(field)
+            if sub is None:
+                return None
+            specs.extend(sub)
+        return specs
+    return None

@@ -1,0 +1,35 @@
+"""The portable runtime: tvm + numpy only, shared by the engine and every repro.
+
+`tapml_dbg/portable` is imported by the engine (its worker builds, loads and runs units through
+`Runner`; its judge compares through `compare`) and copied verbatim into every dump and carve
+directory as `_tapml_repro_lib/`, so repro.py and a carved test_ops.py run the same code without
+tapml-dbg or torch installed. Keep it that way: standard library, numpy, tvm (and ml_dtypes, a
+dependency of tvm, for bfloat16/float8 data) only; relative imports among its own modules; tvm
+imported inside functions, so that comparing arrays does not load it.
+
+  errors      PortableError, one_line
+  codec       arrays <-> npz without pickle (raw bits for bfloat16/float8)
+  comparison  the compare rule and its wording
+  loader      FILE.py[:FUNC] -> the user's function (transforms, model build functions)
+  runner      targets, devices (local or RPC), build with the device-code check, Runner
+  repro       a repro directory: meta, data, check_op, repro_main
+"""
+
+from .codec import decode_array, dtype_name, encode_array, write_npz
+from .comparison import COMPARE_BLOCK, COMPARE_RULE, compare, format_metrics
+from .errors import MESSAGE_LIMIT, PortableError, one_line
+from .loader import DEFAULT_FUNC, load_function, split_spec
+from .repro import (COMPILE_ERROR, DATA_FILE, EXIT_BROKEN, EXIT_OK, EXIT_REPRODUCED, FAIL, FORMAT, FORMAT_VERSION,
+                    LIB_PACKAGE, META_FILE, PASS, RUN_ERROR, Data, OpCheck, check_op, load_module,
+                    load_transform, op_id, read_meta, repro_main)
+from .runner import (DEFAULT_TARGET, ENTRY, TARGET_HINT, Runner, build, connect, device_kind, flatten,
+                     has_device_module, local_device, parse_target, split_host_port, target_label)
+
+__all__ = [
+    "COMPARE_BLOCK", "COMPARE_RULE", "COMPILE_ERROR", "DATA_FILE", "DEFAULT_FUNC", "ENTRY", "DEFAULT_TARGET", "EXIT_BROKEN", "EXIT_OK",
+    "EXIT_REPRODUCED", "FAIL", "FORMAT", "FORMAT_VERSION", "LIB_PACKAGE", "MESSAGE_LIMIT", "META_FILE", "PASS",
+    "RUN_ERROR", "TARGET_HINT", "Data", "OpCheck", "PortableError", "Runner", "build", "check_op", "compare",
+    "connect", "decode_array", "device_kind", "dtype_name", "encode_array", "flatten", "format_metrics",
+    "has_device_module", "load_function", "load_module", "load_transform", "local_device", "one_line", "op_id",
+    "parse_target", "read_meta", "repro_main", "split_host_port", "split_spec", "target_label", "write_npz",
+]

@@ -36,6 +36,8 @@ from typing import Callable
 import numpy as np
 
 from tapml_dbg.model.graph import OpInfo
+from tapml_dbg.model.units import bindings_by_name, flatten_ty
+from tapml_dbg.record.tensors import to_numpy
 
 HOST_OPS_MODES = ("verify-first", "verify-all", "off")
 HOST_OPS_MODE = os.environ.get("TAPML_HOST_OPS", "verify-first")
@@ -51,8 +53,6 @@ class HostOps:
     """Compute helper ops on the host when exactly possible; verify arithmetic kinds against TVM."""
 
     def __init__(self, main, tvm_run: Callable[[OpInfo], list[np.ndarray]], mode: str | None = None):
-        from tapml_dbg.model.units import bindings_by_name
-
         mode = mode or HOST_OPS_MODE
         if mode not in HOST_OPS_MODES:
             raise ValueError(f"TAPML_HOST_OPS must be one of {', '.join(HOST_OPS_MODES)}, not {mode!r}")
@@ -151,8 +151,6 @@ def _checked(arrays: list[np.ndarray] | None, op: OpInfo) -> list[np.ndarray] | 
 def _get_item(value, values) -> list[np.ndarray] | None:
     from tvm import relax
 
-    from tapml_dbg.frontend.importer import flatten_ty
-
     tup = value.tuple_value
     if not isinstance(tup, relax.Var) or not isinstance(tup.ty, relax.TupleType):
         return None
@@ -230,8 +228,6 @@ def _fill(value):
 def _matmul(args, attrs, shape, dtype):
     """torch.matmul, as the source computes it (batched, broadcast and 1-D operands included)."""
     import torch
-
-    from tapml_dbg.record.recorder import to_numpy
 
     a, b = args[0], args[1]
     if a.dtype != dtype or b.dtype != dtype or dtype.kind not in "fiu" and dtype != _dtype("bfloat16"):

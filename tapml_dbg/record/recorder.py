@@ -34,11 +34,14 @@ from tapml_dbg.frontend.importer import Provenance, export_program, import_progr
 from tapml_dbg.frontend.model_loader import load_model
 from tapml_dbg.model.serialize import function_to_json
 from tapml_dbg.record.heap import use_mmap_for_large_blocks
+from tapml_dbg.record.host_ops import HostOps
+from tapml_dbg.record.tensors import to_numpy
+from tapml_dbg.runtime.in_process import LocalRunner
+from tapml_dbg.trace import TraceWriter
 from tapml_dbg.trace.capture import parse_size, plan_capture
+from tapml_dbg.trace.schema import CAST_NOTE_PREFIX, HELPER_NOTE, HOST_NOTE
 
 DEFAULT_SEED = 0
-HELPER_NOTE = "computed by tvm:llvm from recorded inputs (no FX node of its own)"
-HOST_NOTE = "computed on the host (numpy, or torch for a matmul) from recorded inputs (no FX node of its own)"
 WRITE_QUEUE_BYTES = 128 * 2**20  # values handed to the writer thread but not yet written
 WRITE_IN_BACKGROUND = os.environ.get("TAPML_WRITE_THREAD", "1") != "0"  # "0": stats and writes inline
 EAGER_REPEATS = 3  # best-of-N warm eager forwards timed after recording, for the ratio
@@ -114,30 +117,11 @@ def _load_inputs(npz_path: str, examples: tuple) -> tuple:
     return tuple(result)
 
 
-def to_numpy(tensor) -> np.ndarray:
-    """torch tensor → numpy without a copy (a strided view when the tensor is one), bfloat16 kept
-    exactly (as ml_dtypes.bfloat16). The trace writer makes the one contiguous copy it needs."""
-    import torch
-
-    tensor = tensor.detach().cpu()
-    if tensor.dtype == torch.bfloat16:
-        import ml_dtypes
-
-        return tensor.contiguous().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-    try:
-        return tensor.numpy()
-    except (RuntimeError, TypeError):  # e.g. a lazily negated view: materialise it
-        return tensor.contiguous().numpy()
-
-
 def _record_graph(model_spec, out_path, graph: Graph, provenance, program, module, inputs, source, seed,
                   compression, progress, started, plan, phases, ops_json) -> RecordResult:
     import torch
     import tvm
 
-    from tapml_dbg.runtime.in_process import LocalRunner
-    from tapml_dbg.record.host_ops import HostOps
-    from tapml_dbg.trace import TraceWriter
 
     phases = dict(phases)
     serialize_started = time.perf_counter()
@@ -417,7 +401,6 @@ def _node_value(node_values, pending: dict, node_name: str):
     return pending[node_name]
 
 
-CAST_NOTE_PREFIX = "cast:"  # "cast:float16": torch's value had this dtype; compare at its precision
 
 
 def _match_outputs(value, prov: Provenance, op: OpInfo) -> tuple[list[np.ndarray], str] | None:

@@ -1,19 +1,10 @@
 """Standalone repros: `dump` one op into a folder that needs only tvm + numpy; `carve` every op
-into a pytest suite. Both share one runtime file, `standalone.py`, copied into the folder.
-
-Names are imported lazily: the engine's `compare` uses `standalone` too, and must not pull in
-the session through this package.
+into a pytest suite. Both ship a verbatim copy of `tapml_dbg.portable`, the code the engine's
+worker compiles, runs and judges with, so a repro and the engine agree on every unit.
 """
 
-_EXPORTS = {"carve": "carve_suite", "CarveResult": "carve_suite", "DEFAULT_CARVE_MAX_MB": "carve_suite",
-            "dump_op": "dump_dir", "DumpResult": "dump_dir", "RoundTripError": "unit"}
+from tapml_dbg.repro.carve import DEFAULT_CARVE_MAX_MB, CarveResult, carve
+from tapml_dbg.repro.dump import DumpResult, dump_op
+from tapml_dbg.repro.unit import RoundTripError
 
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(name)
-    import importlib
-
-    return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+__all__ = ["DEFAULT_CARVE_MAX_MB", "CarveResult", "DumpResult", "RoundTripError", "carve", "dump_op"]

@@ -7,15 +7,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from tapml_dbg import portable as lib
 from tapml_dbg.errors import TargetError, TraceError, UsageError
 from tapml_dbg.repro import files
-from tapml_dbg.portable import standalone as lib
 from tapml_dbg.repro.templates import CONFTEST_PY, PYTEST_INI, TEST_OPS_PY
 from tapml_dbg.repro.unit import RoundTripError, op_module
 
 DEFAULT_CARVE_MAX_MB = 256.0  # data budget of a carved suite (inputs + outputs, each array once)
 MODULES_DIR = "modules"
 MIB = 1024 * 1024
+README_FAILURES = 50  # failing ops a carved suite's README lists by name; meta.json has them all
 
 
 def _noop(*_args, **_kwargs) -> None:
@@ -84,7 +85,7 @@ def carve(session, output, max_mb: float | None = None, progress: Callable[..., 
     verdicts: dict[str, str] = {}
     check_error = ""
     checked = {}
-    if verify if verify is not None else bool(session.rpc or session.tracker):
+    if verify if verify is not None else session.spec.remote:
         carved = [entry["index"] for entry in entries]
         try:
             checked = session.isolated_many(carved, lambda done, count, what="": progress(
@@ -98,7 +99,7 @@ def carve(session, output, max_mb: float | None = None, progress: Callable[..., 
     progress(total, total, "writing data")
     writer.write(folder)
     files.copy_lib(folder)
-    transform = files.copy_transform(folder, session.transform)
+    transform = files.copy_transform(folder, session.spec.transform)
     model = session.reader.meta.get("model", "the model")
     (folder / "test_ops.py").write_text(TEST_OPS_PY.format(model=model, target=session.target,
                                                            folder_hint=folder.name), encoding="utf-8")
@@ -159,9 +160,9 @@ def _readme(meta: dict, num_ops: int, data_bytes: int, total_bytes: int) -> str:
                   + (" These did not:" if bad else ""), ""]
         lines += [f"- op {entry['index']} `{entry['name']}` ({entry['op']}): {entry['target_verdict']['status']}"
                   + (f": {entry['target_verdict']['summary']}" if entry["target_verdict"]["summary"] else "")
-                  for entry in bad[:50]]
-        if len(bad) > 50:
-            lines.append(f"- ... and {len(bad) - 50} more (see meta.json)")
+                  for entry in bad[:README_FAILURES]]
+        if len(bad) > README_FAILURES:
+            lines.append(f"- ... and {len(bad) - README_FAILURES} more (see meta.json)")
         lines.append("")
     if meta.get("check_error"):
         lines += ["## Not checked on the target", "", meta["check_error"] + ".", ""]
@@ -169,7 +170,8 @@ def _readme(meta: dict, num_ops: int, data_bytes: int, total_bytes: int) -> str:
         lines += [f"## Left out ({len(meta['skipped'])})", ""] + [f"- {note}" for note in meta["skipped"]] + [""]
     lines += ["## Files", "",
               "- `test_ops.py`, `conftest.py`, `pytest.ini`: the suite (`--target`, `--rpc`, `--tracker`/`--key`)",
-              "- `_tapml_repro_lib.py`: load, compile, run, compare (shared with `tapml-dbg dump`'s repro.py)",
+              f"- `{lib.LIB_PACKAGE}/`: load, compile, run, compare (a verbatim copy of tapml-dbg's "
+              "`tapml_dbg/portable`, shared with `tapml-dbg dump`'s repro.py)",
               "- `modules/NNN_OP.py`: each op's Relax module as TVMScript (tensor constants lifted to inputs)",
               "- `data.npz`: every input and output, each array once (no pickle; bfloat16 as raw bits)",
               "- `meta.json`: ops, array keys, dtypes, tolerances, target, versions"]

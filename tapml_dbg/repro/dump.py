@@ -6,8 +6,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tapml_dbg import portable as lib
 from tapml_dbg.repro import files
-from tapml_dbg.portable import standalone as lib
 from tapml_dbg.repro.templates import REPRO_PY
 from tapml_dbg.repro.unit import op_module
 
@@ -47,12 +47,12 @@ def dump_op(session, op_text, output, command: str | None = None) -> DumpResult:
     writer.add(unit.refs)
     writer.write(folder)
     files.copy_lib(folder)
-    transform = files.copy_transform(folder, session.transform)
+    transform = files.copy_transform(folder, session.spec.transform)
     (folder / "repro.py").write_text(REPRO_PY.format(index=op.index, name=op.name, source_op=op.op,
                                                      model=session.reader.meta.get("model", "the model")),
                                      encoding="utf-8")
     trace_meta = session.reader.meta
-    seen = {"target": session.target, "rpc": session.rpc, "tracker": session.tracker, "mode": "isolated",
+    seen = {"target": session.target, "rpc": session.spec.rpc, "tracker": session.spec.tracker, "mode": "isolated",
             "status": verdict.status, "message": verdict.message,
             "metrics": [m.to_json() for m in verdict.metrics]}
     meta = {
@@ -135,9 +135,9 @@ def _readme(meta: dict, unit, data_bytes: int, total_bytes: int) -> str:
     lines += ["## Comparison rule", "", f"Per output: {lib.COMPARE_RULE}. The tolerances are the recorded "
               "session's policy for the output's dtype (`meta.json`).", "",
               "## Files", "",
-              "- `repro.py`: the entry point (argument parsing; the work is in `_tapml_repro_lib.py`)",
-              "- `_tapml_repro_lib.py`: load, compile, run and compare (a verbatim copy of tapml-dbg's "
-              "`tapml_dbg/repro/standalone.py`)",
+              f"- `repro.py`: the entry point (argument parsing; the work is in `{lib.LIB_PACKAGE}/`)",
+              f"- `{lib.LIB_PACKAGE}/`: load, compile, run and compare (a verbatim copy of tapml-dbg's "
+              "`tapml_dbg/portable`, the runtime tapml-dbg itself runs units with)",
               f"- `{op['module']}`: the op's Relax module as TVMScript"
               + (f"; its {op['lifted_constants']} tensor constant(s) are lifted to trailing parameters "
                  "whose values are in `data.npz`" if op["lifted_constants"] else ""),

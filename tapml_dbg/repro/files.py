@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import re
 import shutil
 from pathlib import Path
 
+from tapml_dbg import __version__
+from tapml_dbg import portable as lib
 from tapml_dbg.errors import UsageError
-from tapml_dbg.portable import standalone as lib
 
-STANDALONE_SOURCE = Path(__file__).with_name("standalone.py")
+LIB_SOURCE = Path(lib.__file__).parent  # the portable package, copied whole as LIB_PACKAGE
 TRANSFORM_DIR = "transform"
+OLD_LIB_FILE = "_tapml_repro_lib.py"  # the one-file lib of earlier repros: a re-dump removes it
 # files and folders a dump or carve writes; a re-dump into the same folder replaces exactly these
 OWNED = ("README.md", "repro.py", "module.py", "modules", "test_ops.py", "conftest.py", "pytest.ini",
-         lib.LIB_FILE, lib.META_FILE, lib.DATA_FILE, TRANSFORM_DIR, "__pycache__")
+         lib.LIB_PACKAGE, OLD_LIB_FILE, lib.META_FILE, lib.DATA_FILE, TRANSFORM_DIR, "__pycache__")
 
 _ENV_PATTERNS = (r"os\.environ\[\s*['\"](\w+)['\"]", r"os\.environ\.get\(\s*['\"](\w+)['\"]",
                  r"os\.getenv\(\s*['\"](\w+)['\"]")
@@ -46,17 +49,25 @@ def _is_repro_meta(path: Path) -> bool:
         return False
 
 
+def lib_files() -> list[Path]:
+    """The portable package's modules, as a repro gets them (relative to LIB_SOURCE)."""
+    return sorted(path.relative_to(LIB_SOURCE) for path in LIB_SOURCE.glob("*.py"))
+
+
 def copy_lib(folder: Path) -> None:
-    shutil.copyfile(STANDALONE_SOURCE, folder / lib.LIB_FILE)
+    """Copy the portable package verbatim to `folder`/LIB_PACKAGE: repro.py and test_ops.py import it."""
+    package = folder / lib.LIB_PACKAGE
+    package.mkdir(exist_ok=True)
+    for name in lib_files():
+        shutil.copyfile(LIB_SOURCE / name, package / name)
 
 
 def copy_transform(folder: Path, spec: str | None) -> dict | None:
     """Copy the `--transform FILE.py:FUNC` file as-is; note the environment variables it reads."""
     if not spec:
         return None
-    from tapml_dbg.frontend.model_loader import split_model_spec
-
-    source, func = split_model_spec(spec)
+    path, func = lib.split_spec(spec)
+    source = Path(path)
     (folder / TRANSFORM_DIR).mkdir(exist_ok=True)
     copied = folder / TRANSFORM_DIR / source.name
     shutil.copyfile(source, copied)
@@ -132,15 +143,11 @@ def safe_name(name: str) -> str:
 
 
 def versions() -> dict:
-    import platform
-
     import numpy
     import tvm
 
-    from tapml_dbg import __version__ as own
-
     return {"tvm": tvm.__version__, "numpy": numpy.__version__, "python": platform.python_version(),
-            "tapml_dbg": own}
+            "tapml_dbg": __version__}
 
 
 def write_readme_sized(folder: Path, render) -> int:

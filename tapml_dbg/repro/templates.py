@@ -1,7 +1,8 @@
-"""The small Python files a dump or carve writes beside `_tapml_repro_lib.py`.
+"""The small Python files a dump or carve writes beside `_tapml_repro_lib/`.
 
-They hold no per-op code: everything they run is in the shared lib and meta.json, so a
-dump's repro.py and a carved test run the same machinery.
+They hold no per-op code: everything they run is in the shared lib (a verbatim copy of
+`tapml_dbg/portable`, the runtime the engine uses too) and meta.json, so a dump's repro.py, a
+carved test and the engine run the same machinery.
 """
 
 REPRO_PY = '''#!/usr/bin/env python3
@@ -56,7 +57,7 @@ OPS = META["ops"]
 def test_op(op, tapml_runner, tapml_data):
     try:
         check = lib.check_op(HERE, META, op, tapml_runner, tapml_data)
-    except lib.ReproBroken as exc:
+    except lib.PortableError as exc:
         pytest.fail(f"the carved test cannot run: {{exc}}", pytrace=False)
     assert check.passed, check.report()
 '''
@@ -90,7 +91,7 @@ def tapml_runner(request):
     try:
         return lib.Runner(option("--target") or meta.get("target", "llvm"), option("--rpc"),
                           option("--tracker"), option("--key"))
-    except lib.ReproBroken as exc:
+    except lib.PortableError as exc:
         pytest.exit(f"cannot set up the target: {{exc}}", returncode=2)
 
 

@@ -17,6 +17,7 @@ import numpy as np
 from tapml_dbg.model.units import build_unit
 from tapml_dbg.judge.compare import dtype_name
 from tapml_dbg.errors import TapmlError
+from tapml_dbg.portable import one_line
 from tapml_dbg.model.graph import OpInfo
 
 LIFTED_PREFIX = "lifted_const"
@@ -135,9 +136,7 @@ def to_script(func, op_name: str) -> str:
         back = tvm.script.from_source(text)
         tvm.ir.assert_structural_equal(back, mod)
     except Exception as exc:
-        lines = [line for line in str(exc).strip().splitlines() if line.strip()]
-        raise RoundTripError(f"op {op_name}: TVMScript round trip failed: {type(exc).__name__}: "
-                             f"{lines[-1] if lines else ''}"[:600]) from exc
+        raise RoundTripError(f"op {op_name}: TVMScript round trip failed: {one_line(exc)}") from exc
     names = {b.var.name for block in back["main"].body.blocks for b in block.bindings}
     if op_name not in names:
         raise RoundTripError(f"op {op_name}: TVMScript round trip renamed the op's binding "
@@ -181,7 +180,7 @@ def op_module(session, op: OpInfo) -> OpModule:
 
 
 def _input_ref(session, name: str, field_index: int) -> ValueRef:
-    ref = session._recorded_ref(name, field_index)
+    ref = session.requests.recorded_ref(name, field_index)
     reader = session.reader
     if ref[0] == "input":
         return ValueRef(f"input/{name}", "input", name, -1, reader.input(name))

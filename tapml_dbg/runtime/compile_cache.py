@@ -1,5 +1,10 @@
 """Compile a unit for a target, through an on-disk cache keyed by unit, target, TVM and transform.
 
+The build itself is portable's (`tapml_dbg.portable.build`, what `Runner.build` and every repro
+run): the target's default Relax pipeline, then the device-code check, so the engine and a repro
+can never disagree about whether a unit compiles. A unit that fails the check raises before it
+is exported, so the cache holds only units that passed it.
+
 The cache stores exported shared libraries, so a second session (or a second probe of the same
 range) loads machine code instead of recompiling. Runs inside the worker process: a codegen
 segfault kills the worker, not the session.
@@ -13,14 +18,20 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from tapml_dbg import portable
+from tapml_dbg.errors import UsageError
+from tapml_dbg.model.serialize import function_from_json
+from tapml_dbg.runtime.target import parse_target
+
 DEFAULT_CACHE_DIR = Path(os.environ.get("TAPML_CACHE_DIR", Path.home() / ".cache" / "tapml-dbg"))
+KEY_CHARS = 32
+DIGEST_CHARS = 16
 
 
 @dataclass
 class CompiledUnit:
     path: Path  # the exported library
     cached: bool
-    device_code: bool  # a device module exists (always True for CPU targets)
 
 
 def cache_key(unit_json: dict, target: str, transform_digest: str) -> str:
@@ -28,103 +39,63 @@ def cache_key(unit_json: dict, target: str, transform_digest: str) -> str:
 
     text = json.dumps({"unit": unit_json, "target": target, "tvm": tvm.__version__,
                        "transform": transform_digest}, sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
+    return hashlib.sha256(text.encode()).hexdigest()[:KEY_CHARS]
 
 
 def transform_digest(spec: str | None) -> str:
     """Hash of the transform file's text, so editing a pass invalidates its cached units."""
     if not spec:
         return ""
-    from tapml_dbg.frontend.model_loader import split_model_spec
-
-    path, func = split_model_spec(spec)
+    path, func = portable.split_spec(spec)
     try:
-        return hashlib.sha256(path.read_bytes() + func.encode()).hexdigest()[:16]
+        return hashlib.sha256(Path(path).read_bytes() + func.encode()).hexdigest()[:DIGEST_CHARS]
     except OSError:
         return spec
 
 
 def compile_unit(unit_json: dict, target: str, transform: str | None, cache_dir: Path,
                  export_format: str = "so") -> CompiledUnit:
-    """Compile (or fetch from cache) one unit; returns the exported library's path."""
-    import tvm
+    """Compile (or fetch from cache) one unit; returns the exported library's path.
 
-    from tapml_dbg.model.serialize import function_from_json
-    from tapml_dbg.runtime.target import parse_target
-
+    Raises TargetError for a bad target string, PortableError for a broken transform or a unit
+    without device code, and whatever TVM raises for any other compile failure.
+    """
     key = cache_key(unit_json, target, transform_digest(transform))
     cache_dir = Path(cache_dir)
     cache_dir.mkdir(parents=True, exist_ok=True)
     path = cache_dir / f"{key}.{export_format}"
     tvm_target = parse_target(target)
-    kind = tvm_target.kind.name
     if path.exists():
-        return CompiledUnit(path, True, True)
-    mod = tvm.IRModule({"main": function_from_json(unit_json)})
-    if transform:
-        mod = apply_transform(mod, transform)
-    executable, device_code = _build(mod, tvm_target)
+        return CompiledUnit(path, True)
+    executable = _build(unit_json, tvm_target, transform)
     tmp = path.with_suffix(f".tmp{os.getpid()}.{export_format}")
     executable.export_library(str(tmp))
     os.replace(tmp, path)
-    return CompiledUnit(path, False, device_code)
+    return CompiledUnit(path, False)
 
 
-def compile_only(unit_json: dict, target: str, transform: str | None) -> bool:
-    """Generate code without a device; returns whether device code was produced."""
+def compile_only(unit_json: dict, target: str, transform: str | None) -> None:
+    """Generate code without a device (and without the cache); raises as `compile_unit` does."""
+    _build(unit_json, parse_target(target), transform)
+
+
+def _build(unit_json: dict, target, transform: str | None):
     import tvm
 
-    from tapml_dbg.model.serialize import function_from_json
-    from tapml_dbg.runtime.target import parse_target
-
-    mod = tvm.IRModule({"main": function_from_json(unit_json)})
-    if transform:
-        mod = apply_transform(mod, transform)
-    _, device_code = _build(mod, parse_target(target))
-    return device_code
+    mod = tvm.IRModule({portable.ENTRY: function_from_json(unit_json)})
+    return portable.build(mod, target, load_transform(transform))
 
 
-def _build(mod, target):
-    """Lower with the target's default Relax pipeline (dlight schedules for GPUs), then build.
+def load_transform(spec: str | None):
+    """The user's `FILE.py:FUNC` pass, through portable's loader (the one a repro uses).
 
-    Returns the executable and whether device code exists where kernels need it: a unit of
-    view-like ops has no kernel at all, but a kernel compiled to host code only for a GPU
-    target (an unscheduled PrimFunc) is a compile error, not a pass.
+    The loader keeps one module per version of the file's text, as the cache key does, so an
+    edited pass is reloaded rather than applied stale under its new key.
     """
-    import tvm
-    from tvm import relax
-
-    with target:
-        lowered = relax.get_default_pipeline(target)(mod)
-    kernels = [gv for gv, func in lowered.functions_items() if isinstance(func, tvm.tirx.PrimFunc)]
-    executable = tvm.compile(lowered, target, relax_pipeline=None)
-    host = target.kind.name in ("llvm", "c")
-    return executable, host or not kernels or _has_device_module(executable)
-
-
-def _has_device_module(executable) -> bool:
-    module = getattr(executable, "mod", executable)
-    stack = list(getattr(module, "imports", None) or getattr(module, "imported_modules", []) or [])
-    while stack:
-        sub = stack.pop()
-        kind = getattr(sub, "kind", None) or getattr(sub, "type_key", "")
-        if kind and kind not in ("llvm", "c", "static_library", "library"):
-            return True
-        stack.extend(getattr(sub, "imports", None) or getattr(sub, "imported_modules", []) or [])
-    return False
-
-
-_TRANSFORMS: dict[str, object] = {}
-
-
-def apply_transform(mod, spec: str):
-    """Apply the user's `FILE.py:FUNC` pass; a broken pass is reported, not crashed on."""
-    from tapml_dbg.errors import UsageError
-    from tapml_dbg.frontend.model_loader import load_python_function
-
-    if spec not in _TRANSFORMS:
-        _TRANSFORMS[spec] = load_python_function(spec, what="transform")
-    result = _TRANSFORMS[spec](mod)
-    if result is None or not hasattr(result, "functions_items"):
-        raise UsageError(f"transform {spec} must return a tvm.IRModule, got {type(result).__name__}")
-    return result
+    if not spec:
+        return None
+    path, func = portable.split_spec(spec)
+    try:
+        return portable.load_function(path, func, what="transform")
+    except portable.PortableError as exc:  # the user's file: a user error, one line
+        raise UsageError(str(exc)) from exc

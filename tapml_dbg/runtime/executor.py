@@ -6,55 +6,36 @@ back as a `crash` (or `timeout`) result and the next request starts a fresh work
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict
 from multiprocessing.connection import Connection
 from pathlib import Path
-from dataclasses import dataclass, field
 
-import numpy as np
+from tapml_dbg.runtime.messages import UnitRequest, UnitResult, UnitStatus, WorkerConfig
 
-from tapml_dbg.runtime.worker import UnitRequest, WorkerConfig
-
-DEFAULT_UNIT_TIMEOUT_S = 300.0  # one compile + run; big fused ranges compile for a while
-WORKER_START_TIMEOUT_S = 120.0
-
-
-@dataclass
-class UnitResult:
-    """What a unit run gave: status is ok, compile-error, error, crash or timeout."""
-
-    status: str
-    outputs: list[list[np.ndarray]] = field(default_factory=list)
-    message: str = ""
-    cached: bool = False
-    seconds: float = 0.0
-    device_code: bool = True
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "ok"
+REPLY_POLL_S = 0.2  # how often a waiting request checks that its worker is still alive
+REAP_TIMEOUT_S = 5.0  # how long a stopped worker gets to exit before it is killed
+LOG_LINE_CHARS = 200  # a quoted worker log line is cut to this
+LOG_TAIL_LINES = 3  # log lines quoted after a crash
 
 
 class TargetExecutor:
     """Owns one worker process for one (trace, target, transform, remote) configuration."""
 
-    def __init__(self, config: WorkerConfig, timeout_s: float = DEFAULT_UNIT_TIMEOUT_S):
+    def __init__(self, config: WorkerConfig):
         self.config = config
-        self.timeout_s = timeout_s
+        self.timeout_s = config.spec.timeout_s
         self._process = None
         self._conn = None
         self.restarts = 0
         handle, self.log_path = tempfile.mkstemp(prefix="tapml-worker-", suffix=".log")
         os.close(handle)
 
-    def log_tail(self, lines: int = 3) -> str:
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
         """The worker's last native log lines: what TVM said just before a crash."""
         try:
             text = Path(self.log_path).read_text(errors="replace").strip().splitlines()
@@ -62,7 +43,7 @@ class TargetExecutor:
             return ""
         useful = [line.strip() for line in text if ("Check failed" in line or "Error" in line)
                   and not line.strip().startswith("File ")]
-        return " | ".join(line[:200] for line in useful[-lines:])
+        return " | ".join(line[:LOG_LINE_CHARS] for line in useful[-lines:])
 
     def run(self, request: UnitRequest, timeout_s: float | None = None) -> UnitResult:
         """Run one request; never raises for failures inside TVM."""
@@ -73,7 +54,7 @@ class TargetExecutor:
             self._conn.send(request)
         except (BrokenPipeError, OSError):
             self._reap()
-            return UnitResult("crash", message="the target worker died before the request was sent")
+            return UnitResult(UnitStatus.CRASH, message="the target worker died before the request was sent")
         try:
             return self._wait(limit, started)
         except KeyboardInterrupt:
@@ -86,11 +67,11 @@ class TargetExecutor:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 self.stop(kill=True)
-                return UnitResult("timeout", message=f"no answer within {limit:.0f} s (a hanging compile or kernel; "
+                return UnitResult(UnitStatus.TIMEOUT, message=f"no answer within {limit:.0f} s (a hanging compile or kernel; "
                                   "raise the limit with --timeout S)",
                                   seconds=time.perf_counter() - started)
             try:
-                ready = self._conn.poll(min(remaining, 0.2))
+                ready = self._conn.poll(min(remaining, REPLY_POLL_S))
             except (EOFError, OSError):
                 ready = False
             if ready:
@@ -104,11 +85,10 @@ class TargetExecutor:
                 self._reap()
                 tail = self.log_tail()
                 message = _describe_exit(code) + (f"; last log: {tail}" if tail else "")
-                return UnitResult("crash", message=message, seconds=time.perf_counter() - started)
+                return UnitResult(UnitStatus.CRASH, message=message, seconds=time.perf_counter() - started)
         return UnitResult(
-            status=reply["status"], outputs=reply.get("outputs", []), message=reply.get("message", ""),
-            cached=reply.get("cached", False), seconds=time.perf_counter() - started,
-            device_code=reply.get("device_code", True))
+            status=UnitStatus(reply["status"]), outputs=reply.get("outputs", []), message=reply.get("message", ""),
+            cached=reply.get("cached", False), seconds=time.perf_counter() - started)
 
     def _ensure_started(self) -> None:
         if self._process is not None and self._process.is_alive():
@@ -118,7 +98,7 @@ class TargetExecutor:
             self.restarts += 1
         parent, child = socket.socketpair()
         command = [sys.executable, "-m", "tapml_dbg.runtime.worker", "--fd", str(child.fileno()),
-                   "--config", json.dumps(asdict(self.config)), "--log", self.log_path]
+                   "--config", self.config.to_json(), "--log", self.log_path]
         self._process = _Process(subprocess.Popen(command, pass_fds=[child.fileno()], stdin=subprocess.DEVNULL))
         child.close()
         self._conn = Connection(parent.detach())
@@ -127,7 +107,7 @@ class TargetExecutor:
         if self._conn is not None:
             self._conn.close()
         if self._process is not None:
-            self._process.join(timeout=5)
+            self._process.join(timeout=REAP_TIMEOUT_S)
         self._process = None
         self._conn = None
 
@@ -141,7 +121,7 @@ class TargetExecutor:
                 self._conn.send(None)
             except OSError:
                 pass
-            self._process.join(timeout=5)
+            self._process.join(timeout=REAP_TIMEOUT_S)
             if self._process.is_alive():
                 self._process.kill()
         self._reap()

@@ -24,8 +24,10 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from tapml_dbg.runtime.executor import DEFAULT_UNIT_TIMEOUT_S, TargetExecutor, UnitResult
-from tapml_dbg.runtime.worker import UnitRequest, WorkerConfig
+from tapml_dbg.errors import UsageError
+from tapml_dbg.portable import split_host_port
+from tapml_dbg.runtime.executor import TargetExecutor
+from tapml_dbg.runtime.messages import UnitRequest, UnitResult, WorkerConfig
 
 DEFAULT_PARALLEL = 1  # lanes for a local target or one `--rpc` server unless `--parallel N` says more
 TRACKER_PROBE_TIMEOUT_S = 5.0  # how long to wait for the tracker's summary before planning one lane
@@ -48,8 +50,6 @@ def free_servers(tracker: str, key: str | None, timeout_s: float = TRACKER_PROBE
     None is not an error here: the worker that connects later reports an unreachable tracker
     with the usual one-line `TargetError`.
     """
-    from tapml_dbg.runtime.remote import split_host_port
-
     if not key:
         return None
     try:
@@ -82,8 +82,6 @@ def plan_lanes(parallel: int | None, rpc: str | None, tracker: str | None, key: 
     - local: `--parallel N` lanes (default 1). Useful for compile-bound work even on one device.
     """
     if parallel is not None and parallel < 1:
-        from tapml_dbg.errors import UsageError
-
         raise UsageError(f"--parallel must be at least 1, got {parallel}")
     if tracker:
         free = free_servers(tracker, key)
@@ -124,9 +122,9 @@ class _Lane(TargetExecutor):
 class ExecutorPool:
     """`lanes` executors of one configuration; each lane leases its own device."""
 
-    def __init__(self, config: WorkerConfig, lanes: int = 1, timeout_s: float = DEFAULT_UNIT_TIMEOUT_S):
+    def __init__(self, config: WorkerConfig, lanes: int = 1):
         self.config = config
-        self.lanes = [_Lane(config, timeout_s) for _ in range(max(1, int(lanes)))]
+        self.lanes = [_Lane(config) for _ in range(max(1, int(lanes)))]
         self.units = [0] * len(self.lanes)  # units each lane has run (tests check that all were used)
 
     @property
@@ -162,7 +160,7 @@ class ExecutorPool:
         lanes = max(1, int(lanes))
         for lane in self.lanes[lanes:]:
             lane.close()
-        self.lanes = self.lanes[:lanes] + [_Lane(self.config, self.timeout_s)
+        self.lanes = self.lanes[:lanes] + [_Lane(self.config)
                                            for _ in range(lanes - len(self.lanes))]
         self.units = (self.units + [0] * lanes)[:lanes]
 

@@ -1,45 +1,63 @@
-"""Target strings → TVM targets and devices, with errors that say what to type instead."""
+"""Where units run: the target string, how it is reached, the user's transform, the limits.
+
+`TargetSpec` is built once from the command line (`from_args`) and travels unchanged to the
+engine, the worker lanes and the repro writers; `.where` is the one label reports use.
+"""
 
 from __future__ import annotations
 
+import argparse
 import json
+from dataclasses import asdict, dataclass, replace
 
+from tapml_dbg import portable
 from tapml_dbg.errors import TargetError
+from tapml_dbg.portable import DEFAULT_TARGET, target_label  # one default, one wording: shared with repros
 
-DEFAULT_TARGET = "llvm"
-GPU_KINDS = {"cuda", "rocm", "vulkan", "metal", "opencl", "webgpu"}
+DEFAULT_UNIT_TIMEOUT_S = 300.0  # one compile + run; big fused ranges compile for a while
+# how a "no such device here" error ends in tapml-dbg (a repro's says --target / --rpc)
+NO_DEVICE_HINT = "use --rpc HOST:PORT for a remote one, or `tapml-dbg compile` to check code generation only"
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    target: str = DEFAULT_TARGET
+    rpc: str | None = None  # HOST:PORT of one TVM RPC server
+    tracker: str | None = None  # HOST:PORT of a TVM RPC tracker ...
+    key: str | None = None  # ... and the device key its servers registered
+    transform: str | None = None  # FILE.py:FUNC applied to every module compiled for the target
+    timeout_s: float = DEFAULT_UNIT_TIMEOUT_S  # one unit's compile + run
+    parallel: int | None = None  # worker lanes; None: one per free tracker server, else 1
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "TargetSpec":
+        """The spec of a subcommand's target options (see `ui.cli.add_target_options`)."""
+        return cls(target=args.target, rpc=args.rpc, tracker=args.tracker, key=args.key,
+                   transform=args.transform, timeout_s=args.timeout or DEFAULT_UNIT_TIMEOUT_S,
+                   parallel=args.parallel)
+
+    @property
+    def where(self) -> str:
+        return target_label(self.target, self.rpc, self.tracker, self.key)
+
+    @property
+    def remote(self) -> bool:
+        return bool(self.rpc or self.tracker)
+
+    def with_options(self, **changes) -> "TargetSpec":
+        return replace(self, **changes)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> "TargetSpec":
+        return cls(**json.loads(text))
 
 
 def parse_target(text: str):
-    """A bare kind (`cuda`), a TVM target string, or a JSON dict such as {"kind":"cuda"}."""
-    import tvm
-
-    text = (text or DEFAULT_TARGET).strip()
+    """portable's parse_target (a bare kind, a TVM target string or a JSON dict), failing as a TargetError."""
     try:
-        spec = json.loads(text) if text.startswith("{") else text
-        return tvm.target.Target(spec)
-    except Exception as exc:
-        raise TargetError(f"invalid target {text!r}: {str(exc).strip().splitlines()[-1]} "
-                          "(use e.g. llvm, cuda, or '{\"kind\":\"cuda\",\"arch\":\"sm_90\"}')") from exc
-
-
-def target_kind(text: str) -> str:
-    return parse_target(text).kind.name
-
-
-def has_codegen(kind: str) -> bool:
-    """Whether this TVM build can generate code for `kind` (libinfo is unreliable in wheels)."""
-    import tvm
-
-    name = "target.build.llvm" if kind == "llvm" else f"target.build.{kind}"
-    return tvm.get_global_func(name, allow_missing=True) is not None
-
-
-def local_device(kind: str):
-    import tvm
-
-    device = tvm.device("cpu" if kind in ("llvm", "c") else kind, 0)
-    if not device.exist:
-        raise TargetError(f"no {kind} device on this machine (use --rpc HOST:PORT for a remote one, "
-                          "or --compile-only to check code generation)")
-    return device
+        return portable.parse_target(text)
+    except portable.PortableError as exc:
+        raise TargetError(str(exc)) from exc

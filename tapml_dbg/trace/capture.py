@@ -12,15 +12,15 @@ recorder plans with them, the reader and the replay engine explain missing value
 
 from __future__ import annotations
 
-import difflib
 import re
 from dataclasses import asdict, dataclass, field
 
 from tapml_dbg.errors import UsageError
+from tapml_dbg.trace.schema import spec_nbytes
+from tapml_dbg.model.select import LAYER, OpTable
 
 SUGGEST_MARGIN = 10  # ops on each side of an op when suggesting a window to record
-_DTYPE_BYTES = {"bool": 1, "int8": 1, "uint8": 1, "float16": 2, "bfloat16": 2, "int16": 2, "uint16": 2,
-                "float32": 4, "int32": 4, "uint32": 4, "float64": 8, "int64": 8, "uint64": 8}
+WINDOW_LISTING = "`tapml-dbg info TRACE --json` lists ops and layers"  # for a --window typo
 _SIZE_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
                "ki": 2**10, "kib": 2**10, "mi": 2**20, "mib": 2**20, "gi": 2**30, "gib": 2**30}
 
@@ -85,41 +85,22 @@ def parse_size(text: str | int | None) -> int | None:
 
 
 def op_bytes(op: dict) -> int:
-    total = 0
-    for spec in op.get("outputs", []):
-        count = 1
-        for dim in spec["shape"]:
-            count *= int(dim)
-        total += count * _DTYPE_BYTES.get(spec["dtype"], 4)
-    return total
+    """Bytes of an op's outputs, from its op-table entry."""
+    return sum(spec_nbytes(spec) for spec in op.get("outputs", []))
 
 
 def resolve_window(ops: list[dict], text: str) -> tuple[int, int, str | None]:
-    """`A:B` (B exclusive, either side optional), one op (index or name) or a layer → (first, end, layer)."""
-    text = text.strip()
-    n = len(ops)
-    if ":" in text and all(not part.strip() or part.strip().lstrip("#").isdigit() for part in text.split(":", 1)):
-        start, stop = (part.strip().lstrip("#") for part in text.split(":", 1))
-        first, end = int(start or 0), min(n, int(stop) if stop else n)
-        if first >= end:
-            raise UsageError(f"window {text} holds no op: give A:B with A < B <= {n}")
-        return first, end, None
-    if text.lstrip("#").isdigit():
-        index = int(text.lstrip("#"))
-        if index >= n:
-            raise UsageError(f"op {index} is out of range (the model has ops 0..{n - 1})")
-        return index, index + 1, None
-    for op in ops:
-        if op["name"] == text:
-            return op["index"], op["index"] + 1, None
-    inside = [op["index"] for op in ops if _in_layer(op.get("layer", ""), text)]
-    if inside:  # layers are contiguous in practice; the window spans the layer's first to last op
-        return min(inside), max(inside) + 1, text
-    names = [op["name"] for op in ops] + sorted({prefix for op in ops for prefix in _prefixes(op.get("layer", ""))})
-    close = difflib.get_close_matches(text, names, n=3)
-    hint = f"; did you mean {', '.join(close)}?" if close else ""
-    raise UsageError(f"--window {text!r} is not an op range (A:B), an op or a layer of this model{hint} "
-                     "(`tapml-dbg info TRACE --json` lists ops and layers)")
+    """`--window` → (first, end, layer or None): any op selector, by the one set of rules.
+
+    A window is contiguous, so a layer spans its first to last op (layers are contiguous in
+    practice). See `tapml_dbg.model.select` for the selector rules.
+    """
+    try:
+        selection = OpTable.of(ops, listing=WINDOW_LISTING).select(text)
+    except UsageError as exc:
+        raise UsageError(f"--window {text.strip()} holds no op: {exc}") from None
+    layer = selection.label if selection.kind == LAYER else None
+    return selection.first, selection.end, layer
 
 
 def plan_capture(ops: list[dict], window: str | None = None, max_bytes: int | None = None) -> CapturePlan | None:
@@ -178,15 +159,6 @@ def missing_values_message(ops: list[dict], meta: dict, index: int, needed_by: i
         user = ops[needed_by]
         subject = f"op {needed_by} ({user['name']}) reads op {index} ({op['name']}), which"
     return f"{subject} has only stats in this trace ({how}); record that window: {suggestion}"
-
-
-def _in_layer(layer: str, prefix: str) -> bool:
-    return layer == prefix or layer.startswith(prefix + ".")
-
-
-def _prefixes(layer: str) -> list[str]:
-    parts = layer.split(".") if layer else []
-    return [".".join(parts[:end]) for end in range(1, len(parts) + 1)]
 
 
 def _ranges(indices: list[int]) -> list[list[int]]:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from tapml_dbg.trace import TraceReader
+from tapml_dbg.model.select import OpTable
+from tapml_dbg.trace.capture import op_bytes
+from tapml_dbg.trace.reader import TraceReader
 
 
 def trace_info(path: str) -> dict:
@@ -12,15 +14,8 @@ def trace_info(path: str) -> dict:
         ops = reader.ops
         finished = set(reader.finished_ops())
         stats_only = set(reader.stats_only_ops())
-        layers: set[str] = set()
-        for op in ops:
-            parts = op.get("layer", "").split(".") if op.get("layer") else []
-            for end in range(1, len(parts) + 1):
-                layers.add(".".join(parts[:end]))
-        activation_bytes = 0
-        for op in ops:
-            for spec in op.get("outputs", []):
-                activation_bytes += _nbytes(spec)
+        layers = OpTable.of(ops).layers()
+        activation_bytes = sum(op_bytes(op) for op in ops)
         return {
             "path": str(path),
             "format": f"v{reader.version[0]}.{reader.version[1]}",
@@ -46,12 +41,3 @@ def trace_info(path: str) -> dict:
                      "stats": op["index"] in finished or op["index"] in stats_only,
                      "outputs": op.get("outputs", [])} for op in ops],
         }
-
-
-def _nbytes(spec: dict) -> int:
-    size = {"bool": 1, "int8": 1, "uint8": 1, "float16": 2, "bfloat16": 2, "int16": 2,
-            "float32": 4, "int32": 4, "float64": 8, "int64": 8}.get(spec["dtype"], 4)
-    count = 1
-    for dim in spec["shape"]:
-        count *= int(dim)
-    return count * size

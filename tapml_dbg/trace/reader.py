@@ -13,6 +13,7 @@ import h5py
 import numpy as np
 
 from tapml_dbg.errors import TraceError
+from tapml_dbg.trace.capture import missing_values_message
 from tapml_dbg.trace import schema as S
 
 _RECORD_AGAIN = "record the model again with `tapml-dbg record`"
@@ -152,8 +153,6 @@ class TraceReader:
         """Why op `index` has no values here and how to get them (one line, for errors and verdicts)."""
         index = int(index)
         if self.stats_only(index) or (self.capture is not None and self.complete):
-            from tapml_dbg.trace.capture import missing_values_message
-
             return missing_values_message(self.ops, self.meta, index, needed_by)
         name = self.ops[index].get("name", "?") if 0 <= index < len(self.ops) else "?"
         return f"op {index} ({name}) has no recorded values (the recording stopped before it; record again)"

@@ -43,6 +43,10 @@ ATTR_STATS = "stats"
 # attributes of an /ops/<index> group
 ATTR_DONE = "done"
 ATTR_NOTE = "note"
+# what @note says of an op whose recorded value is not torch's own value for its FX node
+HELPER_NOTE = "computed by tvm:llvm from recorded inputs (no FX node of its own)"
+HOST_NOTE = "computed on the host (numpy, or torch for a matmul) from recorded inputs (no FX node of its own)"
+CAST_NOTE_PREFIX = "cast:"  # "cast:float16": torch's value had this dtype; compare at its precision
 # v1.1, only in traces recorded with a capture budget (--window / --max-bytes):
 ATTR_STATS_DONE = "stats_done"  # uint8: 1 once the op's stats (and no tensors) are written
 ATTR_OP_STATS = "stats"  # str: JSON list, one stats object per output, on stats-only ops
@@ -66,6 +70,25 @@ BITS_DTYPES = {
 _UINT_OF_SIZE = {1: np.dtype(np.uint8), 2: np.dtype(np.uint16)}
 
 SUPPORTED_DTYPES = frozenset(NATIVE_DTYPES | set(BITS_DTYPES) | {"bool"})
+
+
+def itemsize(dtype_name: str) -> int:
+    """Bytes per element of a trace dtype (bool: 1, float8_*: 1, bfloat16: 2, ...)."""
+    if dtype_name == "bool":
+        return 1
+    if dtype_name in BITS_DTYPES:
+        return BITS_DTYPES[dtype_name].itemsize
+    if dtype_name in NATIVE_DTYPES:
+        return np.dtype(dtype_name).itemsize
+    raise DtypeError(f"unknown tensor dtype {dtype_name!r} in trace; upgrade tapml-dbg")
+
+
+def spec_nbytes(spec: dict) -> int:
+    """Bytes of a tensor described as {"shape": [...], "dtype": name} (an op table's outputs)."""
+    count = 1
+    for dim in spec["shape"]:
+        count *= int(dim)
+    return count * itemsize(spec["dtype"])
 
 
 class DtypeError(ValueError):

@@ -10,7 +10,16 @@ import json
 import os
 import sys
 
+from tapml_dbg.engine.session import Session
 from tapml_dbg.errors import TapmlError
+from tapml_dbg.record.recorder import record
+from tapml_dbg.repro.carve import carve
+from tapml_dbg.repro.dump import dump_op
+from tapml_dbg.runtime.target import TargetSpec
+from tapml_dbg.trace.inspect import trace_info
+from tapml_dbg.ui.console import error_line, make_console, progress
+from tapml_dbg.ui.render import TraceSummary, render
+from tapml_dbg.ui.repl.app import run_replay
 
 os.environ.setdefault("TVM_LOG_DEBUG", "0")
 
@@ -102,101 +111,84 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.argv = argv
     _quiet_libraries()
-    from tapml_dbg.ui import console as render
-
+    out, err = make_console(sys.stdout), make_console(sys.stderr)
     try:
         handler = _HANDLERS[args.command]
-        return handler(args, render) or 0
+        return handler(args, out, err) or 0
     except TapmlError as exc:
-        render.error_line(str(exc))
+        error_line(str(exc), err)
         return 1
     except KeyboardInterrupt:
-        render.error_line("interrupted")
+        error_line("interrupted", err)
         return 130
 
 
-def _record(args, render) -> int:
-    from tapml_dbg.record.recorder import record
+def _bar(args) -> bool | None:
+    """No progress bar under --json (scripts read stdout; keep stderr quiet too); else on a terminal."""
+    return False if getattr(args, "json", False) else None
 
-    with render.progress("recording") as progress:
+
+def _record(args, out, err) -> int:
+    with progress("recording", err) as report:
         result = record(args.model, args.output, source=args.source, inputs_npz=args.inputs, seed=args.seed,
                         compression=None if args.compression == "none" else args.compression,
-                        progress=progress, window=args.window, max_bytes=args.max_bytes)
-    render.record_result(result)
+                        progress=report, window=args.window, max_bytes=args.max_bytes)
+    render(result, out)
     return 0
 
 
-def _info(args, render) -> int:
-    from tapml_dbg.trace.inspect import trace_info
-
+def _info(args, out, err) -> int:
     info = trace_info(args.trace)
     if args.json:
         print(json.dumps(info))
     else:
-        render.trace_info(info)
+        render(TraceSummary.from_info(info), out)
     return 0
 
 
-def _session_options(args) -> dict:
-    options = dict(target=args.target, rpc=args.rpc, tracker=args.tracker, rpc_key=args.key,
-                   transform=args.transform)
-    if args.timeout:
-        options["unit_timeout_s"] = args.timeout
-    if getattr(args, "parallel", None) is not None:
-        options["parallel"] = args.parallel
-    return options
+def _open_session(args):
+    """The session of a subcommand's trace and target options: one TargetSpec, nothing dropped."""
+    return Session.open(args.trace, TargetSpec.from_args(args))
 
 
-def _bisect(args, render) -> int:
-    from tapml_dbg.engine.session import Session
-
-    with Session.open(args.trace, **_session_options(args)) as session:
-        with render.progress("bisecting", quiet=args.json) as progress:
-            result = session.bisect(sweep=not args.no_sweep, progress=progress)
+def _bisect(args, out, err) -> int:
+    with _open_session(args) as session:
+        with progress("bisecting", err, show=_bar(args)) as report:
+            result = session.bisect(sweep=not args.no_sweep, progress=report)
     if args.json:
         print(json.dumps(result.to_json()))
     else:
-        render.bisect_result(result)
+        render(result, out)
     return 0
 
 
-def _dump(args, render) -> int:
-    from tapml_dbg.repro.dump import dump_op
-    from tapml_dbg.engine.session import Session
-
-    with Session.open(args.trace, **_session_options(args)) as session:
+def _dump(args, out, err) -> int:
+    with _open_session(args) as session:
         result = dump_op(session, args.op, args.output, command=" ".join(["tapml-dbg"] + args.argv))
-    render.dump_result(result)
+    render(result, out)
     return 0
 
 
-def _carve(args, render) -> int:
-    from tapml_dbg.repro.carve import carve
-    from tapml_dbg.engine.session import Session
-
-    with Session.open(args.trace, **_session_options(args)) as session:
-        with render.progress("carving") as progress:
-            result = carve(session, args.output, max_mb=args.max_mb, progress=progress)
-    render.carve_result(result)
+def _carve(args, out, err) -> int:
+    with _open_session(args) as session:
+        with progress("carving", err) as report:
+            result = carve(session, args.output, max_mb=args.max_mb, progress=report)
+    render(result, out)
     return 0
 
 
-def _compile(args, render) -> int:
-    from tapml_dbg.engine.session import Session
-
-    with Session.open(args.trace, **_session_options(args)) as session:
-        with render.progress("compiling", quiet=args.json) as progress:
-            result = session.compile_all(progress=progress)
+def _compile(args, out, err) -> int:
+    with _open_session(args) as session:
+        with progress("compiling", err, show=_bar(args)) as report:
+            result = session.compile_all(progress=report)
     if args.json:
         print(json.dumps(result.to_json()))
     else:
-        render.compile_result(result)
+        render(result, out)
     return 0
 
 
-def _replay(args, render) -> int:
-    from tapml_dbg.ui.repl.app import run_replay
-
+def _replay(args, out, err) -> int:
     return run_replay(args)
 
 

@@ -1,13 +1,14 @@
-"""Rich rendering of REPL results: `render(result, console)` draws any handler result.
+"""The one renderer of the CLI and the REPL: `render(result, console)` draws any result object.
 
-Everything the user typed or the trace holds (op names, layers, messages) is escaped, so a
-name with `[brackets]` never reads as markup. On a pipe the console has a fixed width and no
-colors (see `app.make_console`), so transcripts are stable.
+Everything the user typed or the trace holds (op names, layers, paths, messages, notes, targets)
+is escaped, so a name with `[brackets]` never reads as markup. On a pipe the console has a fixed
+width and no colors (see `console.make_console`), so transcripts are stable.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field, fields
 from functools import singledispatch
 
 import numpy as np
@@ -15,40 +16,68 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from tapml_dbg.ui.console import human_bytes, verdict_style
-from tapml_dbg.judge.verdict import BisectResult, StepResult, Verdict
+from tapml_dbg.engine.results import BisectResult, CompileReport, StepResult
+from tapml_dbg.engine.stops import Command, RunResult
+from tapml_dbg.judge.compare import metrics_text
+from tapml_dbg.judge.verdict import Status, Verdict
+from tapml_dbg.record.recorder import RecordResult
+from tapml_dbg.repro.carve import CarveResult
+from tapml_dbg.repro.dump import DumpResult
+from tapml_dbg.repro.files import human_bytes
 from tapml_dbg.ui.repl import results as R
 
 PRINT_PRECISION = 5  # digits `print` shows per element
 PRINT_THRESHOLD = 64  # arrays with more elements are summarized (numpy's threshold)
 PRINT_EDGEITEMS = 3  # items kept at each edge of a summarized axis
 PRINT_LINE_WIDTH = 46  # characters per line of one printed array (two fit side by side)
-MESSAGE_CHARS = 70
-HELP_USAGE_WIDTH = 40  # the usage column of `help`; longer usages wrap  # a crash or compile-error message is cut to this in one-line verdicts
+MESSAGE_CHARS = 70  # a crash or compile-error message is cut to this in one-line verdicts
+HELP_USAGE_WIDTH = 40  # the usage column of `help`; longer usages wrap
+SKIPPED_SHOWN = 20  # `carve` lists this many left-out ops, then counts the rest
+UNKNOWN = "?"  # a figure the result does not hold
+TOP_LAYER = "<top>"  # how an op outside every layer is named
+FAILED_RUN_STYLE = "bold magenta"  # the unit did not run to a value: compile-error, crash, timeout, error
+STATUS_STYLES = {Status.PASS: "green", Status.FAIL: "bold red", Status.MISSING: "yellow"}
+
+
+@dataclass
+class TraceSummary:
+    """What `tapml-dbg info` shows: `trace_info`'s dict without the op table (`info --json` prints the dict)."""
+
+    path: str
+    format: str
+    model: str | None
+    source: str | None
+    versions: dict
+    created: str | None
+    complete: bool
+    num_ops: int
+    recorded_ops: int
+    num_layers: int
+    num_inputs: int
+    num_params: int
+    file_bytes: int | None
+    activation_bytes: int
+    eager_output_max_abs_diff: float | None = None
+    capture: dict | None = None  # None: every op's tensors are stored
+    stats_only_ops: int = 0
+    import_fixes: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_info(cls, info: dict) -> TraceSummary:
+        names = {f.name for f in fields(cls)}
+        return cls(**{key: value for key, value in info.items() if key in names})
+
+
+def verdict_style(status: str) -> str:
+    return STATUS_STYLES.get(status, FAILED_RUN_STYLE)
 
 
 def layer_text(layer: str) -> str:
-    return layer or "<top>"
+    return layer or TOP_LAYER
 
 
 def op_label(op) -> str:
     return f"#{op.index} [bold]{escape(op.name)}[/]"
-
-
-def _rel(verdict: Verdict) -> str:
-    worst = verdict.worst
-    if worst is None:
-        return ""
-    if worst.shape_mismatch:
-        return f"shape {escape(worst.shape_mismatch)}"
-    if worst.dtype_mismatch:
-        return f"dtype {escape(worst.dtype_mismatch)}"
-    text = f"rel={worst.scale_rel_err:.1e}"
-    if worst.nan_mismatch:
-        text += f" nan!={worst.nan_mismatch}"
-    if worst.inf_mismatch:
-        text += f" inf!={worst.inf_mismatch}"
-    return text
 
 
 def verdict_cell(verdict: Verdict | None) -> str:
@@ -56,9 +85,10 @@ def verdict_cell(verdict: Verdict | None) -> str:
     if verdict is None:
         return "-"
     style = verdict_style(verdict.status)
-    status = "FAIL" if verdict.status == "fail" else verdict.status
-    if verdict.status in ("pass", "fail"):
-        return f"[{style}]{status}[/] {_rel(verdict)}"
+    status = "FAIL" if verdict.status == Status.FAIL else verdict.status
+    if verdict.status in (Status.PASS, Status.FAIL):
+        worst = verdict.worst
+        return f"[{style}]{status}[/] {escape(metrics_text(worst, compact=True)) if worst else ''}"
     message = verdict.message if len(verdict.message) <= MESSAGE_CHARS else verdict.message[:MESSAGE_CHARS - 1] + "…"
     return f"[{style}]{status}[/] {escape(message)}"
 
@@ -66,7 +96,7 @@ def verdict_cell(verdict: Verdict | None) -> str:
 def short_cell(verdict: Verdict | None) -> str:
     if verdict is None:
         return "-"
-    status = "FAIL" if verdict.status == "fail" else verdict.status
+    status = "FAIL" if verdict.status == Status.FAIL else verdict.status
     return f"[{verdict_style(verdict.status)}]{status}[/]"
 
 
@@ -77,6 +107,36 @@ def step_line(result: StepResult, inherited: bool = False) -> str:
     if inherited:
         line += "  [dim](inherited)[/]"
     return line
+
+
+def complete_text(complete: bool, recorded_ops: int, num_ops: int) -> str:
+    return "yes" if complete else f"NO: {recorded_ops} of {num_ops} ops recorded"
+
+
+def capture_text(capture: dict) -> str:
+    """A capture budget as given (`--window`, `--max-bytes`) and what it stored."""
+    given = (f"--window {capture['window']}" if capture.get("window") is not None else "",
+             f"--max-bytes {capture['max_bytes']}" if capture.get("max_bytes") is not None else "")
+    layer = f", layer {capture['layer']}" if capture.get("layer") else ""
+    cut = ", cut short by the byte budget" if capture.get("truncated") else ""
+    return (f"{' '.join(part for part in given if part)}: window ops {capture['first']}..{capture['end'] - 1}"
+            f"{layer}{cut}, {size_text(capture.get('stored_bytes'))} of op tensors")
+
+
+def size_text(count: int | None) -> str:
+    """`human_bytes`, or `?` where the result does not know the size."""
+    return UNKNOWN if count is None else human_bytes(count)
+
+
+def eager_diff_text(diff: float | None) -> str:
+    if diff is None:
+        return "not measured"
+    return "bit-exact" if diff == 0 else f"max abs diff {diff:.3g} (a decomposed fused kernel)"
+
+
+def _print_notes(notes: list[str], console: Console) -> None:
+    for note in notes:
+        console.print(f"  note: {escape(note)}")
 
 
 @singledispatch
@@ -124,13 +184,13 @@ def _(result: R.InfoResult, console: Console) -> None:
     table = Table(show_header=False, box=None, pad_edge=False)
     table.add_column("key", style="bold", no_wrap=True)
     table.add_column("value")
-    complete = "yes" if info["complete"] else f"NO: {info['recorded_ops']} of {info['num_ops']} ops recorded"
+    complete = complete_text(info["complete"], info["recorded_ops"], info["num_ops"])
     rows = [
         ("trace", info["path"]), ("model", info.get("model")), ("source", info.get("source")),
         ("format", info.get("format")), ("complete", complete),
         ("ops / layers", f"{info['num_ops']} / {info['num_layers']}"),
         ("inputs / params", f"{info['num_inputs']} / {info['num_params']}"),
-        ("file size", human_bytes(info.get("file_bytes"))),
+        ("file size", size_text(info.get("file_bytes"))),
         ("target", f"{result.target} ({result.remote})"), ("transform", result.transform),
         ("position", f"{result.position} of {result.ops}"), ("offload", result.offload),
         ("mode", result.mode), ("breakpoints", str(result.breakpoints)), ("tolerance", result.tolerance),
@@ -254,12 +314,12 @@ def _(result: R.OffloadResult, console: Console) -> None:
 
 
 @render.register
-def _(result: R.RunResult, console: Console) -> None:
+def _(result: RunResult, console: Console) -> None:
     steps = result.steps
     if not steps and result.at_end and not result.cancelled:
         console.print("nothing to run: at the end of the trace (`reset` starts again)")
         return
-    if result.verbose:
+    if result.command != Command.CONTINUE:  # one line per op; `continue` prints a summary
         for step in steps:
             console.print(step_line(step, step.index in result.inherited), soft_wrap=True)
     elif steps:
@@ -415,36 +475,23 @@ def _(result: R.BreakResult, console: Console) -> None:
     console.print(table)
 
 
-@render.register
-def _(result: R.DumpDone, console: Console) -> None:
-    done = result.result
-    path = getattr(done, "path", None)
-    if path is None:
-        console.print(escape(str(done)))
-        return
-    size = getattr(done, "bytes", None)
-    console.print(f"wrote repro of op #{getattr(done, 'index', '?')} {escape(str(getattr(done, 'name', '')))} "
-                  f"to {escape(str(path))}" + (f" ({human_bytes(size)})" if size is not None else "")
-                  + f"; run: python {escape(str(path))}/repro.py")
-
-
+# ------------------------------------------------------------------ engine, record and repro results
 @render.register
 def _(result: BisectResult, console: Console) -> None:
     if not result.diverged:
         console.print(f"[green]no divergence[/]: {result.ops} ops checked on {escape(result.target)} with "
                       f"{result.probes} probes in {result.seconds:.1f} s")
-        for note in result.notes:
-            console.print(f"  note: {escape(note)}")
+        _print_notes(result.notes, console)
         return
     culprit = result.culprit
     console.print(f"[bold red]first divergent op[/]: #{culprit.index} [bold]{escape(culprit.name)}[/] "
                   f"({escape(culprit.op)}) in layer [cyan]{escape(layer_text(culprit.layer))}[/]")
-    console.print(f"  verdict: [{verdict_style('fail')}]{culprit.verdict}[/]  {escape(culprit.summary or '')}")
+    console.print(f"  verdict: [{verdict_style(Status.FAIL)}]{escape(culprit.verdict)}[/]  {escape(culprit.summary or '')}")
     if culprit.message and culprit.message != culprit.summary:
         console.print(f"  {escape(culprit.message)}")
     console.print(f"  found on {escape(result.target)} with {result.probes} probes over {result.ops} ops "
                   f"in {result.seconds:.1f} s")
-    if result.neighbourhood:
+    if result.neighbourhood:  # isolated verdicts only: the search never runs the neighbours propagated
         table = Table(box=None, pad_edge=False, header_style="bold")
         for column in ("", "#", "name", "source op", "layer", "isolated"):
             table.add_column(column)
@@ -452,7 +499,80 @@ def _(result: BisectResult, console: Console) -> None:
             table.add_row("→" if row.index == culprit.index else "", str(row.index), escape(row.name),
                           escape(row.op), escape(layer_text(row.layer)), verdict_cell(row.isolated))
         console.print(table)
-    for note in result.notes:
-        console.print(f"  note: {escape(note)}")
-    console.print(f"  next: `show {culprit.index}`, `compare {culprit.index}`, `print {culprit.index}`, "
-                  f"`dump {culprit.index} DIR`")
+    _print_notes(result.notes, console)
+
+
+@render.register
+def _(result: R.BisectDone, console: Console) -> None:
+    render(result.result, console)
+    culprit = result.result.culprit
+    if result.result.diverged and culprit is not None:
+        console.print(f"  next: `show {culprit.index}`, `compare {culprit.index}`, `print {culprit.index}`, "
+                      f"`dump {culprit.index} DIR`")
+
+
+@render.register
+def _(result: RecordResult, console: Console) -> None:
+    run = result.run_seconds or result.seconds
+    ratio = f"{run / result.eager_seconds:.1f}x" if result.eager_seconds else UNKNOWN
+    console.print(f"recorded [bold]{result.ops}[/] ops to {escape(str(result.path))} ({size_text(result.file_bytes)}) "
+                  f"in {result.seconds:.2f} s: prepare (export + import) {result.prepare_seconds:.2f} s, "
+                  f"run {run:.2f} s = {ratio} the bare eager forward ({result.eager_seconds:.2f} s, warm)")
+    console.print(f"  {result.helper_ops} helper ops: {result.host_helpers} on the host (numpy / torch), "
+                  f"{result.helper_ops - result.host_helpers} on tvm:llvm")
+    if result.capture:
+        console.print(f"  tensors stored for {result.stored_ops} of {result.ops} ops "
+                      f"({escape(capture_text(result.capture))}); every op has stats")
+
+
+@render.register
+def _(result: TraceSummary, console: Console) -> None:
+    rows = [
+        ("trace", result.path), ("format", result.format), ("model", result.model), ("source", result.source),
+        ("versions", ", ".join(f"{name} {version}" for name, version in result.versions.items())),
+        ("created", result.created),
+        ("complete", complete_text(result.complete, result.recorded_ops, result.num_ops)),
+        ("ops", result.num_ops), ("layers", result.num_layers),
+        ("inputs / params", f"{result.num_inputs} / {result.num_params}"),
+        ("file size", size_text(result.file_bytes)), ("activations", size_text(result.activation_bytes)),
+        ("vs eager forward", eager_diff_text(result.eager_output_max_abs_diff)),
+    ]
+    if result.capture:
+        rows.append(("capture", f"{capture_text(result.capture)}; {result.recorded_ops} ops with tensors, "
+                                f"{result.stats_only_ops} with stats only"))
+    if result.import_fixes:
+        rows.append(("import fixes", ", ".join(result.import_fixes)))
+    table = Table(show_header=False, box=None)
+    for key, value in rows:
+        table.add_row(f"[bold]{key}[/]", escape(str(value)))
+    console.print(table)
+
+
+@render.register
+def _(result: DumpResult, console: Console) -> None:
+    path = escape(str(result.path))
+    console.print(f"wrote repro of op #{result.index} {escape(result.name)} to {path} ({size_text(result.bytes)}); "
+                  f"run: python {path}/repro.py")
+
+
+@render.register
+def _(result: R.DumpDone, console: Console) -> None:
+    render(result.result, console)
+
+
+@render.register
+def _(result: CarveResult, console: Console) -> None:
+    path = escape(str(result.path))
+    console.print(f"carved {result.tests} op tests into {path} ({size_text(result.bytes)}); run: pytest {path}")
+    for note in result.skipped[:SKIPPED_SHOWN]:
+        console.print(f"  [yellow]{escape(note)}[/]")
+    if len(result.skipped) > SKIPPED_SHOWN:
+        console.print(f"  ... and {len(result.skipped) - SKIPPED_SHOWN} more left out")
+
+
+@render.register
+def _(result: CompileReport, console: Console) -> None:
+    console.print(f"compiled {result.ops} ops for {escape(result.target)}: {result.failed} failed")
+    for row in result.failures:
+        console.print(f"  [{verdict_style(row['verdict'])}]{escape(str(row['verdict']))}[/] #{row['index']} "
+                      f"{escape(row['name'])} ({escape(row['op'])}): {escape(str(row['message']))}")

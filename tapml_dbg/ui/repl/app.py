@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import sys
 import traceback
 from dataclasses import dataclass
@@ -23,53 +22,22 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
+from tapml_dbg.engine.session import Session
+from tapml_dbg.engine.stops import Debugger, RunResult
 from tapml_dbg.errors import TapmlError, UsageError
+from tapml_dbg.runtime.target import TargetSpec
 from tapml_dbg.ui.repl.commands import Context, UnknownCommand, lookup
 from tapml_dbg.ui.repl.parsing import ArgError, split_commands, tokenize
+from tapml_dbg.ui.console import error_line, make_console, progress
 from tapml_dbg.ui.render import render
-from tapml_dbg.ui.repl.results import Quit, RunResult
-from tapml_dbg.ui.repl.state import ReplState
+from tapml_dbg.ui.repl.completion import make_completer
+from tapml_dbg.ui.repl.results import Quit
 
-TRANSCRIPT_WIDTH = 100  # columns of output when stdout is not a terminal (pipes, files, tests)
 HISTORY_ENV = "TAPML_HISTORY"  # path of the persistent history file
 DEFAULT_HISTORY = Path.home() / ".cache" / "tapml-dbg" / "history"
 DEBUG_ENV = "TAPML_DEBUG"  # "1": show tracebacks of internal errors
 EXIT_FAILED = 1  # a command failed in -c / --script mode
 EXIT_INTERRUPTED = 130  # Ctrl-C during -c / --script mode
-_TRAILING_SPACES = re.compile(r"[ \t]+\n")
-
-
-def make_console(stream=None) -> Console:
-    """A console for `stream`: the terminal's width and colors, or fixed width and no colors."""
-    stream = stream or sys.stdout
-    is_tty = hasattr(stream, "isatty") and stream.isatty()
-    if is_tty:
-        return Console(file=stream, highlight=False, soft_wrap=True)
-    return Console(file=_TrimmedLines(stream), highlight=False, width=TRANSCRIPT_WIDTH, color_system=None, soft_wrap=True,
-                   force_terminal=False, force_interactive=False, emoji=False)
-
-
-class _TrimmedLines:
-    """A text stream that drops the trailing spaces rich pads table rows with (clean transcripts)."""
-
-    def __init__(self, stream):
-        self._stream = stream
-
-    def write(self, text: str) -> int:
-        self._stream.write(_TRAILING_SPACES.sub("\n", text))
-        return len(text)
-
-    def flush(self) -> None:
-        self._stream.flush()
-
-    def isatty(self) -> bool:
-        return False
-
-    def fileno(self) -> int:
-        return self._stream.fileno()
-
-    def __getattr__(self, name):
-        return getattr(self._stream, name)
 
 
 @dataclass
@@ -79,26 +47,22 @@ class Outcome:
     cancelled: bool = False
 
 
-def _noop_progress(*_args, **_kwargs) -> None:
-    return None
-
-
 class Repl:
     """One REPL over one engine session. Tests drive `execute` or `interact` directly."""
 
     def __init__(self, session, out: Console | None = None, err: Console | None = None,
                  launch: dict | None = None, show_progress: bool | None = None):
         self.session = session
-        self.state = ReplState()
+        self.debugger = Debugger(session)
         self.out = out or make_console(sys.stdout)
         self.err = err or make_console(sys.stderr)
         self.show_progress = self.err.is_terminal if show_progress is None else show_progress
-        self.ctx = Context(session, self.state, self._progress, dict(launch or {}))
+        self.ctx = Context(session, self.debugger, self._progress, dict(launch or {}))
 
     # ---------------------------------------------------------------- prompt
     def prompt_parts(self) -> list[tuple[str, str]]:
         session = self.session
-        target = session.target + (f"@{session.rpc}" if session.rpc else "")
+        target = session.target + (f"@{session.spec.rpc}" if session.spec.rpc else "")
         parts = [("class:target", f"({target}) ")]
         if session.position < len(session.ops):
             op = session.ops[session.position]
@@ -154,26 +118,11 @@ class Repl:
         return Outcome()
 
     def _error(self, message: str) -> None:
-        self.err.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
+        error_line(message, self.err)
 
-    @contextlib.contextmanager
     def _progress(self, label: str):
-        """Yields `callback(done, total, note="")`; a transient bar on a terminal, nothing otherwise."""
-        if not self.show_progress:
-            yield _noop_progress
-            return
-        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
-                                   TimeElapsedColumn)
-
-        with Progress(SpinnerColumn(), TextColumn(escape(label)), BarColumn(), MofNCompleteColumn(),
-                      TimeElapsedColumn(), TextColumn("{task.description}  [dim](Ctrl-C cancels)[/]"),
-                      console=self.err, transient=True) as bar:
-            task = bar.add_task("", total=None)
-
-            def update(done, total=None, note: str = "") -> None:
-                bar.update(task, completed=done, total=total, description=escape(str(note)))
-
-            yield update
+        """The one progress bar, on the error console, shown when `show_progress`."""
+        return progress(label, self.err, show=self.show_progress)
 
     # ---------------------------------------------------------------- loops
     def interact(self, input=None, output=None, history=None) -> int:
@@ -182,11 +131,9 @@ class Repl:
         from prompt_toolkit.auto_suggest import AutoSuggestFromHistory
         from prompt_toolkit.styles import Style
 
-        from tapml_dbg.ui.repl.completion import make_completer
-
         style = Style.from_dict({"target": "ansimagenta", "index": "ansicyan", "op": "bold", "layer": "ansigreen"})
         prompt = PromptSession(history=history if history is not None else open_history(),
-                               completer=make_completer(self.session, self.state), complete_while_typing=False,
+                               completer=make_completer(self.session, self.debugger), complete_while_typing=False,
                                auto_suggest=AutoSuggestFromHistory(), style=style, input=input, output=output)
         while True:
             try:
@@ -256,19 +203,13 @@ def _read_commands(args) -> list[str] | None:
 
 def run_replay(args) -> int:
     """`tapml-dbg replay TRACE [...]`: open the session, then a prompt or the given commands."""
-    from tapml_dbg.engine.session import Session
-
     commands = _read_commands(args)
-    options = dict(target=args.target, rpc=args.rpc, tracker=args.tracker, rpc_key=args.key,
-                   transform=args.transform)
-    if getattr(args, "timeout", None):
-        options["unit_timeout_s"] = args.timeout
+    spec = TargetSpec.from_args(args)  # every target option, --parallel included
     out, err = make_console(sys.stdout), make_console(sys.stderr)
     status = err.status("opening the trace…") if err.is_terminal else contextlib.nullcontext()
     with status:
-        session = Session.open(args.trace, **options)
-    launch = {"trace": args.trace, "rpc": args.rpc, "tracker": args.tracker, "key": args.key,
-              "transform": args.transform}
+        session = Session.open(args.trace, spec)
+    launch = {"trace": args.trace}  # the path as typed, for the commands `dump` suggests
     with session:
         repl = Repl(session, out, err, launch=launch)
         if commands is None:

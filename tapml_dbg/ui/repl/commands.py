@@ -5,14 +5,8 @@ argument, and a handler `handler(ctx, args) -> result`. Handlers call the engine
 result object (see `results.py`); they never print. `help`, the completer and the
 unknown-command hint are all generated from `COMMANDS`.
 
-Execution model (documented in docs/repl.md):
-- the position is the next op to run; `step`, `next` and `continue` run ops on the target one
-  at a time, each with both verdicts (`Session.compare`), and advance;
-- a breakpoint stops any of them *after* the op it names has run, so its verdicts are on screen;
-- `next` and `continue` also always stop at a new divergence: the first op whose verdict in the
-  current `mode` fails and whose failure is not inherited from an upstream op that already
-  failed (in propagated mode an op that passes isolated but reads a diverged value is
-  "inherited"). `break diverge` stops at every failing op, inherited or not, for every command.
+The execution model (step / next / continue, breakpoints, divergence stops) is the engine's:
+see `tapml_dbg.engine.stops`; these handlers only call it. docs/repl.md documents it.
 """
 
 from __future__ import annotations
@@ -23,25 +17,31 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Callable
 
-from tapml_dbg.judge.compare import DEFAULT_TOLERANCES, Tolerance, TolerancePolicy
+from tapml_dbg.engine.session import Session
+from tapml_dbg.engine.stops import BreakKind, Debugger
 from tapml_dbg.errors import TapmlError, UsageError
-from tapml_dbg.judge.verdict import PROPAGATED, StepResult
+from tapml_dbg.judge.compare import DEFAULT_TOLERANCES, Tolerance, TolerancePolicy
+from tapml_dbg.judge.verdict import PROPAGATED, Mode
+from tapml_dbg.model.select import INDEX_MARK, OP, RANGE, is_index, is_positional
+from tapml_dbg.model.units import build_unit
+from tapml_dbg.repro.dump import dump_op
+from tapml_dbg.trace.inspect import trace_info
 from tapml_dbg.ui.repl import results as R
 from tapml_dbg.ui.repl.parsing import ArgError, format_slice, parse_float, parse_int, parse_slice
-from tapml_dbg.ui.repl.state import BREAK_DIVERGE, BREAK_LAYER, BREAK_NAN, BREAK_OP, MODES, ReplState
 
 OPS_PAGE = 200  # `ops` shows at most this many rows; narrow with a pattern or a range
 UNKNOWN_COMMAND_CUTOFF = 0.6  # difflib similarity needed to suggest a command for a typo
 TOL_DTYPES = ("float16", "bfloat16", "float32", "float64")
+GLOB_CHARS = "*?["  # an `ops` pattern holding one of these is a glob, else a substring
 
 
 # --------------------------------------------------------------------------- plumbing
 @dataclass
 class Context:
-    """What a handler may touch: the engine, the REPL state, a progress factory, how we started."""
+    """What a handler may touch: the engine (session and debugger), a progress factory, how we started."""
 
-    session: object  # tapml_dbg.engine.session.Session
-    state: ReplState
+    session: Session
+    debugger: Debugger  # the engine's stepping, breakpoints and verdict mode
     # progress(label) is a context manager yielding callback(done, total, note="")
     progress: Callable = field(default=lambda label: contextlib.nullcontext(lambda *a, **k: None))
     launch: dict = field(default_factory=dict)  # trace path and target options, for `dump`
@@ -94,21 +94,6 @@ def offload_summary(session) -> str:
     return f"{', '.join(spans)} ({len(indices)} of {len(session.ops)} ops)"
 
 
-def _clamp_range(session, indices: list[int]) -> list[int]:
-    return [i for i in indices if 0 <= i < len(session.ops)]
-
-
-def _is_range(text: str) -> bool:
-    return ":" in text and all(part.strip().lstrip("#").isdigit() or not part.strip()
-                               for part in text.split(":", 1))
-
-
-def _compare(ctx: Context, index: int) -> StepResult:
-    result = ctx.session.compare(index)
-    ctx.state.record(result)
-    return result
-
-
 # --------------------------------------------------------------------------- handlers
 def cmd_help(ctx: Context, args: list[str]):
     _need(args, 0, 1)
@@ -119,8 +104,6 @@ def cmd_help(ctx: Context, args: list[str]):
 
 def cmd_info(ctx: Context, args: list[str]):
     _need(args, 0, 0)
-    from tapml_dbg.trace.inspect import trace_info
-
     session = ctx.session
     info = trace_info(session.reader.path)
     info.pop("ops", None)
@@ -129,10 +112,12 @@ def cmd_info(ctx: Context, args: list[str]):
     tolerance += f"; propagated x{policy.propagated_factor:g}"
     if policy.by_op:
         tolerance += f"; {len(policy.by_op)} op override(s)"
-    remote = session.rpc or (f"tracker {session.tracker} key {session.rpc_key}" if session.tracker else "local")
-    return R.InfoResult(trace=info, target=session.target, remote=remote, transform=session.transform or "none",
-                        mode=ctx.state.mode, position=session.position, ops=len(session.ops),
-                        offload=offload_summary(session), breakpoints=len(ctx.state.breakpoints),
+    spec = session.spec
+    remote = spec.rpc or (f"tracker {spec.tracker} key {spec.key}" if spec.tracker else "local")
+    remote += f", {session.lanes.size} lane{'s' if session.lanes.size > 1 else ''}"
+    return R.InfoResult(trace=info, target=session.target, remote=remote, transform=spec.transform or "none",
+                        mode=ctx.debugger.mode, position=session.position, ops=len(session.ops),
+                        offload=offload_summary(session), breakpoints=len(ctx.debugger.breakpoints),
                         tolerance=tolerance)
 
 
@@ -141,18 +126,21 @@ def cmd_ops(ctx: Context, args: list[str]):
     query = " ".join(args).strip()
     if not query:
         indices = list(range(len(session.ops)))
-    elif _is_range(query):
-        indices = _clamp_range(session, session.resolve_ops(query))
-    elif query.lstrip("#").lstrip("-").isdigit():
-        indices = [session.resolve(query).index]
+    elif is_positional(query):  # `12`, `-1`, `3:5`, `0:5,9`: a selector, by the one set of rules
+        indices = session.resolve_ops(query)
     else:
-        pattern = query if any(c in query for c in "*?[") else f"*{query}*"
-        pattern = pattern.lower()
-        indices = [op.index for op in session.ops
-                   if any(fnmatch.fnmatchcase(field_.lower(), pattern) for field_ in (op.name, op.op, op.layer))]
-    rows = [R.OpRow(session.ops[i], i in session.offload, i == session.position, ctx.state.results.get(i))
+        indices = _search_ops(session, query)
+    rows = [R.OpRow(session.ops[i], i in session.offload, i == session.position, ctx.debugger.seen.get(i))
             for i in indices[:OPS_PAGE]]
     return R.OpsResult(rows, len(indices), query)
+
+
+def _search_ops(session, query: str) -> list[int]:
+    """`ops PATTERN` is a search, not a selector: a glob or substring of name, source op or layer."""
+    pattern = query if any(c in query for c in GLOB_CHARS) else f"*{query}*"
+    pattern = pattern.lower()
+    return [op.index for op in session.ops
+            if any(fnmatch.fnmatchcase(field_.lower(), pattern) for field_ in (op.name, op.op, op.layer))]
 
 
 def cmd_layers(ctx: Context, args: list[str]):
@@ -169,14 +157,12 @@ def cmd_where(ctx: Context, args: list[str]):
     _need(args, 0, 0)
     session = ctx.session
     op = session.ops[session.position] if session.position < len(session.ops) else None
-    return R.WhereResult(session.position, len(session.ops), op, ctx.state.last, session.where,
-                         ctx.state.mode, offload_summary(session), len(ctx.state.breakpoints))
+    return R.WhereResult(session.position, len(session.ops), op, ctx.debugger.last, session.where,
+                         ctx.debugger.mode, offload_summary(session), len(ctx.debugger.breakpoints))
 
 
 def cmd_show(ctx: Context, args: list[str]):
     _need(args, 1, 1)
-    from tapml_dbg.model.units import build_unit
-
     session = ctx.session
     op = session.resolve(args[0])
     func, _spec = build_unit(session.main, [op.name], [op.name])
@@ -196,7 +182,7 @@ def cmd_show(ctx: Context, args: list[str]):
     stats = session.reader.op_stats(op.index) if recorded else []
     note = session.reader.op_note(op.index) if recorded else "not recorded"
     return R.ShowResult(op, func.script(), inputs, stats, note, op.index in session.offload,
-                        ctx.state.results.get(op.index))
+                        ctx.debugger.seen.get(op.index))
 
 
 def _stored_spec(stats_of, name: str) -> str:
@@ -208,21 +194,14 @@ def _stored_spec(stats_of, name: str) -> str:
     return f"numel {stats.get('numel', '?')}" + (f", absmax {absmax:.4g}" if isinstance(absmax, (int, float)) else "")
 
 
-def _ops_of(session, text: str) -> list[int]:
-    indices = _clamp_range(session, session.resolve_ops(text))
-    if not indices:
-        raise ArgError(f"{text!r} selects no op (ops are 0..{len(session.ops) - 1})")
-    return indices
-
-
 def cmd_boundary(ctx: Context, args: list[str]):
     _need(args, 0, 1)
     session = ctx.session
     if not args:
         return R.OffloadResult("offloaded (running on the target)", offload_summary(session))
     text = args[0]
-    if text.lstrip("#").isdigit():
-        k = int(text.lstrip("#"))
+    if is_index(text):  # K is a count of ops, not an op index: `boundary 26` offloads all 26
+        k = int(text.lstrip(INDEX_MARK))
         session.set_boundary(k)
         what = f"ops [0, {k}) run on the target"
     else:
@@ -230,7 +209,7 @@ def cmd_boundary(ctx: Context, args: list[str]):
         k = max(indices) + 1
         session.set_boundary(k)
         what = f"ops [0, {k}) run on the target: everything up to the end of layer {text}"
-    ctx.state.forget_run()
+    ctx.debugger.forget_run()
     return R.OffloadResult(f"boundary {k}: {what}; the rest runs on the source", offload_summary(session))
 
 
@@ -242,139 +221,64 @@ def cmd_offload(ctx: Context, args: list[str]):
     action, text = args
     if action not in ("add", "remove"):
         raise ArgError(f"expected add or remove, not {action!r}")
-    indices = _ops_of(session, text)
+    indices = session.resolve_ops(text)  # never empty: an empty selection is a UsageError
     if action == "add":
         session.offload_add(indices)
     else:
         session.offload_remove(indices)
-    ctx.state.forget_run()
+    ctx.debugger.forget_run()
     verb = "added" if action == "add" else "removed"
     return R.OffloadResult(f"{verb} {len(indices)} op(s)", offload_summary(session))
 
 
 # ---- running
-def _stop_reasons(ctx: Context, result: StepResult, stop_on_divergence: bool) -> tuple[list[str], bool]:
-    """Why execution stops after `result` (empty: go on), and whether its failure is inherited."""
-    session, state = ctx.session, ctx.state
-    op = session.ops[result.index]
-    verdict = result.verdict(state.mode)
-    failed = verdict is not None and verdict.failed
-    upstream_failed = any(name in state.diverged for name in op.inputs)
-    isolated_failed = result.isolated is not None and result.isolated.failed
-    inherited = failed and state.mode == PROPAGATED and upstream_failed and not isolated_failed
-    reasons, diverge_breakpoint = [], False
-    for bp in state.breakpoints:
-        hit = False
-        if bp.kind in (BREAK_OP, BREAK_LAYER):
-            hit = result.index in bp.ops
-        elif bp.kind == BREAK_NAN:
-            hit = any(m.nan_mismatch or m.inf_mismatch for v in (result.isolated, result.propagated)
-                      if v is not None for m in v.metrics)
-        elif bp.kind == BREAK_DIVERGE:
-            hit = failed
-        if hit:
-            bp.hits += 1
-            diverge_breakpoint = diverge_breakpoint or bp.kind == BREAK_DIVERGE
-            reasons.append(f"breakpoint {bp.number} ({bp.kind} {bp.spec})" if bp.kind in (BREAK_OP, BREAK_LAYER)
-                           else f"breakpoint {bp.number} ({bp.kind})")
-    if stop_on_divergence and failed and not inherited and not diverge_breakpoint:
-        reasons.append(f"divergence: the {state.mode} verdict failed")
-    if result.propagated is not None and result.propagated.failed:
-        state.diverged.add(op.name)
-    return reasons, inherited
-
-
-def _run(ctx: Context, command: str, limit: int | None = None, layer_bound: bool = False,
-         stop_on_divergence: bool = True, verbose: bool = True) -> R.RunResult:
-    session, state = ctx.session, ctx.state
-    total_ops = len(session.ops)
-    run = R.RunResult(command, state.mode, verbose=verbose)
-    if session.position >= total_ops:
-        run.at_end = True
-        return run
-    layer = session.ops[session.position].layer
-    if limit is not None:
-        planned = min(limit, total_ops - session.position)
-    elif layer_bound:
-        planned = sum(1 for op in session.ops[session.position:] if op.layer == layer)
-    else:
-        planned = total_ops - session.position
-    with ctx.progress(f"{command} on {session.target}") as progress:
-        try:
-            while session.position < total_ops:
-                if limit is not None and len(run.steps) >= limit:
-                    break
-                if layer_bound and run.steps and session.ops[session.position].layer != layer:
-                    break
-                op = session.ops[session.position]
-                progress(len(run.steps), planned, f"#{op.index} {op.name}")
-                steps = session.step(1)
-                if not steps:
-                    break
-                result = steps[0]
-                state.record(result)
-                state.last = result
-                run.steps.append(result)
-                reasons, inherited = _stop_reasons(ctx, result, stop_on_divergence)
-                if inherited:
-                    run.inherited.add(result.index)
-                if reasons:
-                    result.breakpoint = "; ".join(reasons)
-                    run.reasons = reasons
-                    break
-        except KeyboardInterrupt:
-            run.cancelled = True
-    run.at_end = session.position >= total_ops
-    run.next_op = session.ops[session.position] if not run.at_end else None
-    return run
-
-
 def cmd_step(ctx: Context, args: list[str]):
     _need(args, 0, 1)
     count = parse_int(args[0], "N", minimum=1) if args else 1
-    return _run(ctx, "step", limit=count, stop_on_divergence=False)
+    with ctx.progress(f"step on {ctx.session.target}") as progress:
+        return ctx.debugger.step(count, progress)
 
 
 def cmd_next(ctx: Context, args: list[str]):
     _need(args, 0, 0)
-    return _run(ctx, "next", layer_bound=True)
+    with ctx.progress(f"next on {ctx.session.target}") as progress:
+        return ctx.debugger.next(progress)
 
 
 def cmd_continue(ctx: Context, args: list[str]):
     _need(args, 0, 0)
-    return _run(ctx, "continue", verbose=False)
+    with ctx.progress(f"continue on {ctx.session.target}") as progress:
+        return ctx.debugger.continue_(progress)
 
 
 def cmd_break(ctx: Context, args: list[str]):
     _need(args, 0, 1)
-    state, session = ctx.state, ctx.session
+    debugger, session = ctx.debugger, ctx.session
     if not args:
-        return R.BreakResult(list(state.breakpoints), "" if state.breakpoints else "no breakpoints")
+        return R.BreakResult(list(debugger.breakpoints), "" if debugger.breakpoints else "no breakpoints")
     text = args[0]
-    if text in (BREAK_NAN, BREAK_DIVERGE):
-        bp = state.add_breakpoint(text, text)
-    elif text in session.by_name or text.lstrip("#").lstrip("-").isdigit():
+    if text in (BreakKind.NAN, BreakKind.DIVERGE):
+        bp = debugger.add_breakpoint(BreakKind(text), text)
+    elif _op_or_layer(session, text) == OP:
         op = session.resolve(text)
-        bp = state.add_breakpoint(BREAK_OP, op.name, frozenset({op.index}))
-    elif text in session.layers():
-        bp = state.add_breakpoint(BREAK_LAYER, text, frozenset(session.layer_ops(text)))
+        bp = debugger.add_breakpoint(BreakKind.OP, op.name, frozenset({op.index}))
     else:
-        raise _no_op_or_layer(session, text)
+        bp = debugger.add_breakpoint(BreakKind.LAYER, text, frozenset(session.layer_ops(text)))
     return R.BreakResult([bp], f"breakpoint {bp.number}: {bp.describe()}")
 
 
-def _no_op_or_layer(session, text: str) -> UsageError:
-    import difflib
-
-    close = difflib.get_close_matches(text, list(session.by_name) + session.layers(), n=3)
-    hint = f"; did you mean {', '.join(close)}?" if close else "; `ops` and `layers` list them"
-    return UsageError(f"no op or layer named {text!r}{hint}")
+def _op_or_layer(session, text: str) -> str:
+    """OP or LAYER, by the selector rules; a breakpoint on a range is refused."""
+    kind = session.op_table.select(text).kind
+    if kind == RANGE:
+        raise ArgError(f"break takes one op or a layer, not the range {text!r}; set one breakpoint per op")
+    return kind
 
 
 def cmd_delete(ctx: Context, args: list[str]):
     _need(args, 0, 1)
     number = parse_int(args[0].lstrip("#"), "N", minimum=1) if args else None
-    gone = ctx.state.delete_breakpoint(number)
+    gone = ctx.debugger.delete_breakpoint(number)
     if number is not None and not gone:
         raise ArgError(f"no breakpoint {number}; `break` lists them")
     return R.Message(f"deleted {len(gone)} breakpoint(s)")
@@ -388,7 +292,7 @@ def cmd_bisect(ctx: Context, args: list[str]):
             raise ArgError(f"unknown option {args[0]!r}")
         sweep = False
     with ctx.progress(f"bisect on {ctx.session.target}") as progress:
-        return ctx.session.bisect(sweep=sweep, progress=progress)
+        return R.BisectDone(ctx.session.bisect(sweep=sweep, progress=progress))
 
 
 def cmd_compare(ctx: Context, args: list[str]):
@@ -396,18 +300,18 @@ def cmd_compare(ctx: Context, args: list[str]):
     session = ctx.session
     if args:
         op = session.resolve(args[0])
-    elif ctx.state.last is not None:
-        op = session.ops[ctx.state.last.index]
+    elif ctx.debugger.last is not None:
+        op = session.ops[ctx.debugger.last.index]
     else:
         raise ArgError("which op? nothing has run yet")
     with ctx.progress(f"compare #{op.index} on {session.target}"):
-        step = _compare(ctx, op.index)
+        step = ctx.debugger.compare(op.index)
     return R.CompareResult(step, op, op.index in session.offload)
 
 
 def cmd_print(ctx: Context, args: list[str]):
     _need(args, 1)
-    session, mode = ctx.session, ctx.state.mode
+    session, mode = ctx.session, ctx.debugger.mode
     op = session.resolve(args[0])
     index = parse_slice("".join(args[1:])) if len(args) > 1 else ()
     sources = session.source_values(op.index)
@@ -478,26 +382,24 @@ def cmd_tol(ctx: Context, args: list[str]):
 def cmd_mode(ctx: Context, args: list[str]):
     _need(args, 0, 1)
     if not args:
-        return R.Message(f"mode {ctx.state.mode}: the {ctx.state.mode} verdict decides divergence stops")
-    if args[0] not in MODES:
+        return R.Message(f"mode {ctx.debugger.mode}: the {ctx.debugger.mode} verdict decides divergence stops")
+    if args[0] not in tuple(Mode):
         raise ArgError(f"expected isolated or propagated, not {args[0]!r}")
-    ctx.state.mode = args[0]
+    ctx.debugger.mode = Mode(args[0])
     return R.Message(f"mode {args[0]}: the {args[0]} verdict decides divergence stops")
 
 
 def cmd_dump(ctx: Context, args: list[str]):
     _need(args, 2, 2)
     op = ctx.session.resolve(args[0])
-    try:
-        from tapml_dbg.repro import dump_op
-    except ImportError as exc:
-        raise UsageError(f"dump is not available: tapml_dbg.repro cannot be imported ({exc})") from None
     launch = ctx.launch
     parts = ["tapml-dbg", "dump", str(launch.get("trace", ctx.session.reader.path)), "--op", op.name, "-o", args[1],
              "--target", ctx.session.target]
-    for option, key in (("--rpc", "rpc"), ("--tracker", "tracker"), ("--key", "key"), ("--transform", "transform")):
-        if launch.get(key):
-            parts += [option, str(launch[key])]
+    spec = ctx.session.spec
+    for option, value in (("--rpc", spec.rpc), ("--tracker", spec.tracker), ("--key", spec.key),
+                          ("--transform", spec.transform)):
+        if value:
+            parts += [option, str(value)]
     command = " ".join(shlex.quote(p) for p in parts)
     with ctx.progress(f"dump #{op.index}"):
         result = dump_op(ctx.session, op.name, args[1], command=command)
@@ -506,8 +408,7 @@ def cmd_dump(ctx: Context, args: list[str]):
 
 def cmd_reset(ctx: Context, args: list[str]):
     _need(args, 0, 0)
-    ctx.session.reset()
-    ctx.state.forget_run()
+    ctx.debugger.reset()
     return R.Message("back to op 0 with every op offloaded; breakpoints, mode and tolerances kept")
 
 
@@ -627,8 +528,3 @@ class UnknownCommand(UsageError):
         self.suggestion = (_BY_ALIAS.get(close[0]) or _BY_NAME[close[0]]).name if close else None
         hint = f"; did you mean `{self.suggestion}`?" if self.suggestion else "; `help` lists the commands"
         super().__init__(f"unknown command {word!r}{hint}")
-
-
-def command_names() -> list[str]:
-    return [c.name for c in COMMANDS]
-

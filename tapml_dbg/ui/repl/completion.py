@@ -40,7 +40,7 @@ def _match(candidates: list[tuple[str, str, str]], word: str) -> list[tuple[str,
     return [c for c in candidates if low in c[0].lower()]
 
 
-def suggest(text: str, cursor: int | None = None, session=None, state=None) -> list[Suggestion]:
+def suggest(text: str, cursor: int | None = None, session=None, debugger=None) -> list[Suggestion]:
     """Completions for `text` with the cursor at `cursor` (default: the end)."""
     before = text[: len(text) if cursor is None else cursor]
     before = before.split(";")[-1].lstrip()  # `-c`-style lines: complete the last command
@@ -64,8 +64,8 @@ def suggest(text: str, cursor: int | None = None, session=None, state=None) -> l
             candidates += [(op.name, "op", f"#{op.index} {op.op}") for op in session.ops]
         elif item == "<layer>" and session is not None:
             candidates += [(layer, "layer", "layer") for layer in session.layers()]
-        elif item == "<breakpoint>" and state is not None:
-            candidates += [(str(bp.number), "breakpoint", bp.describe()) for bp in state.breakpoints]
+        elif item == "<breakpoint>" and debugger is not None:
+            candidates += [(str(bp.number), "breakpoint", bp.describe()) for bp in debugger.breakpoints]
         elif item == "<path>":
             return _paths(word)
         elif not item.startswith("<"):
@@ -94,14 +94,14 @@ def _paths(word: str) -> list[Suggestion]:
     return suggestions[:MAX_SUGGESTIONS]
 
 
-def make_completer(session, state=None):
+def make_completer(session, debugger=None):
     """A prompt-toolkit `Completer` that only maps `suggest`'s results."""
     from prompt_toolkit.completion import Completer, Completion
 
     class ReplCompleter(Completer):
         def get_completions(self, document, complete_event):
             before = document.text_before_cursor
-            for s in suggest(before, len(before), session, state):
+            for s in suggest(before, len(before), session, debugger):
                 yield Completion(s.text, start_position=s.start, display_meta=s.meta)
 
     return ReplCompleter()

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tapml_dbg.model.graph import OpInfo
-from tapml_dbg.judge.verdict import StepResult
-from tapml_dbg.ui.repl.state import Breakpoint
+from tapml_dbg.engine.results import BisectResult, StepResult
+from tapml_dbg.engine.stops import Breakpoint
 
 
 @dataclass
@@ -105,21 +105,6 @@ class OffloadResult:
 
 
 @dataclass
-class RunResult:
-    """What step / next / continue did: the ops run, and why it stopped."""
-
-    command: str
-    mode: str
-    steps: list[StepResult] = field(default_factory=list)
-    reasons: list[str] = field(default_factory=list)  # why it stopped early (breakpoint, divergence)
-    inherited: set[int] = field(default_factory=set)  # failing ops whose failure came from upstream
-    cancelled: bool = False
-    at_end: bool = False  # the trace's last op has run
-    verbose: bool = True  # one line per op (step, next) or a summary (continue)
-    next_op: OpInfo | None = None
-
-
-@dataclass
 class CompareResult:
     step: StepResult
     op: OpInfo
@@ -158,6 +143,13 @@ class BreakResult:
 @dataclass
 class DumpDone:
     result: object  # whatever tapml_dbg.repro.dump_op returned
+
+
+@dataclass
+class BisectDone:
+    """`bisect` in the REPL: the engine's result, rendered as the CLI does, then what to type next."""
+
+    result: BisectResult
 
 
 @dataclass

@@ -1,0 +1,93 @@
+"""Unit requests: a slice of the graph plus where each of its inputs comes from.
+
+An input is a recorded value (a model input, a param, an op's recorded output) that the worker
+reads from the trace itself, or a target value the engine already holds (propagated mode). The
+trace may lack an op's values (an incomplete trace, a capture window): `missing` says why.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tapml_dbg.errors import TraceError
+from tapml_dbg.model.graph import OpInfo
+from tapml_dbg.model.serialize import function_to_json
+from tapml_dbg.model.units import UnitSpec, build_isolated_batch, build_unit
+from tapml_dbg.runtime.messages import UnitRequest
+from tapml_dbg.trace import TraceReader
+
+
+class RequestBuilder:
+    """Builds the requests of one trace's units."""
+
+    def __init__(self, reader: TraceReader, main, ops: list[OpInfo]):
+        self.reader = reader
+        self.main = main
+        self.ops = ops
+        self.by_name = {op.name: op for op in ops}
+        self.input_names = set(reader.input_names)
+        self.param_names = set(reader.param_names)
+        self.recorded = set(reader.finished_ops())
+
+    # -- what the trace holds --------------------------------------------------------------
+    def missing(self, index: int) -> str | None:
+        """Why op `index` has no isolated verdict in this trace (it or an input has no values), or None."""
+        if index not in self.recorded:
+            return self.reader.missing_values_message(index)
+        for name in self.ops[index].inputs:
+            op = self.by_name.get(name)
+            if op is not None and op.index not in self.recorded:
+                return self.reader.missing_values_message(op.index, needed_by=index)
+        return None
+
+    def recorded_ref(self, name: str, field: int) -> tuple:
+        """Where the worker finds a recorded value: ("input", name), ("param", name) or ("op", name, field)."""
+        if name in self.input_names:
+            return ("input", name)
+        if name in self.param_names:
+            return ("param", name)
+        op = self.by_name[name]
+        if op.index not in self.recorded:
+            raise TraceError(self.reader.missing_values_message(op.index))
+        return ("op", name, field)
+
+    # -- requests ------------------------------------------------------------------------------
+    def request(self, func, spec: UnitSpec, target_values: dict[str, list[np.ndarray]] | None = None) -> UnitRequest:
+        """A unit fed recorded values, or the target's own values where `target_values` holds them."""
+        refs = []
+        for name, field in spec.inputs:
+            if target_values is not None and name in target_values:
+                refs.append(("value", target_values[name][max(field, 0)]))
+            else:
+                refs.append(self.recorded_ref(name, field))
+        return UnitRequest(unit_json=function_to_json(func), inputs=refs, outputs=spec.outputs)
+
+    def ops_request(self, names: list[str], outputs: list[str],
+                    target_values: dict[str, list[np.ndarray]] | None = None) -> UnitRequest:
+        """Ops `names` fused as one unit, returning the values of `outputs`."""
+        func, spec = build_unit(self.main, names, outputs)
+        return self.request(func, spec, target_values)
+
+    def isolated(self, index: int) -> UnitRequest | str:
+        """Op `index` alone on recorded inputs, or why it cannot have one (raises nothing)."""
+        missing = self.missing(index)
+        if missing:
+            return missing
+        name = self.ops[index].name
+        try:
+            return self.ops_request([name], [name])
+        except TraceError as exc:
+            return str(exc)
+
+    def batch(self, indices: list[int]) -> UnitRequest | None:
+        """Many ops side by side in one unit, each on recorded inputs; None when one lacks values."""
+        try:
+            func, spec = build_isolated_batch(self.main, [self.ops[i].name for i in indices])
+            return self.request(func, spec)
+        except TraceError:
+            return None
+
+    def compile_only(self, index: int) -> UnitRequest:
+        name = self.ops[index].name
+        func, _spec = build_unit(self.main, [name], [name])
+        return UnitRequest(unit_json=function_to_json(func), inputs=[], compile_only=True)

@@ -1,0 +1,77 @@
+"""What the engine returns: ops run with their verdicts, bisection and compile reports."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tapml_dbg.judge.compare import Metrics
+from tapml_dbg.judge.verdict import ISOLATED, Mode, Verdict
+
+
+@dataclass
+class StepResult:
+    """An op run on the target, with the verdicts computed for it."""
+
+    index: int
+    name: str
+    op: str
+    layer: str
+    isolated: Verdict | None = None
+    propagated: Verdict | None = None
+    breakpoint: str = ""  # why execution stopped here, if it did
+
+    def verdict(self, mode: Mode) -> Verdict | None:
+        return self.isolated if mode == ISOLATED else self.propagated
+
+
+@dataclass
+class Culprit:
+    index: int
+    name: str
+    op: str
+    layer: str
+    verdict: str  # a Mode (isolated | propagated) or the failed run's Status (compile-error | crash | timeout)
+    metrics: Metrics | None
+    message: str = ""
+
+    @property
+    def summary(self) -> str:
+        return self.metrics.summary() if self.metrics else self.message
+
+    def to_json(self) -> dict:
+        return {"index": self.index, "name": self.name, "op": self.op, "layer": self.layer,
+                "verdict": self.verdict, "metrics": self.metrics.to_json() if self.metrics else {},
+                "message": self.message}
+
+
+@dataclass
+class BisectResult:
+    diverged: bool
+    ops: int
+    probes: int
+    seconds: float
+    target: str
+    culprit: Culprit | None = None
+    neighbourhood: list[StepResult] = field(default_factory=list)
+    search: list[tuple[int, bool]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {"diverged": self.diverged, "ops": self.ops, "probes": self.probes,
+                "seconds": round(self.seconds, 3), "target": self.target,
+                "op": self.culprit.to_json() if self.culprit else None,
+                "search": [{"index": k, "failed": f} for k, f in self.search], "notes": self.notes}
+
+
+@dataclass
+class CompileReport:
+    target: str
+    ops: int
+    failures: list[dict] = field(default_factory=list)
+
+    @property
+    def failed(self) -> int:
+        return len(self.failures)
+
+    def to_json(self) -> dict:
+        return {"target": self.target, "ops": self.ops, "failed": self.failed, "failures": self.failures}

@@ -1,0 +1,217 @@
+"""The debugger's semantics: breakpoints, step / next / continue, and why a run stops.
+
+As in `bdb`, the engine owns the stepping rules and a front end only calls them: the REPL's
+`step N` is `Debugger.step(N)`, `continue` is `Debugger.continue_()`. Rules (docs/repl.md):
+- the position is the next op to run; each op run gets both verdicts (`Session.compare`);
+- a breakpoint stops any run *after* the op it names has run, so its verdicts are on screen;
+- `next` and `continue` also stop at a new divergence: the first op whose verdict in the current
+  `mode` fails and whose failure is not inherited from an upstream op that already failed (in
+  propagated mode an op that passes isolated but reads a diverged value is "inherited");
+  `break diverge` stops at every failing op, inherited or not, for every command.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Callable
+
+from tapml_dbg.engine.results import StepResult
+from tapml_dbg.judge.verdict import PROPAGATED, Mode
+from tapml_dbg.model.graph import OpInfo
+
+DEFAULT_MODE = PROPAGATED  # the verdict that counts for `continue`, `next` and `break diverge`
+
+Progress = Callable[..., None]
+
+
+def _noop(*_args, **_kwargs) -> None:
+    return None
+
+
+class BreakKind(StrEnum):
+    OP = "op"  # after one op
+    LAYER = "layer"  # after any op of a layer (nested layers included)
+    NAN = "nan"  # when the target's NaN/Inf pattern differs from the source's
+    DIVERGE = "diverge"  # at every failing op, inherited or not
+
+
+class Command(StrEnum):
+    """How a run ends (besides breakpoints and the end of the trace)."""
+
+    STEP = "step"  # after N ops; only breakpoints stop it early
+    NEXT = "next"  # at the end of the current layer, or a new divergence
+    CONTINUE = "continue"  # at a new divergence
+
+
+@dataclass
+class Breakpoint:
+    number: int
+    kind: BreakKind
+    spec: str  # what the user typed, resolved: an op name, a layer path, "nan" or "diverge"
+    ops: frozenset[int] = frozenset()  # the op indices it covers (op and layer kinds)
+    hits: int = 0
+
+    def describe(self) -> str:
+        if self.kind == BreakKind.OP:
+            (index,) = tuple(self.ops)
+            return f"op #{index} {self.spec}"
+        if self.kind == BreakKind.LAYER:
+            return f"layer {self.spec} ({len(self.ops)} ops)"
+        if self.kind == BreakKind.NAN:
+            return "nan: the target's NaN/Inf pattern differs from the source"
+        return "diverge: every op whose verdict fails, inherited or not"
+
+    def label(self) -> str:
+        """How a stop reason names it."""
+        if self.kind in (BreakKind.OP, BreakKind.LAYER):
+            return f"breakpoint {self.number} ({self.kind} {self.spec})"
+        return f"breakpoint {self.number} ({self.kind})"
+
+    def hit_by(self, result: StepResult, failed: bool) -> bool:
+        if self.kind in (BreakKind.OP, BreakKind.LAYER):
+            return result.index in self.ops
+        if self.kind == BreakKind.NAN:
+            return any(m.nan_mismatch or m.inf_mismatch for v in (result.isolated, result.propagated)
+                       if v is not None for m in v.metrics)
+        return failed
+
+
+@dataclass
+class RunResult:
+    """What step / next / continue did: the ops run, and why it stopped."""
+
+    command: Command
+    mode: Mode
+    steps: list[StepResult] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)  # why it stopped early (breakpoint, divergence)
+    inherited: set[int] = field(default_factory=set)  # failing ops whose failure came from upstream
+    cancelled: bool = False  # Ctrl-C
+    at_end: bool = False  # the trace's last op has run
+    next_op: OpInfo | None = None
+
+
+class Debugger:
+    """Stepping over one session: the verdict mode, breakpoints, and what this run has seen."""
+
+    def __init__(self, session):
+        self.session = session
+        self.mode: Mode = DEFAULT_MODE
+        self.breakpoints: list[Breakpoint] = []
+        self._next_number = 1
+        self.seen: dict[int, StepResult] = {}  # latest verdicts seen per op
+        self.diverged: set[str] = set()  # ops whose propagated verdict failed this run
+        self.last: StepResult | None = None  # the op the last run ran last
+
+    # -- breakpoints ------------------------------------------------------------------------
+    def add_breakpoint(self, kind: BreakKind, spec: str, ops: frozenset[int] = frozenset()) -> Breakpoint:
+        for existing in self.breakpoints:
+            if existing.kind == kind and existing.spec == spec:
+                return existing
+        bp = Breakpoint(self._next_number, kind, spec, ops)
+        self._next_number += 1
+        self.breakpoints.append(bp)
+        return bp
+
+    def delete_breakpoint(self, number: int | None) -> list[Breakpoint]:
+        """Delete breakpoint `number`, or all of them; returns what went."""
+        if number is None:
+            gone, self.breakpoints = self.breakpoints, []
+            return gone
+        gone = [bp for bp in self.breakpoints if bp.number == number]
+        self.breakpoints = [bp for bp in self.breakpoints if bp.number != number]
+        return gone
+
+    # -- state --------------------------------------------------------------------------------
+    def forget_run(self) -> None:
+        """After `reset` or an offload change: target values are gone, so is what diverged."""
+        self.diverged.clear()
+        self.last = None
+
+    def reset(self) -> None:
+        self.session.reset()
+        self.forget_run()
+
+    def compare(self, index: int) -> StepResult:
+        """Both verdicts of one op, remembered as seen."""
+        result = self.session.compare(index)
+        self.seen[result.index] = result
+        return result
+
+    # -- running ------------------------------------------------------------------------------
+    def step(self, count: int = 1, progress: Progress = _noop) -> RunResult:
+        return self.run_until(Command.STEP, count, progress)
+
+    def next(self, progress: Progress = _noop) -> RunResult:
+        return self.run_until(Command.NEXT, None, progress)
+
+    def continue_(self, progress: Progress = _noop) -> RunResult:
+        return self.run_until(Command.CONTINUE, None, progress)
+
+    def run_until(self, command: Command, limit: int | None = None, progress: Progress = _noop) -> RunResult:
+        """Run ops from the position until `command`'s rule, a breakpoint or the end says stop."""
+        session = self.session
+        total = len(session.ops)
+        run = RunResult(command, self.mode)
+        if session.position >= total:
+            run.at_end = True
+            return run
+        layer = session.ops[session.position].layer
+        planned = self._planned(command, limit, layer)
+        try:
+            while session.position < total:
+                if limit is not None and len(run.steps) >= limit:
+                    break
+                if command == Command.NEXT and run.steps and session.ops[session.position].layer != layer:
+                    break
+                op = session.ops[session.position]
+                progress(len(run.steps), planned, f"#{op.index} {op.name}")
+                steps = session.step(1)
+                if not steps:
+                    break
+                result = steps[0]
+                self.seen[result.index] = result
+                self.last = result
+                run.steps.append(result)
+                reasons, inherited = self.stop_reasons(result, on_divergence=command != Command.STEP)
+                if inherited:
+                    run.inherited.add(result.index)
+                if reasons:
+                    result.breakpoint = "; ".join(reasons)
+                    run.reasons = reasons
+                    break
+        except KeyboardInterrupt:
+            run.cancelled = True
+        run.at_end = session.position >= total
+        run.next_op = session.ops[session.position] if not run.at_end else None
+        return run
+
+    def _planned(self, command: Command, limit: int | None, layer: str) -> int:
+        """How many ops the run will take at most (for the progress bar)."""
+        session = self.session
+        left = len(session.ops) - session.position
+        if limit is not None:
+            return min(limit, left)
+        if command == Command.NEXT:
+            return sum(1 for op in session.ops[session.position:] if op.layer == layer)
+        return left
+
+    def stop_reasons(self, result: StepResult, on_divergence: bool) -> tuple[list[str], bool]:
+        """Why a run stops after `result` (empty: go on), and whether its failure is inherited."""
+        op = self.session.ops[result.index]
+        verdict = result.verdict(self.mode)
+        failed = verdict is not None and verdict.failed
+        upstream_failed = any(name in self.diverged for name in op.inputs)
+        isolated_failed = result.isolated is not None and result.isolated.failed
+        inherited = failed and self.mode == PROPAGATED and upstream_failed and not isolated_failed
+        reasons, diverge_breakpoint = [], False
+        for bp in self.breakpoints:
+            if bp.hit_by(result, failed):
+                bp.hits += 1
+                diverge_breakpoint = diverge_breakpoint or bp.kind == BreakKind.DIVERGE
+                reasons.append(bp.label())
+        if on_divergence and failed and not inherited and not diverge_breakpoint:
+            reasons.append(f"divergence: the {self.mode} verdict failed")
+        if result.propagated is not None and result.propagated.failed:
+            self.diverged.add(op.name)
+        return reasons, inherited

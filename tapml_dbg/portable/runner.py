@@ -1,0 +1,262 @@
+"""Where and how one unit runs: the target, the device (local or over TVM RPC), build, load, run.
+
+The engine's worker, its recorder and every repro use this `Runner`, so they compile with the
+same pipeline, apply the same device-code check and label the place the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import weakref
+
+import numpy as np
+
+from .codec import contiguous
+from .errors import PortableError, one_line
+
+DEFAULT_TARGET = "llvm"
+TARGET_HINT = "use e.g. llvm, cuda, or '{\"kind\":\"cuda\",\"arch\":\"sm_90\"}'"
+HOST_KINDS = ("llvm", "c")  # target kinds whose code runs on the cpu device
+HOST_MODULE_KINDS = ("llvm", "c", "static_library", "library")  # runtime modules that hold no device code
+NO_DEVICE_HINT = "use --target, or --rpc HOST:PORT for a remote device"
+SESSION_TIMEOUT_NONE = 0  # an RPC session without its own deadline: the caller times the unit
+TRACKER_PRIORITY = 1
+ENTRY = "main"  # the unit's Relax function
+
+
+# ------------------------------------------------------------------------------ target, where
+def parse_target(text: str | None):
+    """A bare kind (`cuda`), a TVM target string, or a JSON dict such as {"kind":"cuda"}."""
+    import tvm
+
+    text = (text or DEFAULT_TARGET).strip()
+    try:
+        return tvm.target.Target(json.loads(text) if text.startswith("{") else text)
+    except Exception as exc:
+        raise PortableError(f"invalid target {text!r}: {one_line(exc)} ({TARGET_HINT})") from exc
+
+
+def device_kind(target) -> str:
+    """The runtime device of a tvm.target.Target: `cpu` for host code, else the target's kind."""
+    kind = target.kind.name
+    return "cpu" if kind in HOST_KINDS else kind
+
+
+def target_label(target: str, rpc: str | None = None, tracker: str | None = None, key: str | None = None) -> str:
+    """`cuda`, `cuda via rpc HOST:PORT`, `cuda via tracker HOST:PORT key KEY`: the one wording of a place."""
+    if rpc:
+        return f"{target} via rpc {rpc}"
+    if tracker:
+        return f"{target} via tracker {tracker} key {key}"
+    return target
+
+
+# ------------------------------------------------------------------------------ devices
+def split_host_port(text: str | None, what: str) -> tuple[str, int]:
+    host, sep, port = (text or "").rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise PortableError(f"{what} must be HOST:PORT, got {text!r}")
+    return host, int(port)
+
+
+def connect(rpc: str | None, tracker: str | None, key: str | None):
+    """A remote session on a server (`--rpc`) or one leased from a tracker (`--tracker --key`)."""
+    from tvm import rpc as tvm_rpc
+
+    if rpc:
+        host, port = split_host_port(rpc, "--rpc")
+    else:
+        host, port = split_host_port(tracker, "--tracker")
+        if not key:
+            raise PortableError("--tracker needs --key KEY (the device key the servers registered)")
+    try:
+        if rpc:
+            return tvm_rpc.connect(host, port, session_timeout=SESSION_TIMEOUT_NONE)
+        client = tvm_rpc.connect_tracker(host, port)
+        return client.request(key, priority=TRACKER_PRIORITY, session_timeout=SESSION_TIMEOUT_NONE)
+    except Exception as exc:
+        raise PortableError(f"cannot reach the RPC endpoint {rpc or tracker}: {one_line(exc)} "
+                            "(is `python -m tvm.exec.rpc_server` running there?)") from exc
+
+
+def local_device(kind: str, hint: str = NO_DEVICE_HINT):
+    """Device 0 of `kind` (`llvm` means the cpu) on this machine, or a one-line error ending in `hint`."""
+    import tvm
+
+    device = tvm.device("cpu" if kind in HOST_KINDS else kind, 0)
+    if not device.exist:
+        raise PortableError(f"no {kind} device on this machine ({hint})")
+    return device
+
+
+# ------------------------------------------------------------------------------ build
+def build(mod, target, transform=None):
+    """Apply the user's transform, lower with the target's default Relax pipeline, build.
+
+    The pipeline is what `tvm.compile` would apply (dlight schedules for GPUs); lowering first
+    shows whether the unit has kernels at all. A unit of view-like ops has none, but kernels
+    compiled to host code only for a GPU target (an unscheduled PrimFunc: TVM does not complain)
+    are a compile error, not a pass.
+    """
+    import tvm
+    from tvm import relax
+
+    if transform is not None:
+        mod = transform(mod)
+        if mod is None or not hasattr(mod, "functions_items"):
+            raise PortableError(f"the transform must return a tvm.IRModule, got {type(mod).__name__}")
+    with target:
+        lowered = relax.get_default_pipeline(target)(mod)
+    kernels = any(isinstance(func, tvm.tirx.PrimFunc) for _gv, func in lowered.functions_items())
+    executable = tvm.compile(lowered, target, relax_pipeline=None)
+    check_device_code(executable, target, kernels)
+    return executable
+
+
+def check_device_code(executable, target, kernels: bool) -> None:
+    """Raise when a non-host target's kernels produced no device module."""
+    if kernels and target.kind.name not in HOST_KINDS and not has_device_module(executable):
+        raise PortableError(f"no device code was generated for {target.kind.name} (the unit compiled to "
+                            "host code only: is a GPU schedule missing?)")
+
+
+def has_device_module(executable) -> bool:
+    """Whether any module imported by the executable's library is a device module (cuda, opencl...)."""
+    module = getattr(executable, "mod", executable)
+    stack = list(_imports(module))
+    while stack:
+        sub = stack.pop()
+        kind = getattr(sub, "kind", None) or getattr(sub, "type_key", "")
+        if kind and kind not in HOST_MODULE_KINDS:
+            return True
+        stack.extend(_imports(sub))
+    return False
+
+
+def _imports(module) -> list:
+    return list(getattr(module, "imports", None) or getattr(module, "imported_modules", []) or [])
+
+
+# ------------------------------------------------------------------------------ run
+def flatten(value) -> list[np.ndarray]:
+    """A VM result (tensor or nested tuples of tensors) as a flat list of arrays, in order."""
+    if hasattr(value, "numpy"):
+        return [value.numpy()]
+    flat: list[np.ndarray] = []
+    for item in value:
+        flat.extend(flatten(item))
+    return flat
+
+
+class Runner:
+    """Builds units for one target and runs them on a local device or over TVM RPC.
+
+    The device (and the RPC session) is opened on first use; `reset` forgets it, so the next
+    unit reconnects. Exported libraries are loaded once per path until then.
+    """
+
+    def __init__(self, target: str | None, rpc: str | None = None, tracker: str | None = None,
+                 key: str | None = None, no_device_hint: str = NO_DEVICE_HINT):
+        self.target_text = target or DEFAULT_TARGET
+        self.target = parse_target(self.target_text)
+        self.rpc, self.tracker, self.key = rpc, tracker, key
+        self.no_device_hint = no_device_hint
+        self.remote = None  # the RPC session, once connected
+        self._device = None
+        self._loaded: dict[str, object] = {}  # exported library path -> VirtualMachine
+        self._tmp = None
+
+    @property
+    def where(self) -> str:
+        return target_label(self.target_text, self.rpc, self.tracker, self.key)
+
+    @property
+    def is_remote(self) -> bool:
+        return bool(self.rpc or self.tracker)
+
+    def build(self, mod, transform=None):
+        return build(mod, self.target, transform)
+
+    def device(self):
+        if self._device is None:
+            kind = device_kind(self.target)
+            if self.is_remote:
+                self.remote = connect(self.rpc, self.tracker, self.key)
+                self._device = self.remote.device(kind, 0)
+            else:
+                self._device = local_device(self.target.kind.name, self.no_device_hint)
+        return self._device
+
+    def alive(self) -> bool:
+        """Whether the RPC session still answers (one round trip); a local device always does."""
+        if self.remote is None:
+            return not self.is_remote
+        try:
+            self.remote.get_function("runtime.GetDeviceAttr")
+            return True
+        except Exception:
+            return False
+
+    def reset(self) -> None:
+        """Forget the device, the RPC session and every loaded library: the next unit reconnects."""
+        self.remote = None
+        self._device = None
+        self._loaded.clear()
+
+    def load(self, compiled, name: str = ENTRY):
+        """A VirtualMachine on the device for an executable, or for an exported library's path.
+
+        Over RPC the library is uploaded first (an executable is exported as `name`.so).
+        """
+        from tvm import relax
+
+        if isinstance(compiled, (str, os.PathLike)):
+            path = os.fspath(compiled)
+            if path not in self._loaded:
+                self._loaded[path] = relax.VirtualMachine(self._load_library(path), self.device())
+            return self._loaded[path]
+        device = self.device()
+        if self.remote is None:
+            return relax.VirtualMachine(compiled, device)
+        path = os.path.join(self._scratch(), f"{name}.so")
+        compiled.export_library(path)
+        return relax.VirtualMachine(self._load_library(path), device)
+
+    def _load_library(self, path: str):
+        import tvm
+
+        self.device()  # connects first, when remote
+        if self.remote is None:
+            return tvm.runtime.load_module(path)
+        self.remote.upload(path)
+        return self.remote.load_module(os.path.basename(path))
+
+    def _scratch(self) -> str:
+        if self._tmp is None:
+            self._tmp = tempfile.mkdtemp(prefix="tapml_runner_")
+            weakref.finalize(self, shutil.rmtree, self._tmp, True)
+        return self._tmp
+
+    def to_device(self, array):
+        import tvm
+
+        return tvm.runtime.tensor(contiguous(array), self.device())
+
+    def invoke(self, vm, args: list):
+        """Call the unit's entry with `args` (numpy arrays or tensors already on the device); the raw result."""
+        import tvm
+
+        args = [arg if isinstance(arg, tvm.runtime.Tensor) else self.to_device(arg) for arg in args]
+        if self.remote is None:
+            return vm[ENTRY](*args)
+        # over RPC a returned tuple stays on the remote side: use the stateful interface
+        vm.set_input(ENTRY, *args)
+        vm.invoke_stateful(ENTRY)
+        return vm.get_outputs(ENTRY)
+
+    def run(self, vm, arrays: list) -> list[np.ndarray]:
+        """The unit's outputs as one flat list of numpy arrays."""
+        return flatten(self.invoke(vm, arrays))

@@ -1,0 +1,144 @@
+"""The package's layers (DESIGN.md "Architecture"): arrows point down, never up, and never round.
+
+ui -> repro -> engine / record / frontend -> judge / runtime -> trace -> model -> portable / errors
+(trace sits above model: the capture window of a recording is parsed by model.select).
+Read with `ast` from the source files: nothing is imported, so a broken module still gets judged.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "tapml_dbg"
+ROOT = "tapml_dbg"
+
+# rank of each top-level part; a module may import only parts of a lower rank (or its own part)
+RANKS = {
+    "errors": 0, "portable": 0,
+    "model": 1, "trace": 2,
+    "judge": 3, "runtime": 3,
+    "frontend": 4, "record": 4, "engine": 4,
+    "repro": 5,
+    "ui": 6,
+    "__main__": 7,
+}
+SIDEWAYS = {("record", "frontend")}  # the recorder runs the model the frontend imported
+UI_LIBRARIES = ("rich", "prompt_toolkit")  # only ui/ may draw on a terminal
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _part(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _imports(path: Path) -> list[tuple[str, bool, int]]:
+    """(imported module, at module level?, line) for every import in the file, relative ones resolved."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    module = _module_name(path)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    top_level = {id(node) for node in tree.body}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            names = [base] + [f"{base}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        for name in names:
+            found.append((name, id(node) in top_level, node.lineno))
+    return found
+
+
+def _sources() -> list[Path]:
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+def _known_modules() -> set[str]:
+    return {_module_name(path) for path in _sources()}
+
+
+def test_every_part_has_a_rank():
+    parts = {_part(_module_name(path)) for path in _sources()} - {"__init__"}
+    assert parts <= set(RANKS), f"parts without a rank in this test: {sorted(parts - set(RANKS))}"
+
+
+def test_no_import_points_up_the_layers():
+    known = _known_modules()
+    wrong = []
+    for path in _sources():
+        module = _module_name(path)
+        mine = _part(module)
+        for name, _top, line in _imports(path):
+            if name not in known or not name.startswith(ROOT + "."):
+                continue
+            theirs = _part(name)
+            if theirs in (mine, "__init__") or mine == "__init__":
+                continue
+            if RANKS[theirs] < RANKS[mine] or (mine, theirs) in SIDEWAYS:
+                continue
+            wrong.append(f"{path.relative_to(PACKAGE.parent)}:{line} ({mine}) imports {name} ({theirs})")
+    assert not wrong, "imports against the layers:\n" + "\n".join(wrong)
+
+
+def test_internal_imports_are_at_module_level():
+    """Imports inside functions are for heavy optional libraries (tvm, torch), never to dodge a cycle."""
+    known = _known_modules()
+    inside = [f"{path.relative_to(PACKAGE.parent)}:{line} imports {name}"
+              for path in _sources() for name, top, line in _imports(path)
+              if not top and name in known]
+    assert not inside, "imports of tapml_dbg modules inside functions:\n" + "\n".join(inside)
+
+
+def test_no_import_cycle():
+    known = _known_modules()
+    graph = {_module_name(path): {name for name, top, _ in _imports(path) if top and name in known}
+             for path in _sources()}
+    for module, deps in graph.items():  # a package's __init__ is not a cycle with its own modules
+        graph[module] = {d for d in deps if d != module and not module.startswith(d + ".")}
+    state: dict[str, int] = {}  # 1: on the stack, 2: done
+    cycles = []
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        for dep in sorted(graph.get(node, ())):
+            if state.get(dep) == 1:
+                cycles.append(" -> ".join(stack[stack.index(dep):] + [dep]))
+            elif dep not in state:
+                visit(dep, stack + [dep])
+        state[node] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+def test_only_the_ui_imports_terminal_libraries():
+    wrong = [f"{path.relative_to(PACKAGE.parent)}:{line} imports {name}"
+             for path in _sources() if _part(_module_name(path)) != "ui"
+             for name, _top, line in _imports(path) if name.split(".")[0] in UI_LIBRARIES]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_engine_never_prints():
+    wrong = []
+    for path in _sources():
+        if _part(_module_name(path)) in ("ui", "portable", "__main__"):
+            continue  # portable is the repros' own script library: it reports on stdout by design
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print":
+                wrong.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}")
+    assert not wrong, "print() outside ui/: " + ", ".join(wrong)
