@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable
 
 from tapml_dbg import portable as lib
@@ -97,23 +96,13 @@ def carve(session, output, max_mb: float | None = None, progress: Callable[..., 
             verdicts[entry["name"]] = verdict.status
             entry["target_verdict"] = {"status": verdict.status, "summary": verdict.summary}
     progress(total, total, "writing data")
-    writer.write(folder)
-    files.copy_lib(folder)
-    transform = files.copy_transform(folder, session.spec.transform)
+    meta = files.write_payload(folder, session, writer, "carve", command)
     model = session.reader.meta.get("model", "the model")
     (folder / "test_ops.py").write_text(TEST_OPS_PY.format(model=model, target=session.target,
                                                            folder_hint=folder.name), encoding="utf-8")
     (folder / "conftest.py").write_text(CONFTEST_PY.format(target=session.target), encoding="utf-8")
     (folder / "pytest.ini").write_text(PYTEST_INI, encoding="utf-8")
-    trace_meta = session.reader.meta
-    meta = {
-        "format": lib.FORMAT, "version": lib.FORMAT_VERSION, "kind": "carve",
-        "model": trace_meta.get("model", ""), "source": trace_meta.get("source", ""),
-        "trace": str(Path(session.reader.path).resolve()), "recorded_versions": trace_meta.get("versions", {}),
-        "carved_versions": files.versions(), "target": session.target, "transform": transform,
-        "compare_rule": lib.COMPARE_RULE, "command": command or "", "max_mb": max_mb,
-        "skipped": skipped, "ops": entries,
-    }
+    meta.update(max_mb=max_mb, skipped=skipped, ops=entries)
     if verdicts:
         meta["checked_on"] = session.where
     if check_error:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from tapml_dbg import portable as lib
 from tapml_dbg.repro import files
@@ -45,24 +44,14 @@ def dump_op(session, op_text, output, command: str | None = None) -> DumpResult:
     (folder / MODULE_FILE).write_text(unit.script.rstrip("\n") + "\n", encoding="utf-8")
     writer = files.DataWriter()
     writer.add(unit.refs)
-    writer.write(folder)
-    files.copy_lib(folder)
-    transform = files.copy_transform(folder, session.spec.transform)
+    meta = files.write_payload(folder, session, writer, "dump", command)
     (folder / "repro.py").write_text(REPRO_PY.format(index=op.index, name=op.name, source_op=op.op,
                                                      model=session.reader.meta.get("model", "the model")),
                                      encoding="utf-8")
-    trace_meta = session.reader.meta
     seen = {"target": session.target, "rpc": session.spec.rpc, "tracker": session.spec.tracker, "mode": "isolated",
             "status": verdict.status, "message": verdict.message,
             "metrics": [m.to_json() for m in verdict.metrics]}
-    meta = {
-        "format": lib.FORMAT, "version": lib.FORMAT_VERSION, "kind": "dump",
-        "model": trace_meta.get("model", ""), "source": trace_meta.get("source", ""),
-        "trace": str(Path(session.reader.path).resolve()), "recorded_versions": trace_meta.get("versions", {}),
-        "dumped_versions": files.versions(), "target": session.target, "transform": transform,
-        "compare_rule": lib.COMPARE_RULE, "command": command or "", "seen": seen,
-        "ops": [unit.meta(MODULE_FILE)],
-    }
+    meta.update(seen=seen, ops=[unit.meta(MODULE_FILE)])
     files.write_meta(folder, meta)
     total = files.write_readme_sized(folder, lambda size: _readme(meta, unit, writer.nbytes, size))
     return DumpResult(index=op.index, name=op.name, op=op.op, layer=op.layer, path=str(folder), bytes=total,

@@ -15,6 +15,7 @@ from tapml_dbg.errors import UsageError
 
 LIB_SOURCE = Path(lib.__file__).parent  # the portable package, copied whole as LIB_PACKAGE
 TRANSFORM_DIR = "transform"
+WRITTEN_WITH = {"dump": "dumped_versions", "carve": "carved_versions"}  # meta key of the versions that wrote it
 OLD_LIB_FILE = "_tapml_repro_lib.py"  # the one-file lib of earlier repros: a re-dump removes it
 # files and folders a dump or carve writes; a re-dump into the same folder replaces exactly these
 OWNED = ("README.md", "repro.py", "module.py", "modules", "test_ops.py", "conftest.py", "pytest.ini",
@@ -114,6 +115,23 @@ class DataWriter:
     def write(self, folder: Path) -> None:
         lib.write_npz(str(folder / lib.DATA_FILE),
                       ((key, lib.encode_array(array)[0]) for key, array in self.arrays.items()))
+
+
+def write_payload(folder: Path, session, writer: "DataWriter", kind: str, command: str | None) -> dict:
+    """What every repro folder holds: the data, the portable lib, the transform; returns the meta
+    fields a dump and a carve share (`kind`: "dump" or "carve")."""
+    writer.write(folder)
+    copy_lib(folder)
+    transform = copy_transform(folder, session.spec.transform)
+    trace_meta = session.reader.meta
+    return {
+        "format": lib.FORMAT, "version": lib.FORMAT_VERSION, "kind": kind,
+        "model": trace_meta.get("model", ""), "source": trace_meta.get("source", ""),
+        "trace": str(Path(session.reader.path).resolve()), "recorded_versions": trace_meta.get("versions", {}),
+        WRITTEN_WITH[kind]: versions(),
+        "target": session.target, "transform": transform, "compare_rule": lib.COMPARE_RULE,
+        "command": command or "",
+    }
 
 
 def write_meta(folder: Path, meta: dict) -> None:
