@@ -136,7 +136,7 @@ def _stage_clean(trace: Path, target: str, cache: Path, state: dict) -> tuple[bo
             return False, (f"#{culprit.index} {culprit.name} ({culprit.op}) {culprit.verdict}: "
                            f"{culprit.summary}")
         verdicts = [session.isolated(op.index) for op in session.ops if op.outputs]
-        failing = [v for v in verdicts if not v.passed]
+        failing = [v for v in verdicts if v.failed]  # an undefined value ([8]) is not a failure
         if failing:
             first = failing[0]
             return False, f"#{first.index} {first.name} isolated {first.status}: {first.summary}"

@@ -1,17 +1,61 @@
-"""Shared fixtures: example traces recorded once per test session."""
+"""Shared fixtures: example traces recorded once per test session; no process left behind."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 FAULTS = ROOT / "tests" / "transforms" / "faults.py"
+
+
+RUN_MARK = "TAPML_TEST_RUN"  # set for the whole run: every process the suite starts inherits it
+# what must not outlive the suite: TVM's RPC helpers run their server in a popen_worker child that
+# outlives a parent killed alone (see rpc_helpers), and tapml-dbg's own target workers
+LEFTOVER_COMMANDS = ("tvm.exec.popen_worker", "tvm.exec.rpc_server", "tvm.exec.rpc_tracker",
+                     "tapml_dbg.runtime.worker")
+LEFTOVER_GRACE_S = 10.0  # a worker whose session just closed may take a moment to exit
+
+
+def processes_of_this_run(mark: str) -> list[psutil.Process]:
+    """Live processes started (directly or not) by this test run that match LEFTOVER_COMMANDS."""
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        try:
+            command = " ".join(process.info["cmdline"] or [])
+            if any(name in command for name in LEFTOVER_COMMANDS) and process.environ().get(RUN_MARK) == mark:
+                found.append(process)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_process_left_behind():
+    """Fails the run when a TVM helper or target worker started by a test outlives the suite's own
+    cleanup (every other fixture has been torn down by then), and kills what is left."""
+    mark = f"{os.getpid()}-{time.time_ns()}"
+    os.environ[RUN_MARK] = mark
+    yield
+    deadline = time.monotonic() + LEFTOVER_GRACE_S
+    left = processes_of_this_run(mark)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.5)
+        left = processes_of_this_run(mark)
+    described = [f"{p.pid} {' '.join(p.info['cmdline'] or [])}" for p in left]
+    for process in left:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
+    assert not left, "processes outlived the test suite (now killed):\n" + "\n".join(described)
 
 
 def run_cli(*args: str, env: dict | None = None, timeout: float = 600, cwd: str | None = None):
@@ -57,3 +101,50 @@ class Traces:
 @pytest.fixture(scope="session")
 def traces(tmp_path_factory) -> Traces:
     return Traces(tmp_path_factory.mktemp("traces"))
+
+
+# ------------------------------------------------------------------ engine sessions several test files share
+PLANTED_OP = "gelu_1"  # op 13 of examples/mlp.py, layer blocks.1: where the REPL and docs tests plant a fault
+
+
+@pytest.fixture(scope="session")
+def planted_faults(tmp_path_factory) -> Path:
+    """tests/transforms/faults.py set to plant its faults on PLANTED_OP.
+
+    The compile cache keys a unit by the transform file's text, not by TAPML_FAULT_OP, so the op
+    is written into the file (`SETTINGS`): a copy planting on another op gets its own entries.
+    """
+    path = tmp_path_factory.mktemp("transforms") / "planted_faults.py"
+    path.write_text(FAULTS.read_text() + f"\nSETTINGS = {{'op': {PLANTED_OP!r}}}\n")
+    return path
+
+
+@pytest.fixture(scope="session")
+def planted_mlp(traces, planted_faults):
+    """examples/mlp.py on llvm with `faults.py:scale` on gelu_1 (x1.01): the REPL's and docs/repl.md's
+    session. Tests reset it (`Session.reset`, the policy) before use."""
+    from tapml_dbg.engine.session import Session
+
+    with Session.open(traces.get("mlp"), transform=f"{planted_faults}:scale") as session:
+        yield session
+
+
+@pytest.fixture(scope="session")
+def demo_session(traces):
+    """The README's example, examples/fp16_memory_attention.py, on llvm (a real TVM 0.27 divergence at
+    op 9 `_softmax`): shared by the REPL, docs and report tests."""
+    from tapml_dbg.engine.session import Session
+
+    with Session.open(traces.get("fp16_memory_attention")) as session:
+        yield session
+
+
+def fresh(session):
+    """A shared session back at op 0 with the default tolerance policy and no verdicts cached."""
+    from tapml_dbg.judge.compare import TolerancePolicy
+
+    session.reset()
+    session.policy = TolerancePolicy()
+    session.invalidate_verdicts()
+    return session
+

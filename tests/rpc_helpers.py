@@ -1,4 +1,10 @@
-"""Start real TVM RPC servers and trackers on loopback for tests (and stop them)."""
+"""Start real TVM RPC servers and trackers on loopback for tests (and stop them, children included).
+
+`python -m tvm.exec.rpc_server` and `python -m tvm.exec.rpc_tracker` each run the real server in
+a child `tvm.exec.popen_worker` (TVM's PopenWorker): killing only the parent leaves that child
+running, adopted by init, ~390 MB each. So each starts in its own process group and `stop`
+kills the whole group; `stop_process_group` does the same for any such process.
+"""
 
 from __future__ import annotations
 
@@ -58,11 +64,16 @@ class Server:
         return self.log_path.read_text(errors="replace").count("connected from")
 
     def stop(self) -> None:
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.process.wait(timeout=10)
+        stop_process_group(self.process)
+
+
+def stop_process_group(process: subprocess.Popen) -> None:
+    """Kill a process started with `start_new_session=True` and everything in its group."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait(timeout=10)
 
 
 class Tracker:
@@ -70,7 +81,8 @@ class Tracker:
         self.port = free_port()
         self.process = subprocess.Popen([sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1",
                                          "--port", str(self.port), "--port-end", str(self.port + 1)],
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                        start_new_session=True)  # its popen_worker child goes with it
         wait_for_port(self.port)
 
     @property
@@ -93,6 +105,4 @@ class Tracker:
         raise TimeoutError(f"the tracker never saw {count} free '{key}' servers")
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(timeout=10)
+        stop_process_group(self.process)

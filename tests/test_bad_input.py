@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import re
+
 import h5py
+import numpy as np
 import pytest
 
 from conftest import run_cli
@@ -111,3 +115,123 @@ def test_crafted_graph_cannot_build_arbitrary_objects(tmp_path):
         del handle["graph/ir_json"]
         handle.create_dataset("graph/ir_json", data=data)
     _assert_one_line_error(run_cli("bisect", str(path)), "not a Relax op attribute")
+
+
+# ---- untrusted and damaged traces (the trace boundary) ---------------------------------------
+
+def _cli(capsys, *argv):
+    """`tapml-dbg ARGV` in this process: (exit code, stdout, stderr)."""
+    from tapml_dbg.ui.cli import main
+
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def _strict(text: str):
+    def refuse(name):
+        raise ValueError(f"{name} is not JSON")
+    return json.loads(text, parse_constant=refuse)
+
+
+def _flip_dataset_bit(path, name, byte=3, bit=2):
+    with h5py.File(path, "r") as handle:
+        offset = handle[name].id.get_offset()
+    data = bytearray(path.read_bytes())
+    data[offset + byte] ^= 1 << bit
+    path.write_bytes(bytes(data))
+
+
+def test_info_json_is_strict_json(tmp_path, traces, capsys):
+    """`info --json` printed a bare NaN (not JSON) for a NaN in the trace's meta."""
+    path = tmp_path / "nan.h5"
+    path.write_bytes(traces.get("mlp").read_bytes())
+    with h5py.File(path, "r+") as handle:
+        meta = json.loads(bytes(handle.attrs["meta"]).rstrip(b"\0"))
+        meta.update(eager_output_max_abs_diff=float("nan"), record_seconds=float("inf"))
+        handle.attrs["meta"] = np.array(json.dumps(meta).encode(), dtype=h5py.string_dtype("utf-8", 4096))
+    code, out, _ = _cli(capsys, "info", str(path), "--json")
+    assert code == 0
+    info = _strict(out)
+    assert info["eager_output_max_abs_diff"] == "NaN" and info["record_seconds"] == "Infinity"
+
+
+def test_strict_json_spells_non_finite_floats_as_strings():
+    from tapml_dbg.ui.cli import strict_json
+
+    value = {"a": [float("nan"), float("-inf"), 1.5, None], "b": {"c": float("inf")}, "d": (np.float64("nan"),)}
+    assert _strict(strict_json(value)) == {"a": ["NaN", "-Infinity", 1.5, None], "b": {"c": "Infinity"},
+                                           "d": ["NaN"]}
+
+
+def test_info_verify_reports_each_damaged_part(tmp_path, traces, capsys):
+    path = tmp_path / "flipped.h5"
+    path.write_bytes(traces.get("mlp").read_bytes())
+    code, out, _ = _cli(capsys, "info", str(path), "--verify")
+    assert code == 0 and out.startswith("intact") and "checksums verified" in out
+    _flip_dataset_bit(path, "ops/12/0")
+    _flip_dataset_bit(path, "params/p_head_weight")
+    code, out, _ = _cli(capsys, "info", str(path), "--verify")
+    assert code == 1
+    assert out.startswith("damaged") and "2 of" in out
+    assert "op 12's recorded output 0 is corrupt (checksum mismatch)" in out
+    assert "param 'p_head_weight' is corrupt (checksum mismatch)" in out
+    code, out, _ = _cli(capsys, "info", str(path), "--verify", "--json")
+    report = _strict(out)
+    assert code == 1 and not report["ok"] and [d["part"] for d in report["damaged"]] == ["param 'p_head_weight'",
+                                                                                          "op 12"]
+
+
+def test_corrupt_recorded_output_is_one_error_line_in_replay(tmp_path, traces):
+    """Before checksums, replay judged op 25 against the flipped value without a word."""
+    path = tmp_path / "flipped.h5"
+    path.write_bytes(traces.get("mlp").read_bytes())
+    _flip_dataset_bit(path, "ops/25/0")
+    result = run_cli("replay", str(path), "-c", "compare 25")
+    _assert_one_line_error(result, "op 25's recorded output 0 is corrupt (checksum mismatch)", "record")
+
+
+HOSTILE_GRAPHS = {
+    "unknown op": (lambda g: g["bindings"][0]["value"].update(call="relax.no_such_op"),
+                   "an operator this TVM does not have"),
+    "op that calls a function by name": (lambda g: g["bindings"][0]["value"].update(call="relax.call_py_func"),
+                                         "not an operator a trace may use"),
+    "params of the wrong type": (lambda g: g.update(params={"x": 1}), "params must be a list"),
+    "var of the wrong type": (lambda g: g["bindings"][1]["value"]["args"].__setitem__(0, {"var": 3}),
+                              "must be a string"),
+    "undefined var": (lambda g: g["bindings"][0]["value"]["args"].__setitem__(0, {"var": "ghost"}),
+                      "not defined before it"),
+    "const of the wrong size": (lambda g: g["bindings"][0]["value"]["args"][1]["const"].update(shape=[1000]),
+                                "base64 characters for 4000 bytes"),
+    "attribute value of no known kind": (lambda g: g["bindings"][2]["value"]["attrs"]["fields"].update(axis={"x": 1}),
+                                         "no known attribute value"),
+    "deep expression": (lambda g: g["bindings"][0]["value"]["args"].__setitem__(0, _nested_tuple(200)),
+                        "nested deeper than"),
+    "shape of strings": (lambda g: g["params"][0].update(shape=["1", 3]), "must be an integer"),
+    "attrs in a wrong type": (lambda g: g["bindings"][2]["value"].update(attrs=[]), "must be an object"),
+}
+
+
+def _nested_tuple(depth: int) -> dict:
+    expr = {"var": "x"}
+    for _ in range(depth):
+        expr = {"tuple": [expr]}
+    return expr
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE_GRAPHS))
+def test_hostile_but_valid_json_graphs_are_trace_errors(name):
+    from conftest import ROOT
+
+    from tapml_dbg.errors import TraceError
+    from tapml_dbg.model.serialize import function_from_json
+    from tapml_dbg.trace import TraceReader
+
+    with TraceReader(ROOT / "tests" / "fixtures" / "trace_v1_1.h5") as reader:
+        graph = reader.graph()
+    function_from_json(json.loads(json.dumps(graph)))  # the untouched graph builds
+    edit, needle = HOSTILE_GRAPHS[name]
+    edit(graph)
+    with pytest.raises(TraceError, match=re.escape(needle)) as info:
+        function_from_json(graph)
+    assert "\n" not in str(info.value)

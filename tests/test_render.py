@@ -25,6 +25,7 @@ from tapml_dbg.ui.render import TraceSummary, render, size_text, verdict_cell
 from tapml_dbg.ui.repl.app import Repl
 
 MARKUP = "x[bold]y[/]"  # reads as rich markup unless escaped
+JSON_TARGET = '{"kind":"llvm","mcpu":"haswell"}'  # braces: a str.format field unless kept out of formats
 CULPRIT_INDEX = 13
 
 
@@ -86,22 +87,38 @@ def test_cli_bisect_shows_markup_literally_and_no_propagated_column(monkeypatch,
     assert f"relu[/]{MARKUP}" in out and f"note: note {MARKUP}" in out
     header = next(line for line in out.splitlines() if "source op" in line)
     assert header.split() == ["#", "name", "source", "op", "layer", "isolated"]
-    assert "propagated" not in out
-    assert "next:" not in out  # the REPL's hint is the REPL's
+    assert "propagated" not in out.split("next:")[0]
 
 
-def test_repl_and_cli_render_a_bisect_the_same_then_the_repl_hints(monkeypatch, capsys):
+def test_cli_bisect_ends_with_the_commands_to_run_next(monkeypatch, capsys):
+    """The README's first command ended on a note and no next step."""
+    lines = cli_output(monkeypatch, capsys, bisect_result()).rstrip().splitlines()
+    tail = [line.split("  #")[0].strip() for line in lines[-3:]]
+    assert tail == [f"next: tapml-dbg dump stub.h5 --op {CULPRIT_INDEX} -o repro/",
+                    "tapml-dbg report stub.h5 -o report/", f'tapml-dbg replay stub.h5 -c "compare {CULPRIT_INDEX}"']
+    from tapml_dbg.engine.session import Session
+
+    monkeypatch.setattr(Session, "open", classmethod(lambda cls, *a, **k: StubSession(bisect_result())))
+    assert cli.main(["bisect", "my trace.h5", "--target", JSON_TARGET, "--transform", "f.py:g"]) == 0
+    first = capsys.readouterr().out.split("next: ")[1].split("  #")[0]
+    assert first == (f"tapml-dbg dump 'my trace.h5' --op {CULPRIT_INDEX} -o repro/ --target '{JSON_TARGET}' "
+                     "--transform f.py:g")  # copyable: the options as given, quoted for the shell
+
+
+def test_repl_and_cli_render_a_bisect_the_same_then_each_hints_its_own_commands(monkeypatch, capsys):
     result = bisect_result()
     cli_text, repl_text = cli_output(monkeypatch, capsys, result), repl_output(result)
-    assert repl_text.startswith(cli_text)
-    hint = repl_text[len(cli_text):].strip()
-    assert hint.startswith(f"next: `show {CULPRIT_INDEX}`") and "\n" not in hint
+    shared = cli_text.split("next:")[0]
+    assert repl_text.startswith(shared)
+    hint = repl_text[len(shared):].strip()
+    assert hint.startswith(f"next: `dump {CULPRIT_INDEX} DIR` (a standalone repro)") and "\n" not in hint
 
 
-def test_no_divergence_renders_without_hint_in_the_repl():
+def test_no_divergence_suggests_the_picture():
     clean = BisectResult(False, 26, 5, 0.5, "llvm", notes=[MARKUP])
     text = repl_output(clean)
-    assert "no divergence: 26 ops checked on llvm" in text and f"note: {MARKUP}" in text and "next:" not in text
+    assert "no divergence: 26 ops checked on llvm" in text and f"note: {MARKUP}" in text
+    assert text.rstrip().splitlines()[-1] == "  next: `plot` (how close every op came to its tolerance)"
 
 
 def _text(result) -> str:
@@ -180,3 +197,75 @@ def test_every_summary_uses_the_one_wording():
     culprit = Culprit(1, "a", "aten.a", "", "isolated", _metrics(1e-2))
     assert verdict.summary == culprit.summary == _metrics(1e-2).summary() == metrics_text(_metrics(1e-2))
     assert verdict_cell(verdict) == f"[bold red]FAIL[/] {metrics_text(_metrics(1e-2), compact=True)}"
+
+
+# ------------------------------------------------------------------ nothing cut, at 80 columns or piped
+LONG_NAME = "_native_batch_norm_legit_no_training_p0"
+LONG_OP = "aten._native_batch_norm_legit_no_training.default"
+LONG_LAYER = "features.0.block.1.bn"
+
+
+def _long_results():
+    from tapml_dbg.model.graph import OpInfo, TensorSpec
+    from tapml_dbg.ui.repl import results as R
+
+    verdict = _isolated(CULPRIT_INDEX, LONG_NAME, "fail", 1.1919e-2)
+    rows = [StepResult(CULPRIT_INDEX, LONG_NAME, LONG_OP, LONG_LAYER, isolated=verdict)]
+    culprit = Culprit(CULPRIT_INDEX, LONG_NAME, LONG_OP, LONG_LAYER, "isolated", _metrics(1.1919e-2))
+    bisect = BisectResult(True, 26, 7, 1.25, "llvm", culprit, rows)
+    op = OpInfo(CULPRIT_INDEX, LONG_NAME, LONG_OP, "relax.nn.batch_norm", LONG_LAYER,
+                outputs=[TensorSpec((2, 8, 16, 16), "float32"), TensorSpec((8,), "float32")])
+    ops = R.OpsResult([R.OpRow(op, True, False, rows[0])], 1, "")
+    return {"bisect": bisect, "ops": ops}
+
+
+@pytest.mark.parametrize("kind", ["bisect", "ops"])
+@pytest.mark.parametrize("where", ["terminal-80", "pipe"])
+def test_tables_never_cut_names_or_numbers(kind, where):
+    """`_native_batch_norm_leg…` and `1.19e-…`: names must survive to be copied into the next command."""
+    buffer = io.StringIO()
+    console = (Console(file=buffer, width=80, force_terminal=True, color_system=None) if where == "terminal-80"
+               else make_console(buffer))
+    render(_long_results()[kind], console)
+    text = buffer.getvalue()
+    assert "…" not in text
+    row = next(line for line in text.splitlines() if line.split()[:2] in (["→", str(CULPRIT_INDEX)], [str(CULPRIT_INDEX), LONG_NAME]))
+    for word in (LONG_NAME, LONG_OP, LONG_LAYER, "rel=1.2e-02" if kind == "bisect" else "float32"):
+        assert word in row.split(), (word, row)  # whole, on the op's one row
+
+
+def test_the_progress_label_is_text_not_a_format(capsys):
+    """A JSON target in the label raised KeyError('"kind"') inside rich (the label was a format string)."""
+    from tapml_dbg.ui.console import progress
+
+    buffer = io.StringIO()
+    console = Console(file=buffer, force_terminal=True, width=120)
+    with progress(f"step on {JSON_TARGET} {MARKUP}", console, show=True) as report:
+        report(1, 2, f"#0 {MARKUP} {{x}}")
+    assert JSON_TARGET in buffer.getvalue() and MARKUP in buffer.getvalue()
+
+
+# ------------------------------------------------------------------ --help and --version
+def test_help_opens_with_what_the_tool_does_and_every_option_says_what_it_is(capsys):
+    with pytest.raises(SystemExit) as done:
+        cli.main(["--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert "Argument parsing only" not in out
+    assert out.split("\n\n")[1].startswith("Record a model's every operator once on PyTorch")
+    assert "tapml-dbg bisect traces/demo.h5" in out
+    parser = cli.build_parser()
+    subcommands = next(a for a in parser._actions if isinstance(a, __import__("argparse")._SubParsersAction))
+    missing = [f"{name} {action.dest}" for name, sub in subcommands.choices.items() for action in sub._actions
+               if action.help is None]
+    assert not missing, missing
+    assert all(sub.description for sub in subcommands.choices.values())
+    assert "JSON dict" in subcommands.choices["replay"].format_help()  # the only target form TVM 0.27 takes
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as done:
+        cli.main(["--version"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out.strip()
+    assert out.startswith("tapml-dbg 0.1.0 (apache-tvm ") and "torch " in out

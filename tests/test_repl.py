@@ -6,6 +6,7 @@ with a planted fault (`scale` on op 13, gelu_1), each with a fresh REPL state.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import subprocess
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tapml_dbg.judge.compare import TolerancePolicy
+from conftest import PLANTED_OP, fresh
 from tapml_dbg.ui.repl import commands as C
 from tapml_dbg.ui.repl.app import Repl, make_console
 from tapml_dbg.ui.repl.completion import suggest
@@ -22,57 +23,33 @@ from tapml_dbg.ui.repl.parsing import ArgError, parse_slice, split_commands
 
 ROOT = Path(__file__).resolve().parents[1]
 FAULTS = ROOT / "tests" / "transforms" / "faults.py"
-FAULT_OP = "gelu_1"  # op 13, layer blocks.1
+FAULT_OP = PLANTED_OP  # op 13, layer blocks.1
 FAULT_INDEX = 13
 
 
 @pytest.fixture(scope="session")
-def trace(tmp_path_factory) -> Path:
+def trace(traces) -> Path:
     """examples/mlp.py recorded once per test run (shared by the REPL test files)."""
-    path = tmp_path_factory.getbasetemp() / "repl-trace" / "mlp.h5"
-    if not path.exists():
-        path.parent.mkdir(exist_ok=True)
-        subprocess.run([sys.executable, "-m", "tapml_dbg", "record", str(ROOT / "examples" / "mlp.py"),
-                        "-o", str(path)], check=True, cwd=ROOT, capture_output=True)
-    return path
+    return traces.get("mlp")
 
 
 @pytest.fixture(scope="session")
-def faults(tmp_path_factory) -> Path:
-    """tests/transforms/faults.py, marked with our fault op.
-
-    The compile cache keys a unit by the transform file's text, not by TAPML_FAULT_OP, so two
-    test runs planting faults on different ops with the same file would share (and poison)
-    cached units. A copy whose text names the op gets its own cache entries.
-    """
-    path = tmp_path_factory.mktemp("transforms") / "repl_faults.py"
-    path.write_text(FAULTS.read_text() + f"\n# REPL tests plant their fault on {FAULT_OP}\n")
-    return path
+def faults(planted_faults) -> Path:
+    """tests/transforms/faults.py planting on FAULT_OP (conftest.planted_faults)."""
+    return planted_faults
 
 
-@pytest.fixture(scope="module")
-def faulty_session(trace, faults):
-    """An engine session whose target multiplies gelu_1's result by 1.01."""
-    from tapml_dbg.engine.session import Session
-
-    old = os.environ.get("TAPML_FAULT_OP")
-    os.environ["TAPML_FAULT_OP"] = FAULT_OP  # the worker process reads it when it starts
-    session = Session.open(trace, transform=f"{faults}:scale")
-    yield session
-    session.close()
-    if old is None:
-        os.environ.pop("TAPML_FAULT_OP", None)
-    else:
-        os.environ["TAPML_FAULT_OP"] = old
+@pytest.fixture(scope="session")
+def faulty_session(planted_mlp):
+    """An engine session whose target multiplies gelu_1's result by 1.01 (conftest.planted_mlp)."""
+    return planted_mlp
 
 
 class Transcript:
     """A REPL whose output (and errors) land in one string, like a terminal would show them."""
 
     def __init__(self, session):
-        session.reset()
-        session.policy = TolerancePolicy()
-        session.invalidate_verdicts()
+        fresh(session)
         self.buffer = io.StringIO()
         console = make_console(self.buffer)
         self.repl = Repl(session, out=console, err=console, launch={"trace": str(session.reader.path)},
@@ -183,6 +160,20 @@ def test_prompt_shows_position_and_target(t):
     assert t.repl.prompt_text() == "(llvm) #26 <end>> "
 
 
+def test_failed_commands_stay_out_of_the_history(t):
+    """A typo came back from Up and as a grey auto-suggestion: only commands that ran are kept."""
+    from prompt_toolkit.history import InMemoryHistory
+    from prompt_toolkit.input import create_pipe_input
+    from prompt_toolkit.output import DummyOutput
+
+    history = InMemoryHistory()  # what open_history's file would be: it only ever sees kept lines
+    history.store_string("layers")  # from an earlier session
+    with create_pipe_input() as pipe:
+        pipe.send_text("stpe\rwhere\rstep x\rshow nosuchop\rstep 1\r\x04")
+        assert t.repl.interact(input=pipe, output=DummyOutput(), history=history) == 0
+    assert list(history.load_history_strings()) == ["step 1", "where", "layers"]  # newest first
+
+
 def test_ctrl_c_at_the_prompt_clears_the_line(t):
     out = t.interact("stpe\x03where\r\x04")
     assert "unknown command" not in out and "next op  #0 permute" in out
@@ -191,9 +182,10 @@ def test_ctrl_c_at_the_prompt_clears_the_line(t):
 # ------------------------------------------------------------------ finding the planted fault
 def test_continue_stops_at_the_planted_fault(t):
     out = t.run("continue")
-    assert "ran #0..#13 (14 ops): 13 passed, 1 failed (propagated verdict)" in out
-    assert "stopped after #13 gelu_1: divergence: the propagated verdict failed" in out
-    assert "the isolated verdict fails too" in out
+    assert "ran #0..#13 (14 ops): 13 passed, 1 failed (isolated or propagated verdict)" in out
+    assert "stopped after #13 gelu_1: divergence: the isolated and propagated verdicts failed" in out
+    assert "the op alone is wrong on the target (isolated), and the error reaches its value" in out
+    assert out.rstrip().splitlines()[-1].startswith("  next: `compare 13`")  # the result ends with what to run
     assert t.repl.prompt_text() == "(llvm) #14 add_1 [blocks.1]> "
     out = t.run("where")
     assert "last op  #13 gelu_1  isolated FAIL rel=1.0e-02  propagated FAIL" in out
@@ -216,6 +208,23 @@ def test_bisect_finds_the_planted_fault(t):
     assert "first divergent op: #13 gelu_1 (aten.gelu.default) in layer blocks.1" in out
     assert "verdict: isolated" in out
     assert lines_with(out, "→")[0].split()[:3] == ["→", "13", "gelu_1"]
+
+
+def test_plot_marks_the_fault_and_its_layer_range(t):
+    out = t.run("plot")
+    lines = out.splitlines()
+    marker = next(line for line in lines if "▼" in line)
+    assert marker.strip() == "▼ #13 gelu_1"
+    column = marker.index("▼")
+    at_column = {line.split()[0]: line[column] for line in lines if "┤" in line and len(line) > column}
+    rows = list(at_column)  # labels from the top (largest error) down
+    tolerance = next(r for r, c in at_column.items() if c == "┄")  # the noise-floor bound ([8]), ~3e-05 here
+    assert rows.index(next(r for r, c in at_column.items() if c == "✖")) < rows.index(tolerance)
+    assert "first divergence: #13 gelu_1 (isolated)" in out and "next: `compare 13`" in out
+    out = t.run("plot blocks.2", "plot 3:1")
+    assert "ops 15..20" in out and out.splitlines()[1].strip() == ""  # no marker: the culprit is upstream
+    assert "first divergence: #13 gelu_1 (isolated), before these ops" in out  # the rule runs from op 0
+    assert "error: `3:1` selects no op" in out
 
 
 def test_breakpoints_on_op_and_layer(t):
@@ -291,6 +300,14 @@ def test_ops_layers_info_offload(t):
     out = t.run("offload remove blocks.1", "offload add 10:11", "offload add", "offload frob 1")
     assert "offload  0..8, 15..25 (20 of 26 ops)" in out and "offload  0..8, 10, 15..25 (21 of 26 ops)" in out
     assert "error: offload: missing argument" in out and "expected add or remove" in out
+
+
+def test_offload_counts_what_changed(t):
+    """`offload remove LAYER` said "removed 6 op(s)" again when none of them was in the set any more."""
+    out = t.run("offload remove blocks.1", "offload remove blocks.1", "offload add 9:12", "offload add 9:12")
+    lines = [line for line in out.splitlines() if line.startswith(("removed", "added"))]
+    assert lines == ["removed 6 op(s)", "removed 0 op(s) (6 of the 6 selected were not offloaded)",
+                     "added 3 op(s)", "added 0 op(s) (3 of the 3 selected were already offloaded)"]
 
 
 def test_show_op(t):
@@ -384,7 +401,7 @@ def test_cli_script_finds_the_fault_and_fails_on_a_bad_command(trace, faults, tm
     done = _cli(trace, "-c", "break nan; continue; compare", "--script", str(script), fault="nan", faults=faults)
     assert done.returncode == 1
     out = done.stdout
-    assert "stopped after #13 gelu_1: breakpoint 1 (nan); divergence: the propagated verdict failed" in out
+    assert "stopped after #13 gelu_1: breakpoint 1 (nan); divergence: the isolated and propagated verdicts failed" in out
     assert lines_with(out, "nan / inf mismatch")[0].split()[-6:] == ["128", "/", "0", "128", "/", "0"]
     assert "error: unknown command 'shwo'; did you mean `show`?" in done.stderr
     assert "error: no op named 'nosuchop'" in done.stderr
@@ -411,3 +428,58 @@ def test_replay_honours_parallel(trace):
     done = _cli(trace, "--parallel", "2", "-c", "info")
     assert done.returncode == 0, done.stderr
     assert "llvm (local, 2 lanes)" in done.stdout
+
+
+# ------------------------------------------------------------------ one verdict story, any target string
+def test_continue_and_bisect_tell_one_story_on_the_readme_example(demo_session, capsys, monkeypatch):
+    """The README's first example: bisect's sweep finds #9 _softmax (isolated; the error washes out
+    downstream) while `continue` in propagated mode said all 19 ops pass. Both now stop at #9, by the
+    engine's one rule (isolated failures stop `continue` too), and end with the command to run next."""
+    from tapml_dbg.ui import cli
+
+    session, path = demo_session, demo_session.reader.path
+    t = Transcript(session)
+    out = t.run("continue")
+    assert "ran #0..#9 (10 ops): 9 passed, 1 failed (isolated or propagated verdict)" in out
+    # [8]: against the float64 reference the error reaches the softmax's value in the model too
+    assert "stopped after #9 _softmax: divergence: the isolated and propagated verdicts failed" in out
+    assert out.rstrip().splitlines()[-1].startswith("  next: `compare 9` (both verdicts side by side), `dump 9 DIR`")
+    out = t.run("continue")
+    assert "stopped after #11 mm_1" in out  # [8]: the fp16 matmul over 4096 sums in fp16 too (precision)
+    out = t.run("bisect")
+    assert "first divergent op: #9 _softmax (aten._softmax.default)" in out
+    assert out.rstrip().splitlines()[-1].startswith("  next: `dump 9 DIR` (a standalone repro)")
+    # the issue's case, under the fixed policy: the error washes out under the 10x looser propagated
+    # tolerance, so only the isolated verdict fails; `continue` still stops where bisect points
+    out = t.run("mode propagated", "tol fixed", "reset", "continue")
+    assert "stopped after #9 _softmax: divergence: the isolated verdict failed (the propagated verdict passes)" in out
+    assert "with the target's own upstream values it stays within the looser propagated tolerance" in out
+    assert "first divergent op: #9 _softmax" in t.run("bisect")
+    # `tapml-dbg bisect TRACE` on the same engine session (opening one is tested elsewhere)
+    monkeypatch.setattr(cli, "_open_session", lambda args: contextlib.nullcontext(session))
+    capsys.readouterr()
+    assert cli.main(["bisect", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "first divergent op: #9 _softmax" in out
+    assert "the op alone, fed the recorded source inputs, is wrong on the target" in out
+    assert f"next: tapml-dbg dump {path} --op 9 -o repro/" in out
+
+
+JSON_TARGET = '{"kind":"llvm","mcpu":"haswell"}'
+
+
+def test_a_json_target_string_in_the_progress_bar(trace):
+    """`--target '{"kind":"llvm",...}'`: `step` and `bisect` died with `internal error: KeyError: '"kind"'`
+    on a terminal: the progress label went into rich's column format string."""
+    from rich.console import Console
+
+    from tapml_dbg.engine.session import Session
+
+    buffer, bar = io.StringIO(), io.StringIO()
+    with Session.open(trace, target=JSON_TARGET) as session:
+        repl = Repl(session, out=make_console(buffer), err=Console(file=bar, force_terminal=True, width=120),
+                    show_progress=True)
+        assert repl.execute("step 2").ok and repl.execute("bisect --no-sweep").ok
+    assert "internal error" not in bar.getvalue() and "Traceback" not in bar.getvalue()
+    out = buffer.getvalue()
+    assert "#1    addmm_p0" in out and "no divergence: 26 ops checked on " + JSON_TARGET in out

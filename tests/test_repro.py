@@ -15,16 +15,15 @@ import json
 import math
 import os
 import re
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from conftest import fault_transform
+from rpc_helpers import Server
 from tapml_dbg.judge.compare import Tolerance, compare_arrays
 from tapml_dbg.errors import UsageError
 from tapml_dbg.repro import CarveResult, DumpResult, carve, dump_op
@@ -125,28 +124,15 @@ def run_suite(folder: Path, cwd: Path, *args: str) -> tuple[int, set[str], str]:
 
 @contextlib.contextmanager
 def rpc_server():
-    """A local TVM RPC server on a free port; yields "HOST:PORT" once it accepts connections."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "tvm.exec.rpc_server", "--host", "127.0.0.1", "--port", str(port),
-                             "--port-end", str(port + 1)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    """A local TVM RPC server on a free port; yields "HOST:PORT" once it accepts connections.
+
+    rpc_helpers.Server stops its whole process group: TVM's server runs in a popen_worker child
+    that a plain terminate() would leave running (tests/conftest.py checks that none is left)."""
+    server = Server()
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            with socket.socket() as client:
-                if client.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            assert proc.poll() is None and time.monotonic() < deadline, "the RPC server did not start"
-            time.sleep(0.2)
-        yield f"127.0.0.1:{port}"
+        yield server.address
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        server.stop()
 
 
 def first_op(trace: Path, relax_op: str):

@@ -1,5 +1,6 @@
 """The v1 trace format: exact round trips, stats, data-only storage, errors, crash safety."""
 
+import json
 import math
 import os
 import re
@@ -7,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import zlib
 
 import h5py
 import ml_dtypes
@@ -19,6 +21,9 @@ from tapml_dbg.trace import schema
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURE = os.path.join(ROOT, "tests", "fixtures", "trace_v1.h5")
+FIXTURE_V1_1 = os.path.join(ROOT, "tests", "fixtures", "trace_v1_1.h5")
+# what the reader fills in for op-table keys an entry lacks
+OP_DEFAULTS = {"op": "", "relax_op": "", "layer": "", "fx_node": "", "inputs": [], "outputs": [], "is_tuple": False}
 
 
 def bits(dtype, values):
@@ -61,11 +66,16 @@ SAMPLES = {
 }
 
 
+def op_table(n):
+    """A valid op table of `n` ops (the reader checks it)."""
+    return [{"index": i, "name": f"lv{i}"} for i in range(n)]
+
+
 def write_trace(path, n_ops=3, outputs=None, compression=None, meta=None, inputs=None, **kw):
     """A small trace; op i's outputs default to [full((2,3), i)]."""
     outputs = outputs or {}
     with TraceWriter(path, meta=meta or {"model": "t.py:build"}, graph_json='{"a": 1}',
-                     tvmscript="# script", ops=[{"index": i, "name": f"lv{i}"} for i in range(n_ops)],
+                     tvmscript="# script", ops=op_table(n_ops),
                      inputs=inputs if inputs is not None else {"x": np.ones(3, np.float32)},
                      params={"w": np.eye(2, dtype=np.float32)}, compression=compression, **kw) as w:
         for i in range(n_ops):
@@ -79,7 +89,7 @@ def write_trace(path, n_ops=3, outputs=None, compression=None, meta=None, inputs
 def test_round_trip_is_bit_exact(tmp_path, compression):
     names = list(SAMPLES)
     path = tmp_path / "t.h5"
-    with TraceWriter(path, meta={}, graph_json="{}", tvmscript="", ops=[{}] * len(names),
+    with TraceWriter(path, meta={}, graph_json="{}", tvmscript="", ops=op_table(len(names)),
                      inputs=dict(SAMPLES), params=dict(SAMPLES), compression=compression) as w:
         for i, name in enumerate(names):
             w.write_op(i, [SAMPLES[name], SAMPLES[name]])
@@ -179,7 +189,7 @@ def test_text_and_meta(tmp_path):
     path = tmp_path / "t.h5"
     graph = '{"nodes": [' + ", ".join(['{"k": "ü"}'] * 20000) + "]}"  # a few hundred KB
     with TraceWriter(path, meta={"model": "m", "created": "now"}, graph_json=graph,
-                     tvmscript="@R.function\ndef main(): ...", ops=[{"name": "a", "op": "relax.add"}],
+                     tvmscript="@R.function\ndef main(): ...", ops=[{"index": 0, "name": "a", "op": "relax.add"}],
                      inputs={}, params={}, compression="gzip") as w:
         w.set_meta("elapsed_s", 1.25)  # fits the reserved capacity: rewritten in place
         w.set_meta("notes", "x" * 5000)  # does not: the attribute is recreated
@@ -189,7 +199,7 @@ def test_text_and_meta(tmp_path):
     with TraceReader(path) as r:
         assert r.graph_json == graph
         assert r.tvmscript.startswith("@R.function")
-        assert r.ops == [{"name": "a", "op": "relax.add"}]
+        assert r.ops == [{**OP_DEFAULTS, "index": 0, "name": "a", "op": "relax.add"}]
         assert r.meta == {"model": "m", "created": "now", "elapsed_s": 1.25, "notes": "x" * 5000}
         assert r.version == FORMAT_VERSION and r.complete
         assert r.finished_ops() == [] and not r.has_op(0)
@@ -200,11 +210,17 @@ def test_text_and_meta(tmp_path):
 
 def test_opening_reads_no_tensor(tmp_path, monkeypatch):
     path = write_trace(tmp_path / "t.h5", n_ops=5)
+    read = h5py.Dataset.__getitem__
+
+    def texts_only(self, *a, **k):  # the op table (under /graph) may be read, no tensor
+        if not self.name.startswith("/graph/"):
+            raise AssertionError("a tensor was read while opening")
+        return read(self, *a, **k)
 
     def boom(*a, **k):
         raise AssertionError("a tensor was read while opening")
 
-    monkeypatch.setattr(h5py.Dataset, "__getitem__", boom)
+    monkeypatch.setattr(h5py.Dataset, "__getitem__", texts_only)
     monkeypatch.setattr(h5py.Dataset, "read_direct", boom)
     with TraceReader(path) as r:
         assert r.complete and r.meta["model"] == "t.py:build"
@@ -218,7 +234,7 @@ def test_opening_reads_no_tensor(tmp_path, monkeypatch):
 
 def test_ops_any_order_and_write_errors(tmp_path):
     path = tmp_path / "t.h5"
-    with TraceWriter(path, meta={}, graph_json="{}", tvmscript="", ops=[{}] * 4,
+    with TraceWriter(path, meta={}, graph_json="{}", tvmscript="", ops=op_table(4),
                      inputs={}, params={}) as w:
         w.write_op(3, [np.array([3.0])])
         w.write_op(1, [])
@@ -253,7 +269,7 @@ def test_bad_arguments(tmp_path):
 def test_exception_marks_incomplete(tmp_path):
     path = tmp_path / "t.h5"
     with pytest.raises(RuntimeError):
-        with TraceWriter(path, meta={}, graph_json="{}", tvmscript="", ops=[{}] * 3,
+        with TraceWriter(path, meta={}, graph_json="{}", tvmscript="", ops=op_table(3),
                          inputs={}, params={}) as w:
             w.write_op(0, [np.ones(2)])
             raise RuntimeError("source crashed")
@@ -336,6 +352,299 @@ def test_trace_modules_never_unpickle_or_eval():
             assert not re.search(r"import pickle|pickle\.|\beval\(|\bexec\(|allow_pickle", src), name
 
 
+# ---- integrity: checksums -------------------------------------------------------------------
+
+def flip(path, offset, bit=0):
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 1 << bit
+    path.write_bytes(bytes(data))
+
+
+def data_offset(path, name):
+    with h5py.File(path, "r") as f:
+        return f[name].id.get_offset(), f[name].id.get_storage_size()
+
+
+def test_every_dataset_carries_the_checksum_of_its_bytes(tmp_path):
+    path = write_trace(tmp_path / "t.h5", outputs={1: [SAMPLES["bfloat16"], SAMPLES["empty_f32"]]})
+    with h5py.File(path, "r") as f:
+        names = []
+        f.visititems(lambda name, obj: names.append(name) if isinstance(obj, h5py.Dataset) else None)
+        assert "graph/op_table" in names and "ops/1/1" in names
+        for name in names:
+            raw = np.ascontiguousarray(f[name][()])
+            assert f[name].attrs["crc32"] == zlib.crc32(raw.tobytes()), name
+    assert FORMAT_VERSION == (1, 2)
+
+
+def test_a_flipped_bit_in_an_op_output_names_the_op(tmp_path):
+    """Before v1.2 the reader returned the corrupted value and replay judged against it silently."""
+    path = write_trace(tmp_path / "t.h5", n_ops=3)
+    offset, _ = data_offset(path, "ops/2/0")
+    flip(path, offset + 5, bit=3)
+    with TraceReader(path) as r:
+        assert r.op_outputs(1)[0][0, 0] == 1.0  # the rest of the trace still reads
+        with pytest.raises(TraceError, match=r"op 2's recorded output 0 is corrupt \(checksum mismatch\); "
+                                             r"record the model again") as info:
+            r.op_outputs(2)
+        assert "\n" not in str(info.value)
+
+
+def test_every_single_bit_flip_in_tensor_data_is_detected(tmp_path):
+    base = write_trace(tmp_path / "base.h5", n_ops=1, inputs={"x": np.arange(4, dtype=np.float32)})
+    offset, size = data_offset(base, "inputs/x")
+    data = base.read_bytes()
+    path = tmp_path / "flipped.h5"
+    for byte in range(offset, offset + size):
+        for bit in range(8):
+            damaged = bytearray(data)
+            damaged[byte] ^= 1 << bit
+            path.write_bytes(bytes(damaged))
+            with TraceReader(path) as r, pytest.raises(TraceError, match="input 'x' is corrupt"):
+                r.input("x")
+
+
+def test_a_flipped_text_is_detected(tmp_path):
+    path = write_trace(tmp_path / "t.h5")
+    offset, _ = data_offset(path, "graph/op_table")
+    flip(path, offset + 3)  # still JSON text, only a name changes
+    with TraceReader(path) as r, pytest.raises(TraceError, match=r"/graph/op_table is corrupt \(checksum mismatch"):
+        r.ops
+
+
+def test_v1_2_needs_checksums_and_older_traces_read_without(tmp_path):
+    path = write_trace(tmp_path / "t.h5")
+    with h5py.File(path, "r+") as f:
+        del f["ops/1/0"].attrs["crc32"]
+    with TraceReader(path) as r, pytest.raises(TraceError, match=r"op 1's recorded output 0 is corrupt \(@crc32 is missing"):
+        r.op_outputs(1)
+    _set_version(path, 1, 1)  # a v1.1 trace has no checksums: read as before
+    with TraceReader(path) as r:
+        assert r.op_outputs(1)[0][0, 0] == 1.0
+
+
+FIXTURE_OPS = [{"index": i, "name": name, "inputs": inputs} for i, (name, inputs) in
+               enumerate([("lv", ["x"]), ("lv1", ["lv"]), ("lv2", ["lv1"]), ("gv", ["lv2"])])]
+
+
+def consistent_trace(path):
+    """A v1.2 trace whose graph (the v1.1 fixture's) matches its op table, every op recorded."""
+    with TraceReader(FIXTURE_V1_1) as r:
+        graph = r.graph_json
+    with TraceWriter(path, meta={"model": "m"}, graph_json=graph, tvmscript="", ops=FIXTURE_OPS,
+                     inputs={"x": np.array([[1.0, -2.0, 0.5]], np.float32)}, params={"w": np.eye(2, dtype=np.float32)}) as w:
+        for i in range(4):
+            w.write_op(i, [np.full((1, 3), i, np.float32)])
+    return path
+
+
+def test_verify_lists_every_damaged_part(tmp_path):
+    from tapml_dbg.trace.verify import verify_trace
+
+    path = consistent_trace(tmp_path / "t.h5")
+    assert verify_trace(path).ok and verify_trace(path).checksummed
+    for name in ("ops/1/0", "ops/3/0", "params/w"):
+        offset, _ = data_offset(path, name)
+        flip(path, offset + 1)
+    report = verify_trace(path)
+    assert not report.ok
+    assert [d.part for d in report.damaged] == ["param 'w'", "op 1", "op 3"]
+    assert all("checksum mismatch" in d.message for d in report.damaged)
+    missing = verify_trace(tmp_path / "absent.h5")
+    assert not missing.ok and "does not exist" in missing.damaged[0].message
+
+
+# ---- the boundary: what a crafted or damaged file may not do ----------------------------------
+
+def _replace(path, name, make):
+    """Replace the object `name` by `make(file, name, old_attrs)`."""
+    with h5py.File(path, "r+") as f:
+        attrs = dict(f[name].attrs) if name in f else {}
+        del f[name]
+        obj = make(f, name)
+        for key, value in attrs.items():
+            if isinstance(obj, h5py.Dataset):
+                obj.attrs[key] = value
+
+
+def test_external_links_and_external_storage_are_refused(tmp_path):
+    """The old reader followed both: a "self-contained" trace read another file's values."""
+    other = write_trace(tmp_path / "other.h5", outputs={1: [np.full((2, 3), 99, np.float32)]})
+    path = write_trace(tmp_path / "t.h5")
+    with h5py.File(path, "r+") as f:
+        del f["ops/1/0"]
+        f["ops/1/0"] = h5py.ExternalLink(str(other), "/ops/1/0")
+        del f["inputs"]
+        f["inputs"] = h5py.SoftLink("/params")
+    with TraceReader(path) as r:
+        with pytest.raises(TraceError, match="external link to another file; a trace holds its own data"):
+            r.op_outputs(1)
+        with pytest.raises(TraceError, match="soft link"):
+            r.input_names
+    raw = tmp_path / "values.bin"
+    np.full((2, 3), 99, np.float32).tofile(raw)
+    _replace(path, "ops/2/0", lambda f, name: f.create_dataset(name, shape=(2, 3), dtype="f4",
+                                                               external=[(str(raw), 0, 24)]))
+    with TraceReader(path) as r, pytest.raises(TraceError, match="stored in an external file"):
+        r.op_outputs(2)
+
+
+def test_unknown_filters_are_refused_and_plugin_search_is_off(tmp_path):
+    from h5py import h5pl
+
+    path = write_trace(tmp_path / "t.h5")
+    _replace(path, "ops/0/0", lambda f, name: f.create_dataset(name, data=np.zeros((2, 3), np.float32), chunks=True,
+                                                               compression=32015, allow_unknown_filter=True))
+    paths = [h5pl.get(i) for i in range(h5pl.size())]
+    with TraceReader(path) as r:
+        assert h5pl.size() == 0  # HDF5 has nowhere to look for a plugin while a trace is open
+        with pytest.raises(TraceError, match="HDF5 filter 32015, which is not one of"):
+            r.op_outputs(0)
+    assert [h5pl.get(i) for i in range(h5pl.size())] == paths
+
+
+def test_sizes_are_checked_before_anything_is_allocated(tmp_path):
+    path = write_trace(tmp_path / "t.h5")
+    _replace(path, "ops/0/0", lambda f, name: f.create_dataset(name, shape=(2**33,), dtype="f4", chunks=(2**16,)))
+    with TraceReader(path) as r, pytest.raises(TraceError, match=r"declares 34359738368 bytes but stores only 0"):
+        r.op_outputs(0)  # before: a 32 GiB allocation
+
+
+@pytest.mark.parametrize("edit,needle", [
+    (lambda f: f.create_dataset("graph/op_table", data=np.zeros(3)), "must hold UTF-8 bytes"),
+    (lambda f: f.create_group("graph/op_table"), "/graph/op_table is not a dataset"),
+    (lambda f: f.create_dataset("graph/op_table", data=np.array([b"ab"])), "not plain numbers"),
+])
+def test_a_part_of_the_wrong_kind_is_refused(tmp_path, edit, needle):
+    path = write_trace(tmp_path / "t.h5")
+    with h5py.File(path, "r+") as f:
+        del f["graph/op_table"]
+        edit(f)
+    with TraceReader(path) as r, pytest.raises(TraceError, match=needle):
+        r.ops
+
+
+def _write_op_table(path, text):
+    with h5py.File(path, "r+") as f:
+        data = np.frombuffer(text.encode(), dtype=np.uint8)
+        del f["graph/op_table"]
+        f.create_dataset("graph/op_table", data=data).attrs["crc32"] = np.uint32(zlib.crc32(data.tobytes()))
+
+
+def _ids(cases):
+    """Test ids from the expected message, not from the (possibly huge) crafted text."""
+    return [f"{k}-{needle[:30]}" for k, (_, needle) in enumerate(cases)]
+
+
+OP_TABLE_CASES = [
+    ("[" * 100000 + "]" * 100000, "nested deeper than 64"),  # RecursionError before
+    ('[[' * 40 + ']]' * 40, "nested deeper than 64"),
+    ('{"index": 0}', "must be a list, not an object"),
+    ('[{"index": 0}]', "op 0 has no 'name'"),
+    ('[{"index": 3, "name": "a"}]', "op 0 says it is op 3"),
+    ('[{"index": 0, "name": ["a"]}]', "op 0's 'name' must be a string, not a list"),
+    ('[{"index": 0, "name": "a\\"; import os"}]', "not an identifier"),
+    ('[{"index": 0, "name": "a", "layer": "x\\u001b[31m"}]', "not one line of text"),
+    ('[{"index": 0, "name": "a", "outputs": [{"shape": [2], "dtype": "float99"}]}]', "a dtype this tapml-dbg"),
+    ('[{"index": 0, "name": "a", "outputs": [{"shape": ["2"], "dtype": "float32"}]}]', "must be an integer"),
+    ('[{"index": 0, "name": "a", "outputs": [null]}]', "must be an object"),
+    ('[{"index": 0, "name": "a", "inputs": "b"}]', "'inputs' must be a list"),
+    ('[{"index": 0, "name": "a"}, {"index": 1, "name": "a"}]', "used by an earlier op"),
+    ('[{"index": 0, "name": "a"', "not valid JSON"),
+]
+
+
+@pytest.mark.parametrize("table,needle", OP_TABLE_CASES, ids=_ids(OP_TABLE_CASES))
+def test_op_table_violations_name_the_op_and_key(tmp_path, table, needle):
+    path = write_trace(tmp_path / "t.h5", n_ops=1)
+    _write_op_table(path, table)
+    with TraceReader(path) as r, pytest.raises(TraceError, match=re.escape(needle)) as info:
+        r.ops
+    message = str(info.value)
+    assert "\n" not in message and "the op table is corrupt" in message and "record the model again" in message
+
+
+def test_op_table_keys_are_filled_and_unknown_keys_dropped(tmp_path):
+    path = write_trace(tmp_path / "t.h5", n_ops=1)
+    _write_op_table(path, '[{"index": 0, "name": "a", "from_a_newer_minor": {"x": 1}}]')
+    with TraceReader(path) as r:
+        assert r.ops == [{**OP_DEFAULTS, "index": 0, "name": "a"}]
+
+
+META_CASES = [
+    ('{"model": 3}', "'model' must be a string"),
+    ('{"versions": "1.0"}', "'versions' must be an object"),
+    ('{"eager_output_max_abs_diff": "x"}', "must be a number"),
+    ('{"capture": 5}', "capture must be an object"),
+    ('{"capture": {"first": 0, "end": "3"}}', "'end' must be an integer"),
+    ('{"capture": {"first": 0, "end": 3, "stored": [[0, 99999999999999]]}}', "run past the op table"),
+    ('{"capture": {"first": 4, "end": 2}}', "before its first op"),
+    ('[]', "meta must be an object"),
+    ('{"a": ' + "[" * 5000 + "]" * 5000 + "}", "nested deeper than 64"),
+]
+
+
+@pytest.mark.parametrize("meta,needle", META_CASES, ids=_ids(META_CASES))
+def test_meta_violations_are_trace_errors(tmp_path, meta, needle):
+    path = write_trace(tmp_path / "t.h5", n_ops=3)
+    with h5py.File(path, "r+") as f:
+        f.attrs["meta"] = schema.encode_str(meta)
+    with pytest.raises(TraceError, match=re.escape(needle)):
+        with TraceReader(path) as r:
+            r.capture
+
+
+@pytest.mark.parametrize("name,value,needle", [
+    ("version_major", "1", "@version_major must be an integer"),
+    ("version_minor", np.int64(-1), "outside 0.."),
+    ("meta", np.int32(3), "@meta must be a fixed-length string"),
+    ("meta", "vlen text", "variable-length data"),
+    ("format", np.array([b"tapml-trace", b"x"]), "must be a scalar"),
+])
+def test_header_attributes_of_the_wrong_type(tmp_path, name, value, needle):
+    path = write_trace(tmp_path / "t.h5")
+    with h5py.File(path, "r+") as f:
+        del f.attrs[name]
+        f.attrs[name] = value
+    with pytest.raises(TraceError, match=re.escape(needle)):
+        TraceReader(path)
+
+
+def test_tensor_attributes_and_storage_of_the_wrong_type(tmp_path):
+    path = write_trace(tmp_path / "t.h5", n_ops=3)
+    with h5py.File(path, "r+") as f:
+        f["ops/0/0"].attrs["dtype"] = schema.encode_str("bfloat16")
+        f["ops/1/0"].attrs["stats"] = schema.encode_str('{"max": 1.0}')
+        f["ops/2"].move("0", "7")
+    with TraceReader(path) as r:
+        with pytest.raises(TraceError, match=r"declared bfloat16 but stored as float32"):
+            r.op_outputs(0)
+        with pytest.raises(TraceError, match=r"op 1's recorded output 0's stats is corrupt \(stats have no 'min'"):
+            r.op_stats(1)
+        with pytest.raises(TraceError, match=r"op 2's outputs is corrupt \(they are named \['7'\]"):
+            r.op_outputs(2)
+
+
+@pytest.mark.parametrize("edit,needle", [
+    (lambda ops, inputs: ops[1].update(name="other"), r"bindings do not match the op table \(first difference at op 1"),
+    (lambda ops, inputs: inputs.update(y=inputs.pop("x")), r"it reads 'x', which is neither an input nor a param"),
+    (lambda ops, inputs: ops[2].update(inputs=["gv"]), r"op 2 reads 'gv', which no earlier op, input or param"),
+])
+def test_graph_is_checked_against_the_op_table(tmp_path, edit, needle):
+    path = consistent_trace(tmp_path / "good.h5")
+    with TraceReader(path) as r:
+        graph = r.graph()
+        assert [b["name"] for b in graph["bindings"]] == ["lv", "lv1", "lv2", "gv"]
+    ops = [dict(op) for op in FIXTURE_OPS]
+    inputs = {"x": np.zeros((1, 3), np.float32)}
+    edit(ops, inputs)
+    with TraceWriter(tmp_path / "t.h5", meta={}, graph_json=json.dumps(graph), tvmscript="", ops=ops,
+                     inputs=inputs, params={}):
+        pass
+    with TraceReader(tmp_path / "t.h5") as r, pytest.raises(TraceError, match=needle):
+        r.graph()
+
+
 # ---- crash safety: a real SIGKILL --------------------------------------------------------
 
 CHILD = textwrap.dedent("""
@@ -346,7 +655,7 @@ CHILD = textwrap.dedent("""
     n = 5000
     order = np.random.default_rng(int(sys.argv[2])).permutation(n)  # any order, not increasing
     w = TraceWriter(sys.argv[1], meta={"model": "kill"}, graph_json="{}", tvmscript="",
-                    ops=[{"index": i} for i in range(n)], inputs={"x": np.zeros(3, np.float32)},
+                    ops=[{"index": i, "name": f"lv{i}"} for i in range(n)], inputs={"x": np.zeros(3, np.float32)},
                     params={}, compression=sys.argv[3] if sys.argv[3] != "none" else None)
     for j, i in enumerate(order):
         i = int(i)
@@ -403,9 +712,9 @@ def test_frozen_v1_fixture():
                           "elapsed_s": 0.5}
         assert r.graph_json == '{"root": 1, "nodes": [{"type_key": ""}]}'
         assert r.tvmscript == "# from tvm.script import relax as R\n"
-        assert r.ops == [{"index": 0, "name": "lv", "op": "relax.matmul", "layer": "fc"},
-                         {"index": 1, "name": "lv1", "op": "relax.greater", "layer": "fc"},
-                         {"index": 2, "name": "gv", "op": "relax.sum", "layer": ""}]
+        assert r.ops == [{**OP_DEFAULTS, "index": 0, "name": "lv", "op": "relax.matmul", "layer": "fc"},
+                         {**OP_DEFAULTS, "index": 1, "name": "lv1", "op": "relax.greater", "layer": "fc"},
+                         {**OP_DEFAULTS, "index": 2, "name": "gv", "op": "relax.sum", "layer": ""}]
         assert r.input_names == ["x", "mask"] and r.param_names == ["w"]
         assert same_bits(r.input("x"), np.array([[1.0, -2.5], [-0.0, np.inf]], np.float32))
         assert same_bits(r.input("mask"), bits(ml_dtypes.bfloat16, [0x3FC0, 0x8000, 0x7F80, 0x7FC1]))
@@ -425,6 +734,29 @@ def test_frozen_v1_fixture():
                                     "nan": 0, "inf": 0, "numel": 2,
                                     "fp16_headroom": math.log2(65504 / 8)}
         assert r.tensor_bytes() == 16 + 8 + 8 + 16 + 3 + 16 + 4
+
+
+def test_frozen_v1_1_fixture():
+    """The committed v1.1 file (capture budget, no checksums) written by the v1.1 writer still reads."""
+    from tapml_dbg.trace.verify import verify_trace
+
+    with TraceReader(FIXTURE_V1_1) as r:
+        assert r.version == (1, 1) and r.complete and not r.checksummed
+        assert r.capture == {"window": "0:2", "max_bytes": None, "first": 0, "end": 2, "layer": None,
+                             "stored": [[0, 1]], "stored_bytes": 24, "truncated": False}
+        assert r.finished_ops() == [0, 1] and r.stats_only_ops() == [2, 3]
+        assert [op["name"] for op in r.ops] == ["lv", "lv1", "lv2", "gv"]
+        assert r.ops[1]["inputs"] == ["lv"] and r.ops[2]["outputs"] == [{"shape": [], "dtype": "float32"}]
+        assert same_bits(r.input("x"), np.array([[1.0, -2.0, 0.5]], np.float32))
+        assert same_bits(r.op_outputs(0)[0], np.array([[2.0, -4.0, 1.0]], np.float32))
+        assert same_bits(r.op_outputs(1)[0], np.array([[2.0, 0.0, 1.0]], np.float32))
+        assert r.op_stats(3)[0]["min"] == -3.0 and r.op_note(3) == "computed by torch"
+        assert [b["name"] for b in r.graph()["bindings"]] == ["lv", "lv1", "lv2", "gv"]
+        assert r.meta["record_seconds"] == 0.25
+        with pytest.raises(TraceError, match="has only stats in this trace"):
+            r.op_outputs(2)
+    report = verify_trace(FIXTURE_V1_1)
+    assert report.ok and not report.checksummed and report.format == "v1.1"
 
 
 def test_info_counts_activation_bytes_by_the_real_dtype_sizes(tmp_path):

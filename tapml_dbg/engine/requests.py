@@ -3,6 +3,10 @@
 An input is a recorded value (a model input, a param, an op's recorded output) that the worker
 reads from the trace itself, or a target value the engine already holds (propagated mode). The
 trace may lack an op's values (an incomplete trace, a capture window): `missing` says why.
+
+A trace keeps the source's own value of an op whose import changed its dtype or shape (a type
+change). The target's units are compiled for the declared type, so such a value is cast here, at
+replay time, before it feeds them (`casts`; `cast_inputs` says which inputs of an op were).
 """
 
 from __future__ import annotations
@@ -10,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from tapml_dbg.errors import TraceError
-from tapml_dbg.model.graph import OpInfo
+from tapml_dbg.model.graph import OpInfo, TensorSpec
 from tapml_dbg.model.serialize import function_to_json
 from tapml_dbg.model.units import UnitSpec, build_isolated_batch, build_unit
 from tapml_dbg.runtime.messages import UnitRequest
@@ -20,7 +24,8 @@ from tapml_dbg.trace import TraceReader
 class RequestBuilder:
     """Builds the requests of one trace's units."""
 
-    def __init__(self, reader: TraceReader, main, ops: list[OpInfo]):
+    def __init__(self, reader: TraceReader, main, ops: list[OpInfo],
+                 casts: dict[tuple[str, int], TensorSpec] | None = None):
         self.reader = reader
         self.main = main
         self.ops = ops
@@ -28,6 +33,8 @@ class RequestBuilder:
         self.input_names = set(reader.input_names)
         self.param_names = set(reader.param_names)
         self.recorded = set(reader.finished_ops())
+        self.casts = dict(casts or {})  # (op name, output) -> the declared type its recorded value is cast to
+        self._cast_values: dict[tuple[str, int], np.ndarray] = {}
 
     # -- what the trace holds --------------------------------------------------------------
     def missing(self, index: int) -> str | None:
@@ -49,7 +56,36 @@ class RequestBuilder:
         op = self.by_name[name]
         if op.index not in self.recorded:
             raise TraceError(self.reader.missing_values_message(op.index))
+        if (name, max(field, 0)) in self.casts:
+            return ("value", self.cast_value(name, max(field, 0)))
         return ("op", name, field)
+
+    def cast_value(self, name: str, output: int) -> np.ndarray:
+        """Op `name`'s recorded output cast to the type its import declares (what the target expects)."""
+        key = (name, output)
+        if key not in self._cast_values:
+            spec = self.casts[key]
+            value = self.reader.op_outputs(self.by_name[name].index)[output]
+            if value.size != int(np.prod(spec.shape, dtype=np.int64)):
+                raise TraceError(f"op {name}'s source value has shape {tuple(value.shape)} but its import declares "
+                                 f"{tuple(spec.shape)}: nothing can feed its consumers on the target (the type "
+                                 f"verdict of op {self.by_name[name].index} is the finding)")
+            with np.errstate(all="ignore"):
+                self._cast_values[key] = value.astype(_numpy_dtype(spec.dtype)).reshape(spec.shape)
+        return self._cast_values[key]
+
+    def cast_inputs(self, index: int, fed_by_target: set[str] = frozenset(),
+                    unread: dict[str, set[int]] | None = None) -> list[str]:
+        """The inputs of op `index` that replay casts ("mul (output 0 as int64 (2, 3))"), except those the
+        target feeds and tuple fields nothing reads (`unread`: op name -> fields)."""
+        casts = []
+        for name in self.ops[index].inputs:
+            if name in fed_by_target:
+                continue
+            casts += [f"{name} (output {output} as {spec.dtype} {tuple(spec.shape)})"
+                      for (op, output), spec in self.casts.items()
+                      if op == name and output not in (unread or {}).get(name, set())]
+        return casts
 
     # -- requests ------------------------------------------------------------------------------
     def request(self, func, spec: UnitSpec, target_values: dict[str, list[np.ndarray]] | None = None) -> UnitRequest:
@@ -91,3 +127,11 @@ class RequestBuilder:
         name = self.ops[index].name
         func, _spec = build_unit(self.main, [name], [name])
         return UnitRequest(unit_json=function_to_json(func), inputs=[], compile_only=True)
+
+
+def _numpy_dtype(name: str) -> np.dtype:
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)

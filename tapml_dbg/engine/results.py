@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tapml_dbg.judge.compare import Metrics
-from tapml_dbg.judge.verdict import ISOLATED, Mode, Verdict
+from tapml_dbg.judge.verdict import ISOLATED, Mode, Verdict, WrongClass
 
 
 @dataclass
@@ -33,6 +33,8 @@ class Culprit:
     verdict: str  # a Mode (isolated | propagated) or the failed run's Status (compile-error | crash | timeout)
     metrics: Metrics | None
     message: str = ""
+    wrong: WrongClass | None = None  # what kind of wrong (judge/classify.py); None for a failed run
+    evidence: str = ""  # why it is that class
 
     @property
     def summary(self) -> str:
@@ -40,8 +42,8 @@ class Culprit:
 
     def to_json(self) -> dict:
         return {"index": self.index, "name": self.name, "op": self.op, "layer": self.layer,
-                "verdict": self.verdict, "metrics": self.metrics.to_json() if self.metrics else {},
-                "message": self.message}
+                "verdict": self.verdict, "class": self.wrong, "evidence": self.evidence,
+                "metrics": self.metrics.to_json() if self.metrics else {}, "message": self.message}
 
 
 @dataclass

@@ -8,7 +8,12 @@ the object, not on the session:
 2. confirm: the candidate's isolated verdict says whether its kernel is wrong (isolated) or the
    error arrives from upstream (propagated, as seen by the probe that ended at it);
 3. sweep: isolated verdicts of every op below the candidate, so that a fault which washes out
-   before the model's output is still found (the lowest failing op wins).
+   before the model's output is still found (the lowest failing op wins);
+4. types: an op whose import declares another dtype or shape than the source computed is a
+   divergence of its own (a type verdict), known from the trace without running anything; the
+   lowest one below the candidate wins too, even when no value downstream differs.
+The culprit's failing verdict is then judged once more with a second run of its unit
+(`Session.explain`), so a nondeterministic kernel is told from a wrong one; it carries its class.
 """
 
 from __future__ import annotations
@@ -19,13 +24,14 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from tapml_dbg.engine.results import BisectResult, Culprit, StepResult
-from tapml_dbg.judge.verdict import ISOLATED, PROPAGATED, Mode, Status, Verdict
+from tapml_dbg.judge.verdict import ISOLATED, PROPAGATED, Mode, Status, Verdict, WrongClass
 from tapml_dbg.model.analysis import frontier
 from tapml_dbg.runtime.messages import UnitResult
 
 NEIGHBOURHOOD_RADIUS = 2  # ops shown on each side of a culprit
 WASHED_OUT_NOTE = ("the divergence does not persist to the model's output (it washes out or is masked "
                    "downstream)")
+TYPE_NOTE = "found by its type alone: the values the model computes downstream agree"
 
 
 @dataclass
@@ -142,6 +148,7 @@ class Bisection:
         self.search_trace = SearchTrace()
         self.probe_results: dict[int, UnitResult] = {}  # prefix end k -> the probe's result
         self.parallel = session.lanes.size > 1
+        self.explain_units = 0  # units run to classify the culprit (Session.explain), not to find it
 
     # -- the run ---------------------------------------------------------------------------
     def run(self) -> BisectResult:
@@ -160,9 +167,15 @@ class Bisection:
                 earliest = session.isolated_verdicts.lowest_failing(list(range(self.first, end)), self.progress)
             if earliest is not None:
                 if culprit is None:
-                    self.notes.append(WASHED_OUT_NOTE)
+                    self.notes.append(TYPE_NOTE if earliest.wrong == WrongClass.TYPE else WASHED_OUT_NOTE)
                 culprit = self._culprit(earliest.index, earliest, ISOLATED)
-        probes = session.lanes.units - units_before  # the search's own units; the neighbourhood is display
+        typed = [i for i in session.type_changed_ops() if self.first <= i < end]
+        if typed and (culprit is None or typed[0] < culprit.index):
+            if culprit is None:
+                self.notes.append(TYPE_NOTE)
+            culprit = self._culprit(typed[0], session.isolated(typed[0]), ISOLATED)
+        # the search's own units: the neighbourhood is display, the culprit's second run classification
+        probes = session.lanes.units - units_before - self.explain_units
         neighbourhood = self.neighbourhood(culprit.index) if culprit else []
         if session.lanes.plan.note:
             self.notes.append(session.lanes.plan.note)
@@ -269,8 +282,15 @@ class Bisection:
 
     def _culprit(self, index: int, verdict: Verdict, mode: Mode) -> Culprit:
         op = self.session.ops[index]
+        before = self.session.lanes.units
+        verdict = self.session.explain(verdict)
+        self.explain_units += self.session.lanes.units - before
         kind = mode if verdict.status.judged else verdict.status
-        return Culprit(op.index, op.name, op.op, op.layer, kind, verdict.worst, verdict.message)
+        wrong, evidence = verdict.wrong, verdict.evidence
+        if wrong is None and index in self.session.type_changed_ops():  # a failed run of a type-changed op
+            changes = self.session.reference.type_changes[index]
+            wrong, evidence = WrongClass.TYPE, "; ".join(c.describe() for c in changes)
+        return Culprit(op.index, op.name, op.op, op.layer, kind, verdict.worst, verdict.message, wrong, evidence)
 
     def neighbourhood(self, index: int) -> list[StepResult]:
         """The culprit and NEIGHBOURHOOD_RADIUS ops on each side, with their isolated verdicts."""

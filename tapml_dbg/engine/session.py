@@ -10,7 +10,6 @@ search), `stops.Debugger` (breakpoints and stepping), `compile_check` (codegen o
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Callable
 
@@ -18,13 +17,15 @@ import numpy as np
 
 from tapml_dbg.engine.compile_check import compile_all
 from tapml_dbg.engine.isolated import IsolatedVerdicts
+from tapml_dbg.engine.references import SourceReference, load_source_graph
 from tapml_dbg.engine.requests import RequestBuilder
 from tapml_dbg.engine.results import BisectResult, CompileReport, StepResult
 from tapml_dbg.engine.search import Bisection
 from tapml_dbg.errors import TraceError, UsageError
 from tapml_dbg.judge.compare import TolerancePolicy
+from tapml_dbg.judge.classify import Evidence, Facts
 from tapml_dbg.judge.judge import failed_run, judge_outputs
-from tapml_dbg.judge.verdict import ISOLATED, PROPAGATED, Mode, Status, Verdict
+from tapml_dbg.judge.verdict import ISOLATED, PROPAGATED, Mode, Status, Verdict, WrongClass
 from tapml_dbg.model.analysis import consumers_of, dead_tuple_fields
 from tapml_dbg.model.graph import OpInfo
 from tapml_dbg.model.select import OpTable
@@ -52,14 +53,16 @@ class Session:
         self.spec = spec or TargetSpec()
         parse_target(self.spec.target)  # fail early on a bad target string ...
         load_transform(self.spec.transform)  # ... and on a bad FILE.py:FUNC
-        self.main = function_from_json(_load_graph_json(reader))
+        self.main = function_from_json(reader.graph())
         self.ops = [OpInfo.from_json(op) for op in reader.ops]
         self.by_name = {op.name: op for op in self.ops}
         self.op_table = OpTable.of(self.ops)
         self.consumers = consumers_of(self.ops)
         self.dead_fields = dead_tuple_fields(self.main)
         self.policy = policy or TolerancePolicy()
-        self.requests = RequestBuilder(reader, self.main, self.ops)
+        # the live source reference: float64 references, undefined values, type changes (engine/references.py)
+        self.reference = SourceReference(reader, self.ops, self.main, load_source_graph(reader))
+        self.requests = RequestBuilder(reader, self.main, self.ops, self.reference.replay_casts())
         # one lane per free tracker server (or --parallel N); lane 0 also does the sequential work
         self.lanes = Lanes(str(reader.path), self.spec, str(cache_dir))
         self.isolated_verdicts = IsolatedVerdicts(self.ops, self.requests, self.lanes, self.judge)
@@ -165,15 +168,88 @@ class Session:
         note = self.reader.op_note(index) if index in self.recorded else ""
         return note[len(CAST_NOTE_PREFIX):] if note.startswith(CAST_NOTE_PREFIX) else None
 
-    def judge(self, index: int, mode: Mode, result: UnitResult, outputs: list[np.ndarray] | None) -> Verdict:
-        """The verdict of op `index` given what its unit returned."""
+    def judge(self, index: int, mode: Mode, result: UnitResult, outputs: list[np.ndarray] | None,
+              rerun: list[np.ndarray] | None = None) -> Verdict:
+        """The verdict of op `index` given what its unit returned (`rerun`: a second run's outputs,
+        the evidence of a `nondeterministic` class)."""
         op = self.ops[index]
         if not result.ok:
             return failed_run(index, op.name, mode, result.status, result.message)
         if index not in self.recorded:
             return Verdict(index, op.name, mode, Status.MISSING, message=self.reader.missing_values_message(index))
-        return judge_outputs(index, op.name, mode, outputs, self.source_values(index), self.policy,
-                             self.tolerance_dtype(index), self.dead_fields.get(op.name, set()))
+        reference = self.reference.isolated(index) if mode == ISOLATED else self.reference.propagated(index)
+        fed_by_target = set(self.target_values) if mode == PROPAGATED else set()
+        facts = Facts(self.reference.type_changes.get(index, []),
+                      self.requests.cast_inputs(index, fed_by_target, self.dead_fields))
+
+        def evidence() -> Evidence:
+            found = self.reference.low_precision(index)
+            found.rerun = rerun
+            return found
+
+        verdict = judge_outputs(index, op.name, mode, outputs, self.source_values(index), self.policy,
+                                self.tolerance_dtype(index), self.dead_fields.get(op.name, set()),
+                                reference=reference, facts=facts, evidence=evidence)
+        if mode == PROPAGATED and verdict.status == Status.FAIL and verdict.wrong != WrongClass.TYPE:
+            self._inherit_class(verdict)
+        return verdict
+
+    def _inherit_class(self, verdict: Verdict) -> None:
+        """A propagated failure of an op that is right alone (its isolated verdict passed) is the kind of
+        wrong of the upstream op it comes from: the nearest ancestor whose isolated verdict failed. One
+        of an op that is wrong alone too, and unexplained by its own inputs, is its isolated kind."""
+        own = self.isolated_verdicts.cache.get(verdict.index)
+        if own is not None and own.status == Status.FAIL and own.wrong is not None \
+                and verdict.wrong == WrongClass.SEMANTIC:
+            verdict.wrong, verdict.evidence = own.wrong, f"as the op alone (isolated): {own.evidence}"
+            return
+        if own is None or not own.passed:
+            return
+        seen, frontier = set(), list(self.ops[verdict.index].inputs)
+        while frontier:
+            name = frontier.pop(0)
+            upstream = self.by_name.get(name)
+            if upstream is None or upstream.index in seen:
+                continue
+            seen.add(upstream.index)
+            cached = self.isolated_verdicts.cache.get(upstream.index)
+            if cached is not None and cached.status == Status.FAIL and cached.wrong is not None:
+                verdict.wrong = cached.wrong
+                verdict.evidence = (f"the op alone passes; the error arrives from #{upstream.index} {upstream.name} "
+                                    f"({cached.wrong}: {cached.evidence})")
+                return
+            frontier.extend(upstream.inputs)
+        verdict.evidence = f"the op alone passes (isolated); the error arrives from upstream. {verdict.evidence}"
+
+    def explain(self, verdict: Verdict) -> Verdict:
+        """A failing verdict judged again with a second run of its unit on the target, so that a
+        nondeterministic kernel (an out-of-bounds read, a race) is told from a wrong one."""
+        if verdict.status != Status.FAIL or verdict.wrong == WrongClass.TYPE:
+            return verdict
+        index = verdict.index
+        try:
+            if verdict.mode == ISOLATED:
+                name = self.ops[index].name
+                runs = [self.lanes.run(self.requests.ops_request([name], [name])) for _ in range(2)]
+                outputs = [run.outputs[0] if run.ok else None for run in runs]
+            else:  # the first run computes the target's upstream values; the next two are the same unit
+                runs = [self._propagated_values(index) for _ in range(3)][1:]
+                outputs = [run[1] for run in runs]
+                runs = [run[0] for run in runs]
+        except TraceError:
+            return verdict
+        if not runs[0].ok or outputs[0] is None or outputs[1] is None:
+            return verdict
+        explained = self.judge(index, verdict.mode, runs[0], outputs[0], rerun=outputs[1])
+        if verdict.mode == ISOLATED:
+            self.isolated_verdicts.cache[index] = explained
+        return explained
+
+    def type_changed_ops(self) -> list[int]:
+        """Ops whose import declares another dtype or shape than the source computed for an output
+        the model reads (a type verdict each), in order."""
+        return sorted(index for index, changes in self.reference.type_changes.items()
+                      if any(c.output not in self.dead_fields.get(self.ops[index].name, set()) for c in changes))
 
     def invalidate_verdicts(self) -> None:
         """Forget cached verdicts, e.g. after the tolerance policy changed."""
@@ -194,19 +270,24 @@ class Session:
 
     def _propagated_run(self, index: int) -> tuple[Verdict, list[np.ndarray] | None]:
         op = self.ops[index]
+        try:
+            result, outputs = self._propagated_values(index)
+        except TraceError as exc:
+            return Verdict(index, op.name, PROPAGATED, Status.MISSING, message=str(exc)), None
+        return self.judge(index, PROPAGATED, result, outputs), outputs
+
+    def _propagated_values(self, index: int) -> tuple[UnitResult, list[np.ndarray] | None]:
+        """Run op `index` on the target fed its offloaded ancestors' target values (computing the missing ones)."""
         missing = [i for i in self._offloaded_ancestors(index) if self.ops[i].name not in self.target_values]
         chain = sorted(set(missing) | {index})
         names = [self.ops[i].name for i in chain]
-        try:
-            result = self.lanes.run(self.requests.ops_request(names, names, self.target_values))
-        except TraceError as exc:
-            return Verdict(index, op.name, PROPAGATED, Status.MISSING, message=str(exc)), None
+        result = self.lanes.run(self.requests.ops_request(names, names, self.target_values))
         outputs = result.outputs[-1] if result.ok else None
         if result.ok:  # only offloaded ops feed later ops with target values
             for i, values in zip(chain, result.outputs):
                 if i in self.offload:
                     self.target_values[self.ops[i].name] = values
-        return self.judge(index, PROPAGATED, result, outputs), outputs
+        return result, outputs
 
     def _offloaded_ancestors(self, index: int) -> list[int]:
         seen: set[int] = set()
@@ -255,10 +336,3 @@ class Session:
     def compile_all(self, progress: Progress = _noop) -> CompileReport:
         """Compile every op for the target without running it; failures become verdicts."""
         return compile_all(self, progress)
-
-
-def _load_graph_json(reader: TraceReader) -> dict:
-    try:
-        return json.loads(reader.graph_json)
-    except (ValueError, TypeError) as exc:
-        raise TraceError(f"{reader.path}: the stored graph is not valid JSON ({exc}); the trace is corrupt") from exc

@@ -4,10 +4,14 @@ As in `bdb`, the engine owns the stepping rules and a front end only calls them:
 `step N` is `Debugger.step(N)`, `continue` is `Debugger.continue_()`. Rules (docs/repl.md):
 - the position is the next op to run; each op run gets both verdicts (`Session.compare`);
 - a breakpoint stops any run *after* the op it names has run, so its verdicts are on screen;
-- `next` and `continue` also stop at a new divergence: the first op whose verdict in the current
-  `mode` fails and whose failure is not inherited from an upstream op that already failed (in
-  propagated mode an op that passes isolated but reads a diverged value is "inherited");
-  `break diverge` stops at every failing op, inherited or not, for every command.
+- `next` and `continue` also stop at a new divergence (`judge_divergence`, THE rule, which
+  bisect's answer and the report's culprit follow too): an op *diverges* when its isolated
+  verdict fails (its kernel is wrong, whatever happens downstream) or its verdict in the current
+  `mode` fails; the divergence is *inherited*, not new, when only the propagated verdict fails and
+  the op reads a value whose propagated verdict already failed (its kernel is fine, the error
+  flows through it). Both verdicts are computed for every op, so an isolated failure that washes
+  out downstream stops `continue` where bisect's sweep finds it;
+- `break diverge` stops at every diverging op, inherited or not, for every command.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from enum import StrEnum
 from typing import Callable
 
 from tapml_dbg.engine.results import StepResult
-from tapml_dbg.judge.verdict import PROPAGATED, Mode
+from tapml_dbg.judge.verdict import ISOLATED, PROPAGATED, Mode
 from tapml_dbg.model.graph import OpInfo
 
 DEFAULT_MODE = PROPAGATED  # the verdict that counts for `continue`, `next` and `break diverge`
@@ -29,11 +33,61 @@ def _noop(*_args, **_kwargs) -> None:
     return None
 
 
+@dataclass(frozen=True)
+class Divergence:
+    """How one op's two verdicts read under a mode."""
+
+    failing: bool  # the isolated verdict fails, or the verdict of the mode does
+    inherited: bool  # only the propagated verdict fails, and the op reads an already diverged value
+    isolated_failed: bool
+    mode_failed: bool
+    mode: Mode
+
+    @property
+    def new(self) -> bool:
+        """A divergence that stops `continue` and `next`, and that bisect names."""
+        return self.failing and not self.inherited
+
+    @property
+    def reason(self) -> str:
+        """Why a run stops here ("" when it does not): which verdicts failed."""
+        if not self.new:
+            return ""
+        if self.mode == ISOLATED or not self.isolated_failed:
+            return f"divergence: the {self.mode} verdict failed"
+        if self.mode_failed:
+            return "divergence: the isolated and propagated verdicts failed"
+        return "divergence: the isolated verdict failed (the propagated verdict passes)"
+
+
+def judge_divergence(result: StepResult, mode: Mode, upstream_diverged: bool) -> Divergence:
+    """THE divergence rule of stepping (see the module docstring); `upstream_diverged`: the op reads
+    a value whose propagated verdict failed earlier in this run."""
+    isolated_failed = result.isolated is not None and result.isolated.failed
+    verdict = result.verdict(mode)
+    mode_failed = verdict is not None and verdict.failed
+    failing = isolated_failed or mode_failed
+    inherited = failing and not isolated_failed and mode == PROPAGATED and upstream_diverged
+    return Divergence(failing, inherited, isolated_failed, mode_failed, mode)
+
+
+def first_divergence(steps: list[StepResult], ops: list[OpInfo], mode: Mode = DEFAULT_MODE) -> StepResult | None:
+    """The op a `continue` over `steps` (in order, no breakpoints) stops at: the first new divergence."""
+    diverged: set[str] = set()
+    for step in steps:
+        op = ops[step.index]
+        if judge_divergence(step, mode, any(name in diverged for name in op.inputs)).new:
+            return step
+        if step.propagated is not None and step.propagated.failed:
+            diverged.add(op.name)
+    return None
+
+
 class BreakKind(StrEnum):
     OP = "op"  # after one op
     LAYER = "layer"  # after any op of a layer (nested layers included)
     NAN = "nan"  # when the target's NaN/Inf pattern differs from the source's
-    DIVERGE = "diverge"  # at every failing op, inherited or not
+    DIVERGE = "diverge"  # at every diverging op, inherited or not
 
 
 class Command(StrEnum):
@@ -199,19 +253,15 @@ class Debugger:
     def stop_reasons(self, result: StepResult, on_divergence: bool) -> tuple[list[str], bool]:
         """Why a run stops after `result` (empty: go on), and whether its failure is inherited."""
         op = self.session.ops[result.index]
-        verdict = result.verdict(self.mode)
-        failed = verdict is not None and verdict.failed
-        upstream_failed = any(name in self.diverged for name in op.inputs)
-        isolated_failed = result.isolated is not None and result.isolated.failed
-        inherited = failed and self.mode == PROPAGATED and upstream_failed and not isolated_failed
+        divergence = judge_divergence(result, self.mode, any(name in self.diverged for name in op.inputs))
         reasons, diverge_breakpoint = [], False
         for bp in self.breakpoints:
-            if bp.hit_by(result, failed):
+            if bp.hit_by(result, divergence.failing):
                 bp.hits += 1
                 diverge_breakpoint = diverge_breakpoint or bp.kind == BreakKind.DIVERGE
                 reasons.append(bp.label())
-        if on_divergence and failed and not inherited and not diverge_breakpoint:
-            reasons.append(f"divergence: the {self.mode} verdict failed")
+        if on_divergence and divergence.new and not diverge_breakpoint:
+            reasons.append(divergence.reason)
         if result.propagated is not None and result.propagated.failed:
             self.diverged.add(op.name)
-        return reasons, inherited
+        return reasons, divergence.inherited

@@ -2,7 +2,13 @@
 
 We decompose the exported program ourselves and import that same graph, so that FX nodes seen
 here are the ones the recorder runs. Each converter call is wrapped to note the current FX
-node, and `BlockBuilder.emit` is wrapped to attribute every emitted binding to it.
+node, and `BlockBuilder.emit` (and `match_cast`) is wrapped to attribute every emitted binding to it.
+
+Where TVM's own pipeline imports and runs a model, so does this one, or it says in one line why not:
+a program holding sparse params or buffers is imported without decomposition, as TVM imports it
+(the trace stores them dense, as TVM binds them); `torch.cond` branches and data-dependent sizes are
+fixed to the recorded run (`specialize`); None outputs, runtime checks and size guards are
+rewritten away (`static_graph`). Each such rewrite is listed in the trace's import fixes.
 """
 
 from __future__ import annotations
@@ -13,10 +19,13 @@ from dataclasses import dataclass
 
 from tapml_dbg.errors import ModelError
 from tapml_dbg.frontend.fixes import apply_import_fixes
+from tapml_dbg.frontend.specialize import specialization_of, specialize
+from tapml_dbg.frontend.static_graph import make_static
 from tapml_dbg.model.graph import Graph, OpInfo, TensorSpec
 from tapml_dbg.model.units import flatten_ty
 
 OUTPUT_OP_NAME = "output"
+SPARSE_FIX = "sparse-as-dense"  # "sparse-as-dense: w (sparse_coo)": stored dense, graph not decomposed
 
 
 @dataclass
@@ -28,18 +37,49 @@ class Provenance:
 
 
 def export_program(module, inputs):
-    """torch.export + core-ATen decomposition, with one-line errors."""
+    """torch.export + core-ATen decomposition, fixed to these inputs, with one-line errors.
+
+    A program holding sparse tensors is not decomposed: TVM's importer skips that step for them
+    too (decomposing them fails in torch for csr/csc/bsr layouts).
+    """
     import torch
 
+    sparse_inputs = [k for k, t in enumerate(inputs) if _is_sparse(t)]
+    if sparse_inputs:
+        raise ModelError(f"input {sparse_inputs[0]} is a sparse tensor; give dense inputs (x.to_dense()): "
+                         "a trace stores and replays dense arrays")
     try:
         program = torch.export.export(module, tuple(inputs))
     except Exception as exc:
         raise ModelError(f"torch.export failed: {type(exc).__name__}: {_first_line(exc)} "
                          "(make forward() exportable: no data-dependent control flow)") from exc
-    try:
-        return program.run_decompositions()
-    except Exception as exc:
-        raise ModelError(f"decomposing the exported program failed: {_first_line(exc)}") from exc
+    sparse = _sparse_tensors(program)
+    if not sparse:
+        try:
+            program = program.run_decompositions()
+        except Exception as exc:
+            raise ModelError(f"decomposing the exported program failed: {_first_line(exc)}") from exc
+    fixed = specialize(program, inputs)
+    fixed.fixes[:0] = [f"{SPARSE_FIX}: {name}" for name in sparse]
+    return program
+
+
+def _is_sparse(value) -> bool:
+    import torch
+
+    return isinstance(value, torch.Tensor) and value.layout != torch.strided
+
+
+def _sparse_tensors(program) -> list[str]:
+    """`name (layout)` of each sparse param, buffer and constant of the program. torch runs them as
+    they are; the trace stores them dense (as TVM binds them), and the graph, not decomposed, keeps
+    its sparse ops (`aten._sparse_mm`), which TVM imports as dense ones."""
+    found = []
+    for table in (program.state_dict, getattr(program, "constants", None) or {}):
+        for name, value in table.items():
+            if _is_sparse(value):
+                found.append(f"{name} ({str(value.layout).replace('torch.', '')})")
+    return found
 
 
 def _first_line(exc: BaseException) -> str:
@@ -77,8 +117,12 @@ def import_program(program) -> tuple[Graph, dict[str, Provenance]]:
     # (copy_, fill_, index_put_) overwrite the env entry of the node they write into.
     returned: dict[str, object] = {}
 
+    own_nodes = set(program.graph.nodes)
+
     def wrap(convert):
         def converter(node, *rest):
+            if node not in own_nodes:  # a node of a subgraph: its bindings belong to the outer node
+                return convert(node, *rest)
             current["node"] = node
             try:
                 value = convert(node, *rest)
@@ -89,13 +133,15 @@ def import_program(program) -> tuple[Graph, dict[str, Provenance]]:
         return converter
 
     importer.convert_map = {key: wrap(fn) for key, fn in importer.convert_map.items()}
-    original_emit = relax.BlockBuilder.emit
+    original_emit, original_match_cast = relax.BlockBuilder.emit, relax.BlockBuilder.match_cast
 
-    def emit(builder, expr, name=""):
-        var = original_emit(builder, expr, name)
-        if current["node"] is not None:
-            emitted.setdefault(var.name, current["node"].name)
-        return var
+    def attributed(original):
+        def emit(builder, *args, **kwargs):  # whatever the builder takes (name_hint=, ...)
+            var = original(builder, *args, **kwargs)
+            if current["node"] is not None:
+                emitted.setdefault(var.name, current["node"].name)
+            return var
+        return emit
 
     nodes = {node.name: node for node in program.graph.nodes}
     missing = sorted({str(node.target) for node in program.graph.nodes
@@ -103,7 +149,8 @@ def import_program(program) -> tuple[Graph, dict[str, Provenance]]:
     if missing:
         raise ModelError(f"TVM 0.27 cannot import aten op(s) {', '.join(missing)} "
                          "(no Relax converter; rewrite that part of the model or add a converter)")
-    relax.BlockBuilder.emit = emit
+    relax.BlockBuilder.emit = attributed(original_emit)
+    relax.BlockBuilder.match_cast = attributed(original_match_cast)
     try:
         mod = importer.from_exported_program(program, True, False, False, None)
     except _ImportFailure as failure:
@@ -113,11 +160,16 @@ def import_program(program) -> tuple[Graph, dict[str, Provenance]]:
     except Exception as exc:
         raise ModelError(f"TVM import failed: {type(exc).__name__}: {_first_line(exc)}") from exc
     finally:
-        relax.BlockBuilder.emit = original_emit
+        relax.BlockBuilder.emit, relax.BlockBuilder.match_cast = original_emit, original_match_cast
 
+    fixed = specialization_of(program)
+    mod = relax.transform.ToNonDataflow()(mod)
+    main, static_fixes = make_static(mod["main"], fixed.symbols)
+    if not main.same_as(mod["main"]):
+        mod = _replace_main(mod, main)
     final_of_node = _final_bindings(returned)
     graph, provenance = _build_graph(mod, nodes, emitted, final_of_node)
-    graph.import_fixes = fixes
+    graph.import_fixes = fixes + fixed.fixes + static_fixes
     return graph, provenance
 
 
@@ -167,8 +219,8 @@ def _relax_op_name(value) -> str:
 def _build_graph(mod, nodes, emitted, final_of_node) -> tuple[Graph, dict[str, Provenance]]:
     from tvm import relax
 
-    mod = relax.transform.ToNonDataflow()(mod)
     main = mod["main"]
+    _check_single_function(mod)
     num_input = int(main.attrs["num_input"])
     bindings = [b for block in main.body.blocks for b in block.bindings]
 
@@ -246,6 +298,17 @@ def _build_graph(mod, nodes, emitted, final_of_node) -> tuple[Graph, dict[str, P
     return Graph(mod=mod, ops=ops, inputs=inputs, params=params, outputs=outputs), provenance
 
 
+def _check_single_function(mod) -> None:
+    """A trace holds `main` alone: a call into another Relax function (a subgraph) has no place in it."""
+    from tvm import relax
+
+    others = [gv.name_hint for gv, func in mod.functions_items()
+              if gv.name_hint != "main" and isinstance(func, relax.Function)]
+    if others:
+        raise ModelError(f"the imported model calls Relax function(s) {', '.join(sorted(others))}; "
+                         "tapml-dbg records single-function graphs only (is a torch.cond left un-inlined?)")
+
+
 def _replace_main(mod, main):
     mod = mod.__class__(dict(mod.functions_items()))
     mod["main"] = main
@@ -284,5 +347,11 @@ def _rename_bindings(func, names: dict[str, str]):
             new_var = relax.Var(names[binding.var.name], binding.var.ty)
             self.set_var_remap(binding.var, new_var)
             self.builder_.emit_normalized(relax.VarBinding(new_var, value))
+
+        def visit_match_cast_(self, binding):
+            value = self.visit_expr(binding.value)
+            new_var = relax.Var(names[binding.var.name], binding.var.ty)
+            self.set_var_remap(binding.var, new_var)
+            self.builder_.emit_normalized(relax.MatchCast(new_var, value, binding.ty))
 
     return Renamer().visit_expr(func)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import traceback
 from pathlib import Path
 
 from tapml_dbg.errors import ModelError
@@ -35,8 +36,11 @@ def load_model(spec: str):
     build = load_python_function(spec)
     try:
         result = build()
-    except Exception as exc:
-        raise ModelError(f"{spec}: build function raised {type(exc).__name__}: {exc}") from exc
+    except Exception as exc:  # where in the user's file it raised: the deepest frame of that file
+        model_file = split_model_spec(spec)[0].resolve()
+        frames = [f for f in traceback.extract_tb(exc.__traceback__) if Path(f.filename).resolve() == model_file]
+        where = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+        raise ModelError(f"{spec}: build function raised {type(exc).__name__}: {exc}{where}") from exc
     if not (isinstance(result, tuple) and len(result) == 2):
         raise ModelError(f"{spec}: build function must return (torch.nn.Module, tuple_of_inputs), "
                          f"got {type(result).__name__}")

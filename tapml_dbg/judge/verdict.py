@@ -28,10 +28,11 @@ class Status(StrEnum):
     TIMEOUT = "timeout"
     ERROR = "error"  # the unit ran but raised, or the target gave no value
     MISSING = "missing"  # the trace holds no value to feed or compare: no verdict
+    UNDEFINED = "undefined"  # the source value is uninitialised memory (torch.empty): nothing to judge
 
     @property
     def failed(self) -> bool:
-        return self not in (Status.PASS, Status.MISSING)
+        return self not in (Status.PASS, Status.MISSING, Status.UNDEFINED)
 
     @property
     def judged(self) -> bool:
@@ -39,9 +40,19 @@ class Status(StrEnum):
         return self in (Status.PASS, Status.FAIL)
 
 
+class WrongClass(StrEnum):
+    """What kind of wrong a failing verdict is (judge/classify.py says how each is told)."""
+
+    TYPE = "type"  # the import declares another dtype or shape than the source computed
+    NAN_INF = "nan/inf"  # NaN or Inf where the source has none (or the other way round)
+    PRECISION = "precision"  # explained by accumulating in the output's low precision
+    SEMANTIC = "semantic"  # far outside any precision explanation: the kernel computes something else
+    NONDETERMINISTIC = "nondeterministic"  # two runs of the same unit differ: out-of-bounds reads, races
+
+
 @dataclass
 class Verdict:
-    """One op's comparison in one mode."""
+    """One op's comparison in one mode; a failing one carries its class and the evidence for it."""
 
     index: int
     name: str
@@ -49,6 +60,8 @@ class Verdict:
     status: Status
     metrics: list[Metrics] = field(default_factory=list)
     message: str = ""
+    wrong: WrongClass | None = None  # the class of a failing judged verdict
+    evidence: str = ""  # why it is that class, in one line
 
     @property
     def passed(self) -> bool:
@@ -70,4 +83,5 @@ class Verdict:
 
     def to_json(self) -> dict:
         return {"mode": self.mode, "status": self.status, "message": self.message,
+                "class": self.wrong, "evidence": self.evidence,
                 "metrics": self.worst.to_json() if self.metrics else {}}

@@ -7,6 +7,10 @@ is one array.
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import signal
+import threading
 from dataclasses import dataclass, field
 
 from tapml_dbg.model.graph import TensorSpec
@@ -78,6 +82,8 @@ def _rebind(binding, remap):
 
     if not remap:
         return binding
+    if isinstance(binding, relax.MatchCast):
+        return relax.MatchCast(binding.var, substitute(binding.value, remap), binding.ty)
     return relax.VarBinding(binding.var, substitute(binding.value, remap))
 
 
@@ -114,7 +120,11 @@ def build_isolated_batch(main, op_names: list[str]):
         results = []
         for name in op_names:
             binding = table[name]
-            results.append(builder.emit(substitute(binding.value, remap), name))
+            value = substitute(binding.value, remap)
+            if isinstance(binding, relax.MatchCast):
+                results.append(builder.match_cast(value, binding.ty, name))
+            else:
+                results.append(builder.emit(value, name))
         builder.emit_func_output(relax.Tuple(results))
     func = builder.get()["main"]
     return func, UnitSpec(ops=list(op_names), outputs=list(op_names), inputs=spec_inputs)
@@ -122,14 +132,43 @@ def build_isolated_batch(main, op_names: list[str]):
 
 def substitute(expr, mapping: dict):
     """Replace free variables in a Relax expression (TVM 0.27 has no public `bind` helper)."""
+    with _interrupts_held():
+        return _substituter_class()(mapping).visit_expr(expr)
+
+
+@contextlib.contextmanager
+def _interrupts_held():
+    """Ctrl-C raised inside TVM's call back into the mutator comes back as a bare RuntimeError,
+    which the session would report as an error and go on: hold SIGINT meanwhile, raise it after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signals reach the main thread only
+        return
+    caught: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, _frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if caught and callable(previous):
+            previous(signal.SIGINT, None)  # Python's own handler: KeyboardInterrupt
+
+
+@functools.cache
+def _substituter_class():
+    """The mutator class, made once: TVM keeps every class `@mutator` makes (~7 KiB each), and a
+    session substitutes for every op of every batch it builds."""
     from tvm import relax
 
     @relax.expr_functor.mutator
     class Substituter(relax.PyExprMutator):
-        def visit_var_(self, var):
-            return mapping.get(var, var)
+        def __init__(self, mapping: dict):
+            super().__init__()
+            self.mapping = mapping
 
-    return Substituter().visit_expr(expr)
+        def visit_var_(self, var):
+            return self.mapping.get(var, var)
+
+    return Substituter
 
 
 def flatten_ty(sinfo) -> list[TensorSpec] | None:

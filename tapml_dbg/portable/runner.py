@@ -142,7 +142,12 @@ def _imports(module) -> list:
 
 # ------------------------------------------------------------------------------ run
 def flatten(value) -> list[np.ndarray]:
-    """A VM result (tensor or nested tuples of tensors) as a flat list of arrays, in order."""
+    """A VM result (tensor or nested tuples of tensors) as a flat list of arrays, in order.
+
+    A `None` (a Relax null value: a model output that is None) holds no array.
+    """
+    if value is None:
+        return []
     if hasattr(value, "numpy"):
         return [value.numpy()]
     flat: list[np.ndarray] = []

@@ -19,7 +19,8 @@ that compiler's bugs (TVM 0.27's llvm matmul accumulates fp16 in fp16: 2% off at
   it within tolerance like every other op.
 
 Anything else (convolutions, pooling, norms, unusual dtypes or attributes) returns None and the
-recorder falls back to TVM.
+recorder falls back to TVM. A helper that has no tensor output computes nothing, on the host; one
+TVM cannot compute alone stops the recording with one line naming it (never a traceback).
 
 `HOST_OPS_MODE` (env `TAPML_HOST_OPS`): `verify-first` (default, as above), `verify-all` (every
 elementwise host value is checked against TVM: slow, for tests), `off` (TVM computes every
@@ -35,6 +36,7 @@ from typing import Callable
 
 import numpy as np
 
+from tapml_dbg.errors import ModelError
 from tapml_dbg.model.graph import OpInfo
 from tapml_dbg.model.units import bindings_by_name, flatten_ty
 from tapml_dbg.record.tensors import to_numpy
@@ -58,13 +60,16 @@ class HostOps:
             raise ValueError(f"TAPML_HOST_OPS must be one of {', '.join(HOST_OPS_MODES)}, not {mode!r}")
         self.mode = mode
         self.bindings = bindings_by_name(main)
-        self.tvm_run = tvm_run
+        self.tvm_run = _named_failures(tvm_run)
         self.trusted: dict[tuple, bool] = {}  # kind -> host matched TVM on its first op
         self.counts: Counter = Counter()  # "host", "verified", "tvm", "mismatch"
 
     def compute(self, op: OpInfo, values: dict[str, list[np.ndarray]]) -> tuple[list[np.ndarray], bool]:
         """The op's flattened outputs and whether the host computed them (False: tvm:llvm did)."""
         host = None
+        if not op.outputs:  # no tensor to compute (an empty tuple)
+            self.counts["host"] += 1
+            return [], True
         if self.mode != "off" and (op.relax_op in MOVE_OPS or op.relax_op in ARITH_OPS
                                    or op.relax_op in SOURCE_OPS):
             try:
@@ -136,6 +141,19 @@ class HostOps:
         spec = op.outputs[0]
         result = _HOST[op.relax_op](args, value.attrs, spec.shape, _dtype(spec.dtype))
         return None if result is None else _checked([result], op)
+
+
+def _named_failures(tvm_run: Callable[[OpInfo], list[np.ndarray]]) -> Callable[[OpInfo], list[np.ndarray]]:
+    """`tvm_run` whose failures are one line naming the helper op (TVM's own errors are pages)."""
+    def run(op: OpInfo) -> list[np.ndarray]:
+        try:
+            return tvm_run(op)
+        except Exception as exc:
+            text = str(exc).strip().splitlines()
+            raise ModelError(f"cannot compute helper op {op.name} ({op.relax_op}, part of {op.op}) for the trace: "
+                             f"tvm:llvm fails on it alone ({type(exc).__name__}: {text[0][:200] if text else ''}); "
+                             "rewrite that part of the model or report it") from exc
+    return run
 
 
 def _checked(arrays: list[np.ndarray] | None, op: OpInfo) -> list[np.ndarray] | None:

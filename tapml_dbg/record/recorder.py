@@ -32,14 +32,16 @@ from tapml_dbg.errors import ModelError, UsageError
 from tapml_dbg.model.graph import Graph, OpInfo
 from tapml_dbg.frontend.importer import Provenance, export_program, import_program
 from tapml_dbg.frontend.model_loader import load_model
+from tapml_dbg.frontend.source_graph import source_graph_json, type_changes
 from tapml_dbg.model.serialize import function_to_json
 from tapml_dbg.record.heap import use_mmap_for_large_blocks
 from tapml_dbg.record.host_ops import HostOps
 from tapml_dbg.record.tensors import to_numpy
 from tapml_dbg.runtime.in_process import LocalRunner
+from tapml_dbg.runtime.source_runner import source_outputs
 from tapml_dbg.trace import TraceWriter
 from tapml_dbg.trace.capture import parse_size, plan_capture
-from tapml_dbg.trace.schema import CAST_NOTE_PREFIX, HELPER_NOTE, HOST_NOTE
+from tapml_dbg.trace.schema import HELPER_NOTE, HOST_NOTE, TYPE_NOTE_PREFIX
 
 DEFAULT_SEED = 0
 WRITE_QUEUE_BYTES = 128 * 2**20  # values handed to the writer thread but not yet written
@@ -79,6 +81,12 @@ def record(model_spec: str, out_path: str | Path, *, source: str = "torch", inpu
 
     if source != "torch" and not source.startswith("tvm:"):
         raise UsageError(f"unknown source {source!r}: use torch or tvm:TARGET (e.g. tvm:llvm)")
+    trace_path = Path(out_path)  # a bad output path fails now, not after the export
+    if trace_path.is_dir():
+        raise UsageError(f"{trace_path} is a folder: give -o a trace file, e.g. {trace_path / 'trace.h5'}")
+    if not trace_path.parent.is_dir() or not os.access(trace_path.parent, os.W_OK):
+        raise UsageError(f"cannot write {trace_path}: the folder {trace_path.parent} does not exist or is not "
+                         "writable (create it first)")
     max_bytes = parse_size(max_bytes)
     use_mmap_for_large_blocks()  # else freed activations fragment the heap and RSS grows per op
     torch.manual_seed(seed)
@@ -139,7 +147,8 @@ def _record_graph(model_spec, out_path, graph: Graph, provenance, program, modul
         meta["capture"] = plan.to_meta()
     header = dict(meta=meta, graph_json=_graph_json(graph), tvmscript=graph.mod.script(),
                   ops=ops_json, inputs=input_arrays, params=param_arrays,
-                  compression=compression, capture=plan is not None)
+                  compression=compression, capture=plan is not None,
+                  source_graph=source_graph_json(program, graph, provenance) if source == "torch" else None)
     run_started = time.perf_counter()
     phases["serialize"] = run_started - serialize_started
     runner = LocalRunner(graph.mod["main"], target=source[4:] if source.startswith("tvm:") else "llvm")
@@ -158,13 +167,15 @@ def _record_graph(model_spec, out_path, graph: Graph, provenance, program, modul
             if op.name in provenance:
                 last_op_of_node[provenance[op.name].node] = op.index
         for op in graph.ops:
-            values, note = None, ""
+            values, note, declared = None, "", None
             prov = provenance.get(op.name)
             if node_values is not None and prov is not None:
                 value = _node_value(node_values, pending, prov.node)
                 matched = _match_outputs(value, prov, op)
                 if matched is not None:
-                    values, note = matched
+                    values, note, declared = matched
+                    if declared is None:  # a shape the import changed: what the import computes feeds helpers
+                        declared = runner.run_ops([op.name], store.values)[0]
             if values is None and source == "torch":
                 values, on_host = host.compute(op, store.values)
                 note = HOST_NOTE if on_host else HELPER_NOTE
@@ -173,8 +184,8 @@ def _record_graph(model_spec, out_path, graph: Graph, provenance, program, modul
             elif values is None:
                 values = runner.run_ops([op.name], store.values)[0]
                 note = f"computed by {source}"
-            sink.put(op.index, values, note, stored is None or op.index in stored)
-            store.add(op, values)
+            sink.put(op.index, values, note, stored is None or op.index in stored)  # the source's own value
+            store.add(op, declared if declared is not None else values)
             for name in [n for n in pending if last_op_of_node.get(n, -1) <= op.index]:
                 del pending[name]
             if progress:
@@ -403,36 +414,39 @@ def _node_value(node_values, pending: dict, node_name: str):
 
 
 
-def _match_outputs(value, prov: Provenance, op: OpInfo) -> tuple[list[np.ndarray], str] | None:
-    """The torch value for this op as its flattened outputs (and a note), or None when it does not fit."""
-    import torch
+def _match_outputs(value, prov: Provenance, op: OpInfo):
+    """The torch value for this op as its flattened outputs, a note, and the values helpers are fed.
 
-    if value is None:
+    The trace keeps the source's own value even when the import declares another dtype or shape
+    (a type change: the engine reports it and casts at replay time, see engine/requests.py). Later
+    helper bindings, computed here from recorded values, are fed the declared type: the values
+    returned third (the same list when nothing changed; None when a shape cannot be cast).
+    Returns None when the value does not line up with the op at all.
+    """
+    tensors = source_outputs(value, prov, op)
+    if tensors is None:
         return None
-    for index in prov.index or ():
-        if not isinstance(value, (tuple, list)) or index >= len(value):
-            return None
-        value = value[index]
-    flat = [v for v in _flatten_torch(value)]
-    if not op.outputs:
+    arrays = [to_numpy(t) for t in tensors]
+    changes = type_changes(tensors, op)
+    if not changes:
+        return arrays, "", arrays
+    note = "; ".join(f"{TYPE_NOTE_PREFIX} output {k} is {source.dtype} {tuple(source.shape)}, the import "
+                     f"declares {spec.dtype} {tuple(spec.shape)}" for k, spec, source in changes)
+    declared = list(arrays)
+    for k, spec, _source in changes:
+        cast = _declared(arrays[k], spec)
+        if cast is None:
+            return arrays, note, None
+        declared[k] = cast
+    return arrays, note, declared
+
+
+def _declared(array: np.ndarray, spec) -> np.ndarray | None:
+    """`array` in the declared dtype and shape (None when its element count differs)."""
+    if int(np.prod(spec.shape, dtype=np.int64)) != array.size:
         return None
-    if not op.is_tuple and len(flat) > 1:
-        flat = [t for t in flat if tuple(t.shape) == op.outputs[0].shape][:1]
-    if len(flat) != len(op.outputs):
-        return None
-    arrays, note = [], ""
-    for tensor, spec in zip(flat, op.outputs):
-        if not isinstance(tensor, torch.Tensor) or tuple(tensor.shape) != spec.shape:
-            return None
-        array = to_numpy(tensor)
-        if str(array.dtype) != spec.dtype and not (spec.dtype == "bool" and array.dtype == np.bool_):
-            note = f"{CAST_NOTE_PREFIX}{array.dtype}"
-            try:
-                array = array.astype(_numpy_dtype(spec.dtype))
-            except TypeError:
-                return None
-        arrays.append(array)
-    return arrays, note
+    with np.errstate(all="ignore"):
+        return np.asarray(array).astype(_numpy_dtype(spec.dtype)).reshape(spec.shape)
 
 
 def _flatten_torch(value):

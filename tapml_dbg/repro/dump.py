@@ -50,6 +50,7 @@ def dump_op(session, op_text, output, command: str | None = None) -> DumpResult:
                                      encoding="utf-8")
     seen = {"target": session.target, "rpc": session.spec.rpc, "tracker": session.spec.tracker, "mode": "isolated",
             "status": verdict.status, "message": verdict.message,
+            "class": verdict.wrong, "evidence": verdict.evidence,  # what kind of wrong (judge/classify.py)
             "metrics": [m.to_json() for m in verdict.metrics]}
     meta.update(seen=seen, ops=[unit.meta(MODULE_FILE)])
     files.write_meta(folder, meta)
@@ -94,6 +95,8 @@ def _readme(meta: dict, unit, data_bytes: int, total_bytes: int) -> str:
     lines += ["", "## What was seen", "",
               f"On {where}, the op alone fed the recorded source inputs (isolated verdict): "
               f"**{seen['status']}**" + (f": {seen['message']}" if seen.get("message") else "") + ".", ""]
+    if seen.get("class"):
+        lines += [f"Class: **{seen['class']}**: {seen['evidence']}", ""]
     if seen["metrics"]:
         lines += ["| out | max_abs_err | scale_rel_err | max_rel_err | cosine | NaN / Inf mismatches | "
                   "mismatched | passed |", "|---|---|---|---|---|---|---|---|"]

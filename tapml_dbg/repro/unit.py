@@ -188,6 +188,8 @@ def _input_ref(session, name: str, field_index: int) -> ValueRef:
         return ValueRef(f"param/{name}", "param", name, -1, reader.param(name))
     op = session.by_name[name]
     k = max(field_index, 0)
+    if ref[0] == "value":  # the source's value cast to the type the import declares (engine/requests.py)
+        return ValueRef(f"op/{name}/{k}/as_{dtype_name(ref[1])}", "op", name, k, ref[1])
     return ValueRef(f"op/{name}/{k}", "op", name, k, session.source_values(op.index)[k])
 
 

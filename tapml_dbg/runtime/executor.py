@@ -2,11 +2,24 @@
 
 A segfault in codegen or an out-of-bounds kernel kills only the worker; the request comes
 back as a `crash` (or `timeout`) result and the next request starts a fresh worker.
+
+A worker leaves nothing behind, however it ends (a crash, a timeout, Ctrl-C in the session):
+it runs in a process group of its own, so killing it kills the compiler and linker it may be
+running (TVM's `export_library` runs g++), and a terminal's Ctrl-C reaches only the session,
+which decides; its temporary files (TVM's build folders) live in a folder of its own, removed
+with it, and a library it was writing into the compile cache when killed is removed too.
+
+A worker's memory stays bounded over a long session: TVM keeps some memory for every distinct
+unit it compiles (about 0.3 MiB per small unit on llvm, more for long ranges), so a worker that
+has grown `WORKER_GROWTH_MIB` past what it held after its first unit is replaced by a fresh one
+between two units (`recycled` counts them; a fresh worker costs a TVM import, a second or two).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -15,12 +28,18 @@ import time
 from multiprocessing.connection import Connection
 from pathlib import Path
 
+import psutil
+
 from tapml_dbg.runtime.messages import UnitRequest, UnitResult, UnitStatus, WorkerConfig
 
 REPLY_POLL_S = 0.2  # how often a waiting request checks that its worker is still alive
 REAP_TIMEOUT_S = 5.0  # how long a stopped worker gets to exit before it is killed
 LOG_LINE_CHARS = 200  # a quoted worker log line is cut to this
 LOG_TAIL_LINES = 3  # log lines quoted after a crash
+WORKER_TMP_PREFIX = "tapml-worker-tmp-"  # the worker's TMPDIR, removed when the worker ends
+GROWTH_ENV = "TAPML_WORKER_GROWTH_MIB"
+WORKER_GROWTH_MIB = float(os.environ.get(GROWTH_ENV, "512"))  # RSS past the first unit's before a fresh worker
+MIB = 2**20
 
 
 class TargetExecutor:
@@ -31,7 +50,11 @@ class TargetExecutor:
         self.timeout_s = config.spec.timeout_s
         self._process = None
         self._conn = None
-        self.restarts = 0
+        self._scratch: str | None = None  # the running worker's TMPDIR
+        self._baseline_rss: int | None = None  # the running worker's RSS after its first unit
+        self.growth_limit = int(WORKER_GROWTH_MIB * MIB)
+        self.restarts = 0  # workers that died (crash, timeout, Ctrl-C) and were started again
+        self.recycled = 0  # workers replaced because they had grown past `growth_limit`
         handle, self.log_path = tempfile.mkstemp(prefix="tapml-worker-", suffix=".log")
         os.close(handle)
 
@@ -56,10 +79,25 @@ class TargetExecutor:
             self._reap()
             return UnitResult(UnitStatus.CRASH, message="the target worker died before the request was sent")
         try:
-            return self._wait(limit, started)
+            result = self._wait(limit, started)
         except KeyboardInterrupt:
             self.stop(kill=True)  # its late reply must not answer the next request
             raise
+        self._recycle_if_grown()
+        return result
+
+    def _recycle_if_grown(self) -> None:
+        """Stop a worker that holds `growth_limit` more than after its first unit; the next unit starts one."""
+        if self._process is None:
+            return
+        rss = self._process.rss()
+        if rss is None:
+            return
+        if self._baseline_rss is None:
+            self._baseline_rss = rss
+        elif rss - self._baseline_rss > self.growth_limit:
+            self.stop()
+            self.recycled += 1
 
     def _wait(self, limit: float, started: float) -> UnitResult:
         deadline = time.monotonic() + limit
@@ -99,7 +137,11 @@ class TargetExecutor:
         parent, child = socket.socketpair()
         command = [sys.executable, "-m", "tapml_dbg.runtime.worker", "--fd", str(child.fileno()),
                    "--config", self.config.to_json(), "--log", self.log_path]
-        self._process = _Process(subprocess.Popen(command, pass_fds=[child.fileno()], stdin=subprocess.DEVNULL))
+        self._scratch = tempfile.mkdtemp(prefix=WORKER_TMP_PREFIX)
+        env = dict(os.environ, TMPDIR=self._scratch)
+        popen = subprocess.Popen(command, pass_fds=[child.fileno()], stdin=subprocess.DEVNULL, env=env,
+                                 start_new_session=True)
+        self._process = _Process(popen, self.config.cache_dir)
         child.close()
         self._conn = Connection(parent.detach())
 
@@ -108,8 +150,13 @@ class TargetExecutor:
             self._conn.close()
         if self._process is not None:
             self._process.join(timeout=REAP_TIMEOUT_S)
+            self._process.clean_up()
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
         self._process = None
         self._conn = None
+        self._scratch = None
+        self._baseline_rss = None
 
     def stop(self, kill: bool = False) -> None:
         if self._process is None:
@@ -135,10 +182,15 @@ class TargetExecutor:
 
 
 class _Process:
-    """The few multiprocessing.Process methods we use, over a Popen (no re-import of __main__)."""
+    """The few multiprocessing.Process methods we use, over a Popen (no re-import of __main__).
 
-    def __init__(self, popen: subprocess.Popen):
+    The worker leads a process group of its own (`start_new_session`): `kill` and `clean_up` end
+    the whole group, the compiler and linker the worker may have started included.
+    """
+
+    def __init__(self, popen: subprocess.Popen, cache_dir: str = ""):
         self.popen = popen
+        self.cache_dir = cache_dir
 
     def is_alive(self) -> bool:
         return self.popen.poll() is None
@@ -154,14 +206,33 @@ class _Process:
             pass
 
     def kill(self) -> None:
+        self._kill_group()
         if self.popen.poll() is None:
             self.popen.kill()
-            self.popen.wait()
+        self.popen.wait()
+
+    def rss(self) -> int | None:
+        """The worker's resident memory in bytes (None once it is gone)."""
+        try:
+            return psutil.Process(self.popen.pid).memory_info().rss
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            return None
+
+    def clean_up(self) -> None:
+        """After the worker exited: end what it left running, drop the library it was writing."""
+        self._kill_group()
+        if self.cache_dir:  # compile_cache writes `KEY.tmpPID.so`, then renames it into place
+            for partial in Path(self.cache_dir).glob(f"*.tmp{self.popen.pid}.*"):
+                partial.unlink(missing_ok=True)
+
+    def _kill_group(self) -> None:
+        try:
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass  # the group is gone: nothing of the worker's is running
 
 
 def _describe_exit(code: int | None) -> str:
-    import signal
-
     if code is not None and code < 0:
         try:
             name = signal.Signals(-code).name

@@ -144,6 +144,11 @@ class ExecutorPool:
     def restarts(self) -> int:
         return sum(lane.restarts for lane in self.lanes)
 
+    @property
+    def recycled(self) -> int:
+        """Workers replaced for their memory (see executor.WORKER_GROWTH_MIB)."""
+        return sum(lane.recycled for lane in self.lanes)
+
     def run(self, request: UnitRequest, timeout_s: float | None = None) -> UnitResult:
         """One unit on lane 0, in this thread (sequential work)."""
         self.lanes[0].interrupted = False

@@ -5,6 +5,7 @@ from __future__ import annotations
 from tapml_dbg.model.select import OpTable
 from tapml_dbg.trace.capture import op_bytes
 from tapml_dbg.trace.reader import TraceReader
+from tapml_dbg.trace.source_graph import parse_source_graph
 
 
 def trace_info(path: str) -> dict:
@@ -34,6 +35,8 @@ def trace_info(path: str) -> dict:
             "record_seconds": meta.get("record_seconds"),
             "eager_output_max_abs_diff": meta.get("eager_output_max_abs_diff"),
             "import_fixes": meta.get("import_fixes", []),
+            "source_graph": reader.source_graph_json is not None,
+            "type_changes": _type_changes(reader),
             "capture": reader.capture,  # None: every op's tensors are stored
             "stats_only_ops": len(stats_only),
             "ops": [{"index": op["index"], "name": op["name"], "op": op["op"], "layer": op.get("layer", ""),
@@ -41,3 +44,17 @@ def trace_info(path: str) -> dict:
                      "stats": op["index"] in finished or op["index"] in stats_only,
                      "outputs": op.get("outputs", [])} for op in ops],
         }
+
+
+def _type_changes(reader: TraceReader) -> dict | None:
+    """How many ops' imports changed the dtype or the shape of what the source computed (a type
+    verdict each), and which; None for a trace without a source graph."""
+    text = reader.source_graph_json
+    if text is None:
+        return None
+    changes = parse_source_graph(text, str(reader.path)).type_changes
+    dtype = {c.op for c in changes if c.declared.dtype != c.source.dtype}
+    shape = {c.op for c in changes if c.declared.shape != c.source.shape}
+    index = {op["name"]: op["index"] for op in reader.ops}
+    ops = sorted({c.op for c in changes}, key=lambda name: index.get(name, -1))
+    return {"dtype": len(dtype), "shape": len(shape), "ops": [f"#{index.get(name, '?')} {name}" for name in ops]}

@@ -1,22 +1,36 @@
 """Lazy trace reader: opening reads root attributes only; tensors load on request.
 
-Data only: strings are decoded and JSON-parsed, tensors are plain numeric arrays; nothing
-read from the file is ever unpickled, evaluated or imported.
+The reader is the trace boundary. A trace is untrusted input (a file passed around, attached to
+bug reports, kept for months, possibly damaged or crafted): everything it returns was checked
+first, by `h5safe` (links, attributes, dataset storage, sizes; HDF5's plugin search off) and by
+`validate` (every JSON part against the schema), and every tensor and text is verified against
+its checksum (v1.2). Any violation, and any exception h5py or the JSON parser raises on the way,
+becomes a `TraceError` that names the part and says what to do.
+
+Data only: strings are decoded and JSON-parsed, tensors are plain numeric arrays; nothing read
+from the file is ever unpickled, evaluated or imported.
 """
 
 from __future__ import annotations
 
-import json
 import os
+import re
 
 import h5py
 import numpy as np
 
 from tapml_dbg.errors import TraceError
-from tapml_dbg.trace.capture import missing_values_message
+from tapml_dbg.model.serialize import GraphFormatError, check_graph
+from tapml_dbg.trace import h5safe
 from tapml_dbg.trace import schema as S
+from tapml_dbg.trace import validate as V
+from tapml_dbg.trace.capture import missing_values_message
+from tapml_dbg.trace.h5safe import FILE_ERRORS
+from tapml_dbg.trace.validate import SchemaError
 
-_RECORD_AGAIN = "record the model again with `tapml-dbg record`"
+RECORD_AGAIN = "record the model again with `tapml-dbg record`"
+HEADER_PART = "the trace header"
+_INDEX_NAME = re.compile(r"0|[1-9][0-9]*")  # an op group's name: a canonical ASCII index
 
 
 class TraceReader:
@@ -24,30 +38,29 @@ class TraceReader:
 
     def __init__(self, path):
         self.path = os.fspath(path)
-        self._file = _open(self.path)
-        try:
-            self._read_header()
-        except BaseException:
-            self._file.close()
-            raise
+        self._file = None
         self._ops = None
+        self._verified: set[str] = set()  # datasets whose checksum already matched in this reader
+        self._groups: dict[str, h5py.Group] = {}  # top-level groups, checked once (the file is read-only)
+        self._op_markers: dict[int, tuple[bool, bool]] = {}
+        h5safe.plugin_search.acquire()
+        self._plugins_off = True
+        try:
+            self._file = _open(self.path)
+            self.file_size = os.path.getsize(self.path)
+            self._guard(HEADER_PART, self._read_header)
+        except BaseException:
+            self.close()
+            raise
 
     def _read_header(self) -> None:
-        attrs = self._file.attrs
-        try:
-            fmt = S.decode_str(attrs[S.ATTR_FORMAT]) if S.ATTR_FORMAT in attrs else None
-        except (OSError, UnicodeDecodeError, TypeError) as e:
-            raise TraceError(f"{self.path}: the trace header is corrupt ({e}); {_RECORD_AGAIN}")
+        root = self._file
+        fmt = h5safe.attr_str(root, S.ATTR_FORMAT, HEADER_PART, self.file_size, default="")
         if fmt != S.FORMAT_NAME:
             raise TraceError(f"{self.path} is an HDF5 file but not a tapml trace; "
                              f"pass a file written by `tapml-dbg record`")
-        try:
-            major = int(attrs[S.ATTR_VERSION_MAJOR])
-            minor = int(attrs[S.ATTR_VERSION_MINOR])
-            self.complete = bool(attrs.get(S.ATTR_COMPLETE, 0))
-            self.meta = json.loads(S.decode_str(attrs[S.ATTR_META]))
-        except (OSError, KeyError, ValueError, TypeError) as e:
-            raise TraceError(f"{self.path}: the trace header is corrupt ({e}); {_RECORD_AGAIN}")
+        major = h5safe.attr_int(root, S.ATTR_VERSION_MAJOR, HEADER_PART, high=2**31 - 1)
+        minor = h5safe.attr_int(root, S.ATTR_VERSION_MINOR, HEADER_PART, high=2**31 - 1)
         self.version = (major, minor)
         reads = S.FORMAT_VERSION[0]
         if major > reads:
@@ -55,13 +68,44 @@ class TraceReader:
                              f"(reads v{reads}); upgrade tapml-dbg")
         if major < reads:
             raise TraceError(f"trace format v{major}.{minor} is older than this tapml-dbg "
-                             f"supports (reads v{reads}); {_RECORD_AGAIN}")
+                             f"supports (reads v{reads}); {RECORD_AGAIN}")
+        self.checksummed = self.version >= S.CHECKSUM_SINCE
+        self.complete = bool(h5safe.attr_int(root, S.ATTR_COMPLETE, HEADER_PART, default=0, high=1))
+        meta_text = h5safe.attr_str(root, S.ATTR_META, V.META_PART, self.file_size)
+        self.meta = V.validate_meta(V.parse_json(meta_text, V.META_PART))
 
     # ---- graph -------------------------------------------------------------------------
     @property
     def graph_json(self) -> str:
-        """TVM's JSON serialization of the IRModule (data only)."""
+        """The stored graph as text (model/serialize's data-only JSON); `graph()` parses and checks it."""
         return self._text(S.DS_IR_JSON)
+
+    def graph(self) -> dict:
+        """The graph as a checked dict: valid JSON of bounded depth in model/serialize's format,
+        whose bindings are the op table's ops and whose params the trace's inputs and params."""
+        def load():
+            data = V.parse_json(self.graph_json, V.GRAPH_PART)
+            try:
+                check_graph(data)
+            except GraphFormatError as exc:
+                raise SchemaError(V.GRAPH_PART, str(exc)) from None
+            V.check_graph_matches(data, self.ops, set(self.input_names) | set(self.param_names))
+            return data
+        return self._guard(V.GRAPH_PART, load)
+
+    @property
+    def source_graph_json(self) -> str | None:
+        """The source graph as text (v1.2, torch sources; trace/source_graph.py parses it), None without one."""
+        present = self._guard(f"/{S.DS_SOURCE_GRAPH}", lambda: S.DS_SOURCE_GRAPH.rsplit("/", 1)[1] in self._group(S.GROUP_GRAPH))
+        return self._text(S.DS_SOURCE_GRAPH) if present else None
+
+    def text_names(self) -> list[str]:
+        """The texts under /graph: the graph, its TVMScript, the op table (and what a newer minor adds)."""
+        return self._guard(f"/{S.GROUP_GRAPH}", lambda: list(self._group(S.GROUP_GRAPH)))
+
+    def text(self, name: str) -> str:
+        """One text under /graph by name, checked and verified."""
+        return self._text(f"{S.GROUP_GRAPH}/{name}")
 
     @property
     def tvmscript(self) -> str:
@@ -70,59 +114,106 @@ class TraceReader:
 
     @property
     def ops(self) -> list[dict]:
-        """The op table (cached; do not mutate)."""
+        """The op table, checked (`validate.validate_op_table`; cached, do not mutate)."""
         if self._ops is None:
-            try:
-                self._ops = json.loads(self._text(S.DS_OP_TABLE))
-            except ValueError as e:
-                raise TraceError(f"{self.path}: the op table is corrupt ({e}); {_RECORD_AGAIN}")
+            def load():
+                ops = V.validate_op_table(V.parse_json(self._text(S.DS_OP_TABLE), V.OP_TABLE_PART))
+                V.check_capture_ops(self.meta.get(S.META_CAPTURE), len(ops))
+                return ops
+            self._ops = self._guard(V.OP_TABLE_PART, load)
         return self._ops
 
     def _text(self, path: str) -> str:
-        ds = self._guard(path, lambda: self._file[path][()])
-        return np.asarray(ds, dtype=np.uint8).tobytes().decode("utf-8")
+        """A UTF-8 text dataset such as "graph/op_table", checked and verified."""
+        part = f"/{path}"
+
+        def load():
+            ds = self._dataset(path, part)
+            h5safe.check_storage(ds, part, self.file_size)
+            if ds.dtype != np.uint8 or len(ds.shape) != 1:
+                raise SchemaError(part, f"it must hold UTF-8 bytes (uint8[n]), not {ds.dtype}{list(ds.shape)}")
+            data = self._verified_array(ds, part)
+            try:
+                return data.tobytes().decode("utf-8")
+            except UnicodeDecodeError:
+                raise SchemaError(part, "it is not UTF-8 text") from None
+        return self._guard(part, load)
 
     # ---- inputs and params ---------------------------------------------------------------
     @property
     def input_names(self) -> list[str]:
-        return list(self._group(S.GROUP_INPUTS))
+        return self._guard(f"/{S.GROUP_INPUTS}", lambda: list(self._group(S.GROUP_INPUTS)))
 
     @property
     def param_names(self) -> list[str]:
-        return list(self._group(S.GROUP_PARAMS))
+        return self._guard(f"/{S.GROUP_PARAMS}", lambda: list(self._group(S.GROUP_PARAMS)))
 
     def input(self, name: str) -> np.ndarray:
-        return self._tensor(self._named(S.GROUP_INPUTS, name))
+        return self._tensor(self._named(S.GROUP_INPUTS, name), f"input {name!r}")
 
     def param(self, name: str) -> np.ndarray:
-        return self._tensor(self._named(S.GROUP_PARAMS, name))
+        return self._tensor(self._named(S.GROUP_PARAMS, name), f"param {name!r}")
 
     def input_stats(self, name: str) -> dict:
-        return self._stats(self._named(S.GROUP_INPUTS, name))
+        return self._stats(self._named(S.GROUP_INPUTS, name), f"input {name!r}")
 
     def param_stats(self, name: str) -> dict:
-        return self._stats(self._named(S.GROUP_PARAMS, name))
+        return self._stats(self._named(S.GROUP_PARAMS, name), f"param {name!r}")
 
     def _named(self, group: str, name: str) -> h5py.Dataset:
-        ds = self._group(group).get(name)
-        if not isinstance(ds, h5py.Dataset):
-            known = ", ".join(self._group(group)) or "none"
-            raise TraceError(f"no {group[:-1]} named {name!r} in the trace (known: {known})")
-        return ds
+        kind = group[:-1]
+
+        def load():
+            folder = self._group(group)
+            if not isinstance(name, str) or name not in folder:
+                known = ", ".join(folder) or "none"
+                raise TraceError(f"no {kind} named {name!r} in the trace (known: {known})")
+            return h5safe.child(folder, name, h5py.Dataset, f"{kind} {name!r}")
+        return self._guard(f"{kind} {name!r}", load)
 
     # ---- ops ---------------------------------------------------------------------------
     def has_op(self, index: int) -> bool:
         """True only when op `index`'s outputs were completely written (its `done` marker)."""
+        return self._markers(index)[0]
+
+    def _markers(self, index: int) -> tuple[bool, bool]:
+        """An op group's (`done`, `stats_done`) markers, read once; False where absent or unreadable
+        (the group of an op a killed recorder was writing), never an error."""
+        index = int(index)
+        if not 0 <= index < len(self.ops):  # a damaged op table is an error, not "nothing recorded"
+            return False, False
+        if index not in self._op_markers:
+            self._op_markers[index] = (self._marker(index, S.ATTR_DONE), self._marker(index, S.ATTR_STATS_DONE))
+        return self._op_markers[index]
+
+    def _marker(self, index: int, name: str) -> bool:
         try:
-            group = self._group(S.GROUP_OPS).get(str(int(index)))
-            return isinstance(group, h5py.Group) and bool(group.attrs.get(S.ATTR_DONE, 0))
-        except (OSError, KeyError, ValueError, RuntimeError):
-            return False  # a group the killed recorder was writing: not finished
+            group = self._op_group_or_none(index)
+            return group is not None and h5safe.attr_int(group, name, f"op {index}", default=0, high=1) == 1
+        except (TraceError, SchemaError, *FILE_ERRORS):
+            return False
+
+    def _op_group_or_none(self, index: int) -> h5py.Group | None:
+        if not 0 <= index < len(self.ops):
+            return None
+        ops = self._group(S.GROUP_OPS)
+        name = str(index)
+        if ops.get(name, getlink=True) is None:
+            return None
+        return h5safe.child(ops, name, h5py.Group, f"op {index}")
+
+    def op_group_names(self) -> list[str]:
+        """Names under /ops (each should be an op index of the op table)."""
+        return self._guard(f"/{S.GROUP_OPS}", lambda: list(self._group(S.GROUP_OPS)))
+
+    def _op_indices(self) -> list[int]:
+        count = len(self.ops)
+        names = self.op_group_names()
+        return sorted(int(n) for n in names if _INDEX_NAME.fullmatch(n) and int(n) < count)
 
     def finished_ops(self) -> list[int]:
-        """Ops whose values (tensors) are in the trace."""
-        names = [n for n in self._group(S.GROUP_OPS) if n.isdigit()]
-        return sorted(i for i in map(int, names) if self.has_op(i))
+        """Ops of the op table whose values (tensors) are in the trace."""
+        return [i for i in self._op_indices() if self.has_op(i)]
 
     def has_stats(self, index: int) -> bool:
         """True when op `index`'s stats are in the trace (with its tensors, or alone: v1.1)."""
@@ -130,45 +221,49 @@ class TraceReader:
 
     def stats_only(self, index: int) -> bool:
         """True when a capture budget kept op `index`'s stats but not its tensors (v1.1)."""
-        try:
-            group = self._group(S.GROUP_OPS).get(str(int(index)))
-            return isinstance(group, h5py.Group) and bool(group.attrs.get(S.ATTR_STATS_DONE, 0)) \
-                and not bool(group.attrs.get(S.ATTR_DONE, 0))
-        except (OSError, KeyError, ValueError, RuntimeError):
-            return False
+        done, stats_done = self._markers(index)
+        return stats_done and not done
 
     def stats_only_ops(self) -> list[int]:
         if self.capture is None:
             return []
-        names = [n for n in self._group(S.GROUP_OPS) if n.isdigit()]
-        return sorted(i for i in map(int, names) if self.stats_only(i))
+        return [i for i in self._op_indices() if self.stats_only(i)]
 
     @property
     def capture(self) -> dict | None:
-        """The capture budget the trace was recorded with (meta `capture`), None for a full trace."""
-        capture = self.meta.get(S.META_CAPTURE)
-        return capture if isinstance(capture, dict) else None
+        """The capture budget the trace was recorded with (meta `capture`, checked against the op
+        table), None for a full trace."""
+        if self.meta.get(S.META_CAPTURE) is None:
+            return None
+        _ = self.ops  # loading the op table checks the capture's ranges against it
+        return self.meta[S.META_CAPTURE]
 
     def missing_values_message(self, index: int, needed_by: int | None = None) -> str:
         """Why op `index` has no values here and how to get them (one line, for errors and verdicts)."""
         index = int(index)
         if self.stats_only(index) or (self.capture is not None and self.complete):
             return missing_values_message(self.ops, self.meta, index, needed_by)
-        name = self.ops[index].get("name", "?") if 0 <= index < len(self.ops) else "?"
+        name = self.ops[index]["name"] if 0 <= index < len(self.ops) else "?"
         return f"op {index} ({name}) has no recorded values (the recording stopped before it; record again)"
 
     def op_outputs(self, index: int) -> list[np.ndarray]:
-        return [self._tensor(ds) for ds in self._op_datasets(index)]
+        return [self._tensor(ds, _output_part(index, k)) for k, ds in enumerate(self._op_datasets(index))]
 
     def op_stats(self, index: int) -> list[dict]:
         if not self.has_op(index) and self.stats_only(index):
-            group = self._group(S.GROUP_OPS)[str(int(index))]
-            return self._guard(f"op {index}", lambda: json.loads(S.decode_str(group.attrs[S.ATTR_OP_STATS])))
-        return [self._stats(ds) for ds in self._op_datasets(index)]
+            part = f"op {index}'s stats"
+
+            def load():
+                group = self._op_group_or_none(int(index))
+                text = h5safe.attr_str(group, S.ATTR_OP_STATS, part, self.file_size)
+                return V.validate_stats_list(V.parse_json(text, part), part)
+            return self._guard(part, load)
+        return [self._stats(ds, _output_part(index, k)) for k, ds in enumerate(self._op_datasets(index))]
 
     def op_note(self, index: int) -> str:
         group = self._op_group(index, stats_ok=True)
-        return self._guard(f"op {index}", lambda: S.decode_str(group.attrs.get(S.ATTR_NOTE, b"")))
+        part = f"op {index}'s note"
+        return self._guard(part, lambda: h5safe.attr_str(group, S.ATTR_NOTE, part, self.file_size, default=""))
 
     def _op_group(self, index: int, stats_ok: bool = False) -> h5py.Group:
         if not self.has_op(index) and not (stats_ok and self.stats_only(index)):
@@ -176,70 +271,113 @@ class TraceReader:
                 raise TraceError(self.missing_values_message(index))
             raise TraceError(f"op {index} has no recorded values "
                              f"(the recording stopped before it; record again)")
-        return self._group(S.GROUP_OPS)[str(int(index))]
+        return self._guard(f"op {index}", lambda: self._op_group_or_none(int(index)))
 
     def _op_datasets(self, index: int) -> list[h5py.Dataset]:
         group = self._op_group(index)
+        part = f"op {index}'s outputs"
 
         def load():
-            keys = sorted(int(k) for k in group)
-            if keys != list(range(len(keys))):
-                raise ValueError(f"outputs {keys} are not numbered 0..n-1")
-            return [group[str(k)] for k in keys]
-        return self._guard(f"op {index}", load)
+            names = list(group)
+            if set(names) != {str(k) for k in range(len(names))}:
+                raise SchemaError(part, f"they are named {sorted(names)[:8]}, not 0..{len(names) - 1}")
+            return [h5safe.child(group, str(k), h5py.Dataset, _output_part(index, k)) for k in range(len(names))]
+        return self._guard(part, load)
 
     # ---- tensors -----------------------------------------------------------------------
-    def _tensor(self, ds: h5py.Dataset) -> np.ndarray:
+    def _tensor(self, ds: h5py.Dataset, part: str) -> np.ndarray:
         def load():
-            dtype = S.decode_str(ds.attrs[S.ATTR_DTYPE])
-            return S.from_stored(np.asarray(ds[()]), dtype)
-        return self._guard(ds.name, load)
+            dtype = h5safe.attr_str(ds, S.ATTR_DTYPE, part, self.file_size)
+            V.validate_dtype(dtype, part, "@dtype")
+            want = S.storage_dtype(dtype)
+            if ds.dtype.newbyteorder("=") != want:
+                raise SchemaError(part, f"it is declared {dtype} but stored as {ds.dtype} (expected {want})")
+            return S.from_stored(self._verified_array(ds, part), dtype)
+        return self._guard(part, load)
 
-    def _stats(self, ds: h5py.Dataset) -> dict:
-        return self._guard(ds.name, lambda: json.loads(S.decode_str(ds.attrs[S.ATTR_STATS])))
+    def _verified_array(self, ds: h5py.Dataset, part: str) -> np.ndarray:
+        """The dataset's values after its storage checks; its checksum verified (once per reader)."""
+        data = h5safe.read_array(ds, part, self.file_size)
+        expected = h5safe.stored_checksum(ds, part, self.checksummed)
+        if ds.name not in self._verified:
+            h5safe.verify_checksum(data, expected, part)
+            self._verified.add(ds.name)
+        return data
+
+    def _stats(self, ds: h5py.Dataset, part: str) -> dict:
+        def load():
+            text = h5safe.attr_str(ds, S.ATTR_STATS, part, self.file_size)
+            return V.validate_stats(V.parse_json(text, f"{part}'s stats"), f"{part}'s stats")
+        return self._guard(part, load)
 
     def tensor_bytes(self) -> int:
         """Raw (uncompressed) bytes of all stored tensors: inputs, params, finished ops (each once)."""
-        datasets = [self._group(g)[n] for g in (S.GROUP_INPUTS, S.GROUP_PARAMS)
-                    for n in self._group(g)]
+        datasets = [self._named(g, n) for g in (S.GROUP_INPUTS, S.GROUP_PARAMS)
+                    for n in (self.input_names if g == S.GROUP_INPUTS else self.param_names)]
         for index in self.finished_ops():
             datasets.extend(self._op_datasets(index))
-        unique = {ds.id: ds for ds in datasets}  # a tied param hard-linked under two names counts once
-        return sum(int(ds.size) * ds.dtype.itemsize for ds in unique.values())
 
-    @property
-    def file_size(self) -> int:
-        return os.path.getsize(self.path)
+        def count():
+            unique = {ds.id: ds for ds in datasets}  # a tied param hard-linked under two names counts once
+            return sum(int(ds.size) * ds.dtype.itemsize for ds in unique.values())
+        return self._guard("the tensors", count)
 
     # ---- plumbing ----------------------------------------------------------------------
     def _group(self, name: str) -> h5py.Group:
-        group = self._guard(name, lambda: self._file.get(name))
-        if not isinstance(group, h5py.Group):
-            raise TraceError(f"{self.path}: group /{name} is missing; {_RECORD_AGAIN}")
-        return group
+        """A top-level group (/inputs, /params, /ops, /graph), as a hard link inside this file."""
+        if name not in self._groups:
+            self._groups[name] = h5safe.child(self._open_file(), name, h5py.Group, f"/{name}")
+        return self._groups[name]
 
-    def _guard(self, what: str, load):
-        """Run an h5py read, turning corruption into a TraceError that says what to do."""
+    def _dataset(self, path: str, part: str) -> h5py.Dataset:
+        """A dataset by its path ("graph/op_table"), walked one checked link at a time."""
+        *folders, name = path.split("/")
+        group = self._open_file()
+        for folder in folders:
+            group = h5safe.child(group, folder, h5py.Group, part)
+        return h5safe.child(group, name, h5py.Dataset, part)
+
+    def _open_file(self) -> h5py.File:
+        if self._file is None:
+            raise TraceError(f"the trace reader for {self.path} is closed")
+        return self._file
+
+    def _guard(self, part: str, load):
+        """Run a read, turning a schema violation or any h5py / JSON failure into one TraceError
+        that names the file and the part, and says what to do."""
         try:
             return load()
         except TraceError:
             raise
-        except S.DtypeError as e:
-            raise TraceError(f"{self.path}: {what}: {e}") from e
-        except (OSError, KeyError, ValueError, RuntimeError) as e:
-            raise TraceError(f"{self.path}: cannot read {what} ({_first_line(e)}); the trace is "
-                             f"corrupt; {_RECORD_AGAIN}") from e
+        except SchemaError as exc:
+            raise TraceError(f"{self.path}: {exc.part} is corrupt ({exc.detail}); {RECORD_AGAIN}") from None
+        except S.DtypeError as exc:
+            raise TraceError(f"{self.path}: {part}: {exc}") from None
+        except FILE_ERRORS as exc:
+            raise TraceError(f"{self.path}: cannot read {part} ({_first_line(exc)}); the trace is "
+                             f"corrupt; {RECORD_AGAIN}") from None
 
     def close(self) -> None:
         if self._file is not None:
-            self._file.close()
+            try:
+                self._file.close()
+            except FILE_ERRORS:
+                pass  # a damaged file may fail to release its (read-only) caches; nothing to lose
             self._file = None
+            self._groups.clear()
+        if self._plugins_off:
+            self._plugins_off = False
+            h5safe.plugin_search.release()
 
     def __enter__(self) -> "TraceReader":
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
         self.close()
+
+
+def _output_part(index: int, k: int) -> str:
+    return f"op {index}'s recorded output {k}"
 
 
 def _open(path: str) -> h5py.File:
@@ -259,10 +397,11 @@ def _open(path: str) -> h5py.File:
     try:
         # locking=False: a trace whose recorder still runs (or was killed) stays readable
         return h5py.File(path, "r", locking=False)
-    except OSError as e:
+    except FILE_ERRORS as e:
         raise TraceError(f"{path} is truncated or corrupt and cannot be opened "
-                         f"({_first_line(e)}); {_RECORD_AGAIN}")
+                         f"({_first_line(e)}); {RECORD_AGAIN}")
 
 
 def _first_line(e: Exception) -> str:
-    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    text = str(e).strip()
+    return text.splitlines()[0][:200] if text else type(e).__name__

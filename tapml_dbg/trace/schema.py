@@ -1,4 +1,4 @@
-"""Names and dtype rules of the trace format (v1); see docs/trace-format.md.
+"""Names, dtype rules and limits of the trace format (v1); see docs/trace-format.md.
 
 Everything the writer and the reader must agree on lives here, so a format change is
 one visible diff. Strings are stored as fixed-length UTF-8 (never variable-length):
@@ -8,13 +8,16 @@ and a structure every write would mutate, which is bad for crash safety.
 
 from __future__ import annotations
 
+import zlib
+
 import ml_dtypes
 import numpy as np
 import h5py
 
 FORMAT_NAME = "tapml-trace"
-FORMAT_VERSION = (1, 1)  # (major, minor): readers refuse a newer major, accept a newer minor
+FORMAT_VERSION = (1, 2)  # (major, minor): readers refuse a newer major, accept a newer minor
 # 1.1 adds capture budgets: ops recorded with stats only (@stats_done, @stats) and meta["capture"]
+# 1.2 adds a checksum (@crc32) on every dataset: each tensor and each text of /graph
 
 # HDF5 file-format bounds: 1.8-era objects (checksummed metadata, readable by any
 # HDF5 >= 1.8), nothing newer, so a trace written here opens on older h5py builds.
@@ -39,6 +42,9 @@ GROUP_OPS = "ops"
 # attributes of a tensor dataset
 ATTR_DTYPE = "dtype"
 ATTR_STATS = "stats"
+# attribute of every dataset (tensors and /graph texts), v1.2: CRC-32 (zlib) of its stored bytes
+ATTR_CHECKSUM = "crc32"
+CHECKSUM_SINCE = (1, 2)  # traces of this version or newer must carry it; older ones are read without
 
 # attributes of an /ops/<index> group
 ATTR_DONE = "done"
@@ -70,6 +76,37 @@ BITS_DTYPES = {
 _UINT_OF_SIZE = {1: np.dtype(np.uint8), 2: np.dtype(np.uint16)}
 
 SUPPORTED_DTYPES = frozenset(NATIVE_DTYPES | set(BITS_DTYPES) | {"bool"})
+
+
+# ---- limits the reader checks before it believes (or allocates) anything read from a file ----
+MAX_JSON_DEPTH = 64  # nesting of any JSON text in a trace; the writer's deepest is ~10 (the graph)
+MAX_NDIM = 32  # HDF5's (and TVM's) largest rank
+MAX_DIM = 2**62  # one dimension of a declared shape (an op-table output, a graph type)
+# A filtered (compressed) dataset may declare at most this many bytes per stored byte: deflate's
+# best case is 1032:1, lzf's about 90:1. Bounds what a crafted header can make the reader allocate.
+MAX_COMPRESSION_RATIO = 1100
+# HDF5 filters a trace may use: the writer's (lzf, deflate) and HDF5's built-in shuffle/fletcher32.
+# Any other is refused before it is read: HDF5 would search its plugin path for a shared library.
+ALLOWED_FILTERS = {1: "deflate", 2: "shuffle", 3: "fletcher32", 32000: "lzf"}
+
+# The op table: one JSON object per op. Keys and their types (see validate.py); readers fill the
+# defaults of missing optional keys and drop keys they do not know (a newer minor may add some).
+OP_REQUIRED_FIELDS = ("index", "name")
+OP_OPTIONAL_FIELDS = {"op": "", "relax_op": "", "layer": "", "fx_node": "", "inputs": [], "outputs": [],
+                      "is_tuple": False}
+# Names (an op's, and the values it reads) are Relax / FX identifiers; the other op-table words
+# (op, relax_op, layer, fx_node: "aten.add.Tensor", "<built-in function getitem>") are one line of
+# text without quotes or backslashes. Nothing else is accepted, so a crafted op table cannot smuggle
+# quotes, newlines or terminal escapes into a repro file, a message or the screen.
+OP_NAME_PATTERN = r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,255}"
+OP_TEXT_PATTERN = r"[^\x00-\x1f\x7f-\x9f\"'\\\u2028\u2029\u202a-\u202e\u2066-\u2069]{0,256}"
+
+
+def checksum(data) -> int:
+    """CRC-32 (zlib) of an array's bytes in C order: what `@crc32` holds. A CRC-32 detects every
+    error burst of up to 32 bits, so every single-bit flip."""
+    flat = np.ascontiguousarray(data).reshape(-1).view(np.uint8)  # no copy for a C-contiguous array
+    return zlib.crc32(flat) & 0xFFFFFFFF
 
 
 def itemsize(dtype_name: str) -> int:
@@ -125,6 +162,17 @@ def storage_view(arr: np.ndarray) -> tuple[np.ndarray, str]:
     return arr, name
 
 
+def storage_dtype(dtype_name: str) -> np.dtype:
+    """The numpy dtype a tensor of `dtype_name` is stored as (what its dataset must hold)."""
+    if dtype_name == "bool":
+        return np.dtype(np.uint8)
+    if dtype_name in BITS_DTYPES:
+        return _UINT_OF_SIZE[BITS_DTYPES[dtype_name].itemsize]
+    if dtype_name in NATIVE_DTYPES:
+        return np.dtype(dtype_name)
+    raise DtypeError(f"unknown tensor dtype {dtype_name!r} in trace; upgrade tapml-dbg")
+
+
 def from_stored(array, dtype_name: str) -> np.ndarray:
     """Invert `to_storable`: turn the stored array back into `dtype_name`, bit exact."""
     arr = np.asarray(array)
@@ -167,3 +215,12 @@ def decode_str(value) -> str:
     if isinstance(value, (bytes, np.bytes_)):
         return bytes(value).rstrip(b"\0").decode("utf-8")
     return str(value)
+
+
+# ---- the source graph (v1.2; owned by the source-reference work: trace/source_graph.py) ----------
+# A torch source's decomposed FX graph as data-only JSON (docs/trace-format.md "The source graph").
+# Absent in v1.0/1.1 traces and in traces recorded with --source tvm:TARGET.
+DS_SOURCE_GRAPH = "graph/source_graph"
+SOURCE_GRAPH_SINCE = (1, 2)  # the format version that adds it
+# @note of an op whose imported type differs from the source's value (the value stored is the source's)
+TYPE_NOTE_PREFIX = "source type:"  # "source type: float32 (2, 3); the import declares int64 (2, 3)"

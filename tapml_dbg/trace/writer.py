@@ -13,6 +13,9 @@ Crash safety (a SIGKILL at any moment leaves a readable trace with every op whos
 SWMR mode is not used: it forbids creating datasets after it is switched on, and op
 output shapes are only known when the op runs.
 
+Every dataset carries `@crc32` (v1.2), the CRC-32 of the bytes written, computed from the same
+buffer HDF5 writes, so a reader can tell a damaged tensor from a recorded one.
+
 A trace recorded with a capture budget (`capture=True`, format v1.1) also pre-creates
 `stats_done` (0) in every op group: `write_op_stats` stores an op's stats without its tensors
 and overwrites that marker in place (1), under the same rules as `done`.
@@ -62,7 +65,7 @@ class TraceWriter:
 
     def __init__(self, path, *, meta: dict, graph_json: str, tvmscript: str, ops: list[dict],
                  inputs: dict[str, np.ndarray], params: dict[str, np.ndarray],
-                 compression: str | None = None, capture: bool = False):
+                 compression: str | None = None, capture: bool = False, source_graph: str | None = None):
         if compression not in COMPRESSIONS:
             raise ValueError(f"compression must be one of {COMPRESSIONS}, not {compression!r}")
         self.path = os.fspath(path)
@@ -72,6 +75,8 @@ class TraceWriter:
         self._file = h5py.File(self.path, "w", libver=S.LIBVER)
         try:
             self._write_header(graph_json, tvmscript, ops, inputs, params)
+            if source_graph is not None:  # v1.2: the FX graph as data (trace/source_graph.py)
+                self._write_text(S.DS_SOURCE_GRAPH, source_graph)
             self._file.flush()
         except BaseException:
             self._file.close()
@@ -108,7 +113,8 @@ class TraceWriter:
 
     def _write_text(self, path: str, text: str) -> None:
         data = np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
-        self._file.create_dataset(path, data=data, **self._layout(data))
+        ds = self._file.create_dataset(path, data=data, **self._layout(data))
+        ds.attrs[S.ATTR_CHECKSUM] = np.uint32(S.checksum(data))
 
     def _layout(self, data: np.ndarray) -> dict:
         if self.compression is None or data.ndim == 0 or data.size == 0:
@@ -121,6 +127,7 @@ class TraceWriter:
         ds = group.create_dataset(name, data=data, **self._layout(data))
         ds.attrs[S.ATTR_DTYPE] = S.encode_str(dtype_name)
         ds.attrs[S.ATTR_STATS] = S.encode_str(_json(tensor_stats(arr)))
+        ds.attrs[S.ATTR_CHECKSUM] = np.uint32(S.checksum(data))
 
     @staticmethod
     def _new_op_group(ops_group: h5py.Group, index: int, capture: bool = False) -> None:

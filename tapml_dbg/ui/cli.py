@@ -1,4 +1,4 @@
-"""Argument parsing only: each subcommand calls the engine and hands its result to a renderer.
+"""The command line: argparse, one handler per subcommand; each calls the engine and renders its result.
 
 Exit codes: 0 done (a divergence found is still "done"), 1 a `TapmlError`, 2 bad usage.
 """
@@ -7,9 +7,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import shlex
 import sys
+from importlib import metadata
 
+from tapml_dbg.engine.report import build_report
 from tapml_dbg.engine.session import Session
 from tapml_dbg.errors import TapmlError
 from tapml_dbg.record.recorder import record
@@ -17,15 +21,46 @@ from tapml_dbg.repro.carve import carve
 from tapml_dbg.repro.dump import dump_op
 from tapml_dbg.runtime.target import TargetSpec
 from tapml_dbg.trace.inspect import trace_info
+from tapml_dbg.trace.verify import verify_trace
 from tapml_dbg.ui.console import error_line, make_console, progress
-from tapml_dbg.ui.render import TraceSummary, render
+from tapml_dbg.ui.render import NextCommands, TraceSummary, render
 from tapml_dbg.ui.repl.app import run_replay
+from tapml_dbg.ui.report.html import prepare_folder, write_report
 
 os.environ.setdefault("TVM_LOG_DEBUG", "0")
 
+DESCRIPTION = """\
+Record a model's every operator once on PyTorch, replay it on a TVM target, find the
+first operator that diverges, and write it as a standalone repro (tvm + numpy only)."""
+EPILOG = """\
+start with:
+  tapml-dbg record examples/fp16_memory_attention.py -o traces/demo.h5
+  tapml-dbg bisect traces/demo.h5
+
+`tapml-dbg COMMAND --help` explains a command. Exit status: 0 done (a divergence found is
+a completed search), 1 a user error (one line says what to do), 2 bad usage."""
+TRACE_HELP = "a trace written by `tapml-dbg record` (.h5)"
+TARGET_HELP = ("TVM target: a kind (llvm, cuda, opencl, metal, webgpu) or, with options, a JSON dict such as "
+               "'{\"kind\":\"llvm\",\"mcpu\":\"haswell\"}' (TVM 0.27 refuses the old \"llvm -mcpu=...\" "
+               "string form); default llvm")
+DEFAULT_REPORT_DIR = "report/"  # what `next:` lines suggest for -o
+DEFAULT_REPRO_DIR = "repro/"
+VERSIONED = ("apache-tvm", "torch")  # the stack `--version` names beside tapml-dbg
+
+
+def version_text() -> str:
+    """`tapml-dbg 0.1.0 (apache-tvm 0.27.0.post1, torch 2.13.0+cpu)`, from the installed metadata only."""
+    def version(name: str) -> str:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    return f"tapml-dbg {version('tapml-dbg')} ({', '.join(f'{name} {version(name)}' for name in VERSIONED)})"
+
 
 def _add_target_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--target", default="llvm", help="TVM target (default llvm)")
+    parser.add_argument("--target", default="llvm", metavar="T", help=TARGET_HELP)
     remote = parser.add_mutually_exclusive_group()
     remote.add_argument("--rpc", metavar="HOST:PORT", help="run on a TVM RPC server")
     remote.add_argument("--tracker", metavar="HOST:PORT", help="lease devices from a TVM RPC tracker")
@@ -39,17 +74,28 @@ def _add_target_options(parser: argparse.ArgumentParser) -> None:
                              "one per free tracker server for --tracker/--key, else 1")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tapml-dbg", description=__doc__.splitlines()[0])
-    commands = parser.add_subparsers(dest="command", required=True)
+def _subcommand(commands, name: str, summary: str, description: str) -> argparse.ArgumentParser:
+    """A subcommand whose `--help` opens with what it does (`summary` is its line in `tapml-dbg --help`)."""
+    return commands.add_parser(name, help=summary, description=f"{summary[0].upper()}{summary[1:]}. {description}")
 
-    rec = commands.add_parser("record", help="run a model on the source and write a trace")
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tapml-dbg", description=DESCRIPTION, epilog=EPILOG,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=version_text())
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    rec = _subcommand(commands, "record", "run a model on the source and write a trace",
+                      "Exports the model with torch.export, imports it into TVM Relax and runs it op by op in "
+                      "torch eager, storing every op's inputs and outputs in one HDF5 file.")
     rec.add_argument("model", metavar="MODEL", help="FILE.py[:FUNC], FUNC() -> (module, inputs)")
-    rec.add_argument("-o", "--output", required=True, metavar="TRACE")
+    rec.add_argument("-o", "--output", required=True, metavar="TRACE",
+                     help="the trace file to write (.h5); its folder must exist")
     rec.add_argument("--source", default="torch", help="torch (default) or tvm:TARGET")
     rec.add_argument("--inputs", metavar="FILE.npz", help="real inputs, one array per model input")
     rec.add_argument("--seed", type=int, default=0, help="seed for random weights and inputs")
-    rec.add_argument("--compression", choices=["none", "lzf", "gzip"], default="none")
+    rec.add_argument("--compression", choices=["none", "lzf", "gzip"], default="none",
+                     help="HDF5 compression of stored tensors (default none; lzf is cheap, gzip 10-30x slower)")
     rec.add_argument("--window", metavar="OPS|LAYER",
                      help="store tensors only for these ops (A:B, end exclusive; an op; or a layer such as "
                           "transformer.h.3) plus the values they read; every op keeps its stats")
@@ -57,39 +103,62 @@ def build_parser() -> argparse.ArgumentParser:
                      help="budget for stored op tensors (e.g. 200M, 1.5G): tensors of ops from the window's "
                           "start (or op 0) until the budget is spent; every op keeps its stats")
 
-    info = commands.add_parser("info", help="summarize a trace")
-    info.add_argument("trace", metavar="TRACE")
+    info = _subcommand(commands, "info", "summarize a trace",
+                       "Model, source, versions, sizes, op and layer counts; --json adds the op table "
+                       "(index, name, source op, layer of every op).")
+    info.add_argument("trace", metavar="TRACE", help=TRACE_HELP)
     info.add_argument("--json", action="store_true", help="one JSON object with the op table")
+    info.add_argument("--verify", action="store_true",
+                      help="read every part of the trace and check its checksums; list each damaged part "
+                           "(exit 1 when there is one)")
 
-    replay = commands.add_parser("replay", help="interactive replay on a target")
-    replay.add_argument("trace", metavar="TRACE")
+    replay = _subcommand(commands, "replay", "interactive replay on a target",
+                         "A debugger over the trace: step op by op, continue to a divergence or breakpoint, "
+                         "compare, print, plot, bisect and dump without leaving the session (docs/repl.md).")
+    replay.add_argument("trace", metavar="TRACE", help=TRACE_HELP)
     _add_target_options(replay)
     replay.add_argument("-c", dest="commands", metavar='"CMD; CMD"', help="run commands and exit")
     replay.add_argument("--script", metavar="FILE", help="run commands from FILE and exit")
 
-    bisect = commands.add_parser("bisect", help="find the first divergent op")
-    bisect.add_argument("trace", metavar="TRACE")
+    bisect = _subcommand(commands, "bisect", "find the first divergent op",
+                         "Probes prefixes of the model on the target, confirms the candidate with its isolated "
+                         "verdict and sweeps the ops below it, so a fault that washes out is still found.")
+    bisect.add_argument("trace", metavar="TRACE", help=TRACE_HELP)
     _add_target_options(bisect)
     bisect.add_argument("--json", action="store_true", help="one JSON object on stdout")
     bisect.add_argument("--no-sweep", action="store_true",
                         help="skip the isolated sweep that catches faults which wash out downstream")
+    bisect.add_argument("--report", metavar="DIR", help="also write the HTML report (as `tapml-dbg report`) to DIR")
 
-    dump = commands.add_parser("dump", help="write one op as a standalone repro")
-    dump.add_argument("trace", metavar="TRACE")
-    dump.add_argument("--op", required=True, metavar="OP", help="op index or name")
-    dump.add_argument("-o", "--output", required=True, metavar="DIR")
+    dump = _subcommand(commands, "dump", "write one op as a standalone repro",
+                       "A folder with the op's Relax module, its recorded inputs and outputs, and a repro.py "
+                       "that needs only tvm and numpy.")
+    dump.add_argument("trace", metavar="TRACE", help=TRACE_HELP)
+    dump.add_argument("--op", required=True, metavar="OP", help="op index or name (`tapml-dbg info TRACE --json` "
+                                                                "lists them)")
+    dump.add_argument("-o", "--output", required=True, metavar="DIR", help="the folder to write the repro into")
     _add_target_options(dump)
 
-    carve = commands.add_parser("carve", help="write every op as a pytest suite")
-    carve.add_argument("trace", metavar="TRACE")
-    carve.add_argument("-o", "--output", required=True, metavar="DIR")
+    carve = _subcommand(commands, "carve", "write every op as a pytest suite",
+                        "One test per op with its recorded inputs, runnable without the model or tapml-dbg.")
+    carve.add_argument("trace", metavar="TRACE", help=TRACE_HELP)
+    carve.add_argument("-o", "--output", required=True, metavar="DIR", help="the folder to write the suite into")
     carve.add_argument("--max-mb", type=float, default=None, help="size budget for the suite's data")
     _add_target_options(carve)
 
-    check = commands.add_parser("compile", help="compile every op for a target without running it")
-    check.add_argument("trace", metavar="TRACE")
+    check = _subcommand(commands, "compile", "compile every op for a target without running it",
+                        "A codegen-only check: needs no device, so it works for a GPU target on a machine "
+                        "without one.")
+    check.add_argument("trace", metavar="TRACE", help=TRACE_HELP)
     _add_target_options(check)
-    check.add_argument("--json", action="store_true")
+    check.add_argument("--json", action="store_true", help="one JSON object on stdout (the failures)")
+
+    report = _subcommand(commands, "report", "write an HTML report of every op's error",
+                         "A self-contained index.html (no network): every op's isolated and propagated error "
+                         "along the model, layers as bands, the culprit marked, its card and the trace's summary.")
+    report.add_argument("trace", metavar="TRACE", help=TRACE_HELP)
+    report.add_argument("-o", "--output", required=True, metavar="DIR", help="the folder to write index.html into")
+    _add_target_options(report)
     return parser
 
 
@@ -134,16 +203,76 @@ def _record(args, out, err) -> int:
                         compression=None if args.compression == "none" else args.compression,
                         progress=report, window=args.window, max_bytes=args.max_bytes)
     render(result, out)
+    trace = args.output
+    render(NextCommands([(_command("bisect", trace), "find the first op that diverges on llvm"),
+                         (_command("replay", trace), "step through it op by op")]), out)
     return 0
+
+
+_TARGET_OPTIONS = ("target", "rpc", "tracker", "key", "transform")  # what a suggested command repeats
+
+
+def _command(subcommand: str, trace: str, *extra: str, args=None) -> str:
+    """A `tapml-dbg` command line to suggest, with the target options of `args` as the user gave them."""
+    parts = ["tapml-dbg", subcommand, trace, *extra]
+    for name in _TARGET_OPTIONS if args is not None else ():
+        value = getattr(args, name, None)
+        if value and not (name == "target" and value == "llvm"):
+            parts += [f"--{name}", str(value)]
+    return " ".join(shlex.quote(part) for part in parts)
+
+
+def _bisect_next(args, result) -> NextCommands:
+    """After a bisect: dump the culprit, or look at the whole picture."""
+    report = [] if args.report else [(_command("report", args.trace, "-o", DEFAULT_REPORT_DIR, args=args),
+                                      "every op's error along the model, as a page")]
+    if result.culprit is None:
+        return NextCommands(report)
+    index = str(result.culprit.index)
+    return NextCommands([(_command("dump", args.trace, "--op", index, "-o", DEFAULT_REPRO_DIR, args=args),
+                          "the op as a standalone repro (tvm + numpy only)"), *report,
+                         (_command("replay", args.trace, args=args) + f' -c "compare {index}"',
+                          "both verdicts side by side")])
 
 
 def _info(args, out, err) -> int:
+    if args.verify:
+        return _verify(args, out)
     info = trace_info(args.trace)
     if args.json:
-        print(json.dumps(info))
+        print(strict_json(info))
     else:
         render(TraceSummary.from_info(info), out)
     return 0
+
+
+def _verify(args, out) -> int:
+    """`info --verify`: every damaged part of the trace; exit 1 when there is one."""
+    report = verify_trace(args.trace)
+    if args.json:
+        print(strict_json(report.to_json()))
+    else:
+        render(report, out)
+    return 0 if report.ok else 1
+
+
+NON_FINITE = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}  # how --json spells them
+
+
+def strict_json(value) -> str:
+    """`--json` output as strict JSON (RFC 8259): NaN and +-Infinity, which `json.dumps` would print
+    bare (not JSON), become the strings "NaN", "Infinity" and "-Infinity"."""
+    return json.dumps(_finite(value), allow_nan=False)
+
+
+def _finite(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return NON_FINITE[str(value)]
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(item) for item in value]
+    return value
 
 
 def _open_session(args):
@@ -152,13 +281,38 @@ def _open_session(args):
 
 
 def _bisect(args, out, err) -> int:
+    folder = prepare_folder(args.report) if args.report else None  # a bad folder fails before the search
     with _open_session(args) as session:
         with progress("bisecting", err, show=_bar(args)) as report:
             result = session.bisect(sweep=not args.no_sweep, progress=report)
+        written = _write_report(args, session, err, folder, result) if folder is not None else None
     if args.json:
-        print(json.dumps(result.to_json()))
-    else:
-        render(result, out)
+        print(strict_json(result.to_json()))
+        return 0
+    render(result, out)
+    if written is not None:
+        render(written, out)
+    render(_bisect_next(args, result), out)
+    return 0
+
+
+def _write_report(args, session, err, folder, bisect=None):
+    with progress("report", err, show=_bar(args)) as report:
+        data = build_report(session, bisect=bisect, progress=report)
+    culprit = data.culprit
+    dump = _command("dump", args.trace, "--op", str(culprit.index), "-o", DEFAULT_REPRO_DIR, args=args) if culprit else ""
+    replay = (_command("replay", args.trace, args=args) + f' -c "compare {culprit.index}"') if culprit else ""
+    return write_report(data, folder, dump_command=dump, replay_command=replay)
+
+
+def _report(args, out, err) -> int:
+    folder = prepare_folder(args.output)
+    with _open_session(args) as session:
+        written = _write_report(args, session, err, folder)
+    render(written, out)
+    culprit = written.report.culprit
+    if culprit is not None:
+        render(NextCommands([(written.dump_command, "the culprit as a standalone repro (tvm + numpy only)")]), out)
     return 0
 
 
@@ -182,7 +336,7 @@ def _compile(args, out, err) -> int:
         with progress("compiling", err, show=_bar(args)) as report:
             result = session.compile_all(progress=report)
     if args.json:
-        print(json.dumps(result.to_json()))
+        print(strict_json(result.to_json()))
     else:
         render(result, out)
     return 0
@@ -193,7 +347,7 @@ def _replay(args, out, err) -> int:
 
 
 _HANDLERS = {"record": _record, "info": _info, "bisect": _bisect, "dump": _dump, "carve": _carve,
-             "compile": _compile, "replay": _replay}
+             "compile": _compile, "replay": _replay, "report": _report}
 
 
 if __name__ == "__main__":

@@ -70,10 +70,12 @@ def progress(label: str, console: Console, show: bool | None = None):
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    with Progress(SpinnerColumn(), TextColumn(escape(label)), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  TextColumn(f"{{task.description}}  [dim]{PROGRESS_HINT}[/]"), console=console,
-                  transient=True) as bar:
-        task = bar.add_task("", total=None)
+    # the label travels as a task field, never inside a column's format string: a target such as
+    # {"kind":"llvm","mcpu":"haswell"} holds braces that str.format would read as fields
+    with Progress(SpinnerColumn(), TextColumn("{task.fields[label]}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), TextColumn(f"{{task.description}}  [dim]{PROGRESS_HINT}[/]"),
+                  console=console, transient=True) as bar:
+        task = bar.add_task("", total=None, label=escape(label))
 
         def update(done, total=None, note: str = "") -> None:
             bar.update(task, completed=done, total=total, description=escape(str(note)))

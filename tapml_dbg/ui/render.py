@@ -7,6 +7,7 @@ width and no colors (see `console.make_console`), so transcripts are stable.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field, fields
 from functools import singledispatch
@@ -14,17 +15,21 @@ from functools import singledispatch
 import numpy as np
 from rich.console import Console
 from rich.markup import escape
+from rich.measure import Measurement
+from rich.segment import Segments
 from rich.table import Table
 
 from tapml_dbg.engine.results import BisectResult, CompileReport, StepResult
-from tapml_dbg.engine.stops import Command, RunResult
+from tapml_dbg.engine.stops import Command, RunResult, judge_divergence
 from tapml_dbg.judge.compare import metrics_text
-from tapml_dbg.judge.verdict import Status, Verdict
+from tapml_dbg.judge.verdict import ISOLATED, Status, Verdict, WrongClass
 from tapml_dbg.record.recorder import RecordResult
 from tapml_dbg.repro.carve import CarveResult
 from tapml_dbg.repro.dump import DumpResult
 from tapml_dbg.repro.files import human_bytes
+from tapml_dbg.trace.verify import VerifyReport
 from tapml_dbg.ui.repl import results as R
+from tapml_dbg.ui.report.html import ReportWritten
 
 PRINT_PRECISION = 5  # digits `print` shows per element
 PRINT_THRESHOLD = 64  # arrays with more elements are summarized (numpy's threshold)
@@ -36,7 +41,61 @@ SKIPPED_SHOWN = 20  # `carve` lists this many left-out ops, then counts the rest
 UNKNOWN = "?"  # a figure the result does not hold
 TOP_LAYER = "<top>"  # how an op outside every layer is named
 FAILED_RUN_STYLE = "bold magenta"  # the unit did not run to a value: compile-error, crash, timeout, error
-STATUS_STYLES = {Status.PASS: "green", Status.FAIL: "bold red", Status.MISSING: "yellow"}
+STATUS_STYLES = {Status.PASS: "green", Status.FAIL: "bold red", Status.MISSING: "yellow", Status.UNDEFINED: "dim"}
+UNBOUNDED_WIDTH = 10_000  # measure tables as if the console had no edge
+PROSE = "fold"  # the overflow that marks a table column as prose: it may wrap; no other column is cut
+PROSE_MIN_WIDTH = 28  # a prose column narrower than this is not worth the wrapping
+PLOT_LOWEST_DECADE = -10  # `plot`: errors below 1e-10 share the bottom row
+PLOT_HIGHEST_DECADE = 1  # ... and errors above 10 (and NaN) the top one
+PLOT_LABEL_WIDTH = 7  # the y axis labels (`1e-02 ┤`)
+PLOT_TICK_EVERY = 10  # columns between two op-index ticks on the x axis
+PLOT_MAX_CELL = 3  # characters per op when the terminal has room
+PLOT_GLYPHS = {"isolated": "•", "isolated-fail": "✖", "propagated": "○", "propagated-fail": "⊗", "both": "◉",
+               "tolerance": "┄", "culprit": "▼"}
+PLOT_STYLES = {"isolated": "blue", "propagated": "dark_orange", "fail": "bold red", "tolerance": "dim"}
+VERDICT_MEANING = {  # what a culprit's verdict kind says, in the words of docs/repl.md
+    "isolated": "the op alone, fed the recorded source inputs, is wrong on the target: a kernel or codegen bug",
+    "propagated": "the op alone is right; the error arriving from upstream grows past the tolerance here",
+    "compile-error": "the op does not compile for the target",
+    "crash": "running the op crashed the target worker",
+    "timeout": "the op did not finish within --timeout",
+}
+TYPE_MEANING = "the import declares another dtype or shape than the source computed: a frontend divergence"
+
+
+@dataclass
+class NextCommands:
+    """What to run next, ending a result: `(command, why)` pairs; the REPL's are REPL commands."""
+
+    commands: list[tuple[str, str]]
+    repl: bool = False  # REPL commands are shown `quoted`, CLI ones as shell lines
+
+
+def _natural_width(console: Console, renderable) -> int:
+    return Measurement.get(console, console.options.update_width(UNBOUNDED_WIDTH), renderable).maximum
+
+
+def print_table(console: Console, table: Table) -> None:
+    """A table whose names and numbers are never cut: they are copied into the next command.
+
+    Only columns marked as prose (`overflow=PROSE`: messages, summaries) may wrap, at spaces, down
+    to PROSE_MIN_WIDTH; every other column keeps its full width. A table that still does not fit
+    is printed wider than the console: a terminal wraps the long lines, a pipe keeps them.
+    """
+    for column in table.columns:
+        column.no_wrap = column.overflow != PROSE
+    natural = _natural_width(console, table)
+    if natural <= console.width:
+        console.print(table)
+        return
+    spare = sum(max(0, max([_natural_width(console, cell) for cell in column.cells] + [0]) - PROSE_MIN_WIDTH)
+                for column in table.columns if column.overflow == PROSE)
+    width = max(console.width, natural - spare)
+    if width == console.width:
+        console.print(table)  # the prose columns wrap; the rest stays whole
+        return
+    lines = console.render_lines(table, console.options.update_width(width), new_lines=True)
+    console.print(Segments(itertools.chain.from_iterable(lines)), crop=False, soft_wrap=True, end="")
 
 
 @dataclass
@@ -61,11 +120,28 @@ class TraceSummary:
     capture: dict | None = None  # None: every op's tensors are stored
     stats_only_ops: int = 0
     import_fixes: list[str] = field(default_factory=list)
+    type_changes: dict | None = None  # {"dtype": n, "shape": n, "ops": [...]}: ops whose import changed the type
 
     @classmethod
     def from_info(cls, info: dict) -> TraceSummary:
         names = {f.name for f in fields(cls)}
         return cls(**{key: value for key, value in info.items() if key in names})
+
+
+def type_changes_text(changes: dict) -> str:
+    """"3 ops whose import changed the dtype, 1 the shape: #4 mul, ..."."""
+    parts = [f"{changes.get(what, 0)} op{'s' if changes.get(what, 0) != 1 else ''} whose import changed the {what}"
+             for what in ("dtype", "shape") if changes.get(what)]
+    ops = ", ".join(changes.get("ops", [])[:SKIPPED_SHOWN])
+    return "; ".join(parts) + (f": {ops}" if ops else "")
+
+
+def _noise_text(metrics) -> str:
+    """`target 4100x the source's own error (1.2e-03 vs 2.9e-07; bound 4.6e-06)`."""
+    if metrics is None or metrics.ratio is None:
+        return "-"
+    ratio = "exact source" if math.isinf(metrics.ratio) else f"target {metrics.ratio:.3g}x the source's own error"
+    return f"{ratio} ({metrics.target_err:.3g} vs {metrics.source_err:.3g}; bound {metrics.noise_bound:.3g})"
 
 
 def verdict_style(status: str) -> str:
@@ -168,12 +244,12 @@ def _(result: R.HelpResult, console: Console) -> None:
             console.print(f"  {escape(line)}")
         return
     table = Table(box=None, show_header=False, pad_edge=False)
-    table.add_column("usage", style="bold", max_width=HELP_USAGE_WIDTH)
-    table.add_column("summary")
+    table.add_column("usage", style="bold", max_width=HELP_USAGE_WIDTH, overflow=PROSE)
+    table.add_column("summary", overflow=PROSE)
     for item in result.commands:
         names = item.usage + (f"  ({', '.join(item.aliases)})" if item.aliases else "")
         table.add_row(escape(names), escape(item.summary))
-    console.print(table)
+    print_table(console, table)
     console.print("OP is an op index (`12`, `#12`, `-1`) or name; `help CMD` tells more; Ctrl-C cancels a "
                   "long command; Ctrl-D or `quit` leaves.")
 
@@ -183,7 +259,7 @@ def _(result: R.InfoResult, console: Console) -> None:
     info = result.trace
     table = Table(show_header=False, box=None, pad_edge=False)
     table.add_column("key", style="bold", no_wrap=True)
-    table.add_column("value")
+    table.add_column("value", overflow=PROSE)
     complete = complete_text(info["complete"], info["recorded_ops"], info["num_ops"])
     rows = [
         ("trace", info["path"]), ("model", info.get("model")), ("source", info.get("source")),
@@ -195,9 +271,11 @@ def _(result: R.InfoResult, console: Console) -> None:
         ("position", f"{result.position} of {result.ops}"), ("offload", result.offload),
         ("mode", result.mode), ("breakpoints", str(result.breakpoints)), ("tolerance", result.tolerance),
     ]
+    if (info.get("type_changes") or {}).get("ops"):
+        rows.append(("type changes", type_changes_text(info["type_changes"])))
     for key, value in rows:
         table.add_row(key, escape(str(value)))
-    console.print(table)
+    print_table(console, table)
 
 
 def _seen_cell(seen: StepResult | None) -> str:
@@ -222,7 +300,7 @@ def _(result: R.OpsResult, console: Console) -> None:
         table.add_row("→" if row.current else "", str(op.index), escape(op.name), escape(op.op),
                       escape(layer_text(op.layer)), escape(shape), "T" if row.offloaded else "",
                       _seen_cell(row.seen))
-    console.print(table)
+    print_table(console, table)
     if result.matched > len(result.rows):
         console.print(f"... {result.matched - len(result.rows)} more; narrow with `ops PATTERN` or `ops a:b`")
 
@@ -238,7 +316,7 @@ def _(result: R.LayersResult, console: Console) -> None:
     table.add_column("count", justify="right")
     for row in result.rows:
         table.add_row("  " * row.depth + escape(row.path), f"{row.first}..{row.last}", str(row.count))
-    console.print(table)
+    print_table(console, table)
 
 
 @render.register
@@ -270,10 +348,10 @@ def _(result: R.ShowResult, console: Console) -> None:
     if result.inputs:
         table = Table(title="inputs", box=None, pad_edge=False, header_style="bold", title_justify="left")
         for column in ("name", "from", "shape / stats"):
-            table.add_column(column)
+            table.add_column(column, overflow=PROSE if column == "shape / stats" else "ellipsis")
         for row in result.inputs:
             table.add_row(escape(row.name), escape(row.kind), escape(row.spec))
-        console.print(table)
+        print_table(console, table)
     table = Table(title="outputs (recorded)", box=None, pad_edge=False, header_style="bold", title_justify="left")
     for column in ("#", "shape", "dtype", "min", "max", "mean", "absmax", "nan", "inf"):
         table.add_column(column, justify="right" if column not in ("shape", "dtype") else "left")
@@ -282,10 +360,13 @@ def _(result: R.ShowResult, console: Console) -> None:
         table.add_row(str(number), str(tuple(spec.shape)), spec.dtype, *(_num(stats.get(k)) for k in
                                                                           ("min", "max", "mean", "absmax")),
                       str(stats.get("nan", "")), str(stats.get("inf", "")))
-    console.print(table)
+    print_table(console, table)
     if result.seen is not None:
         console.print(f"  seen: isolated {verdict_cell(result.seen.isolated)}  propagated "
                       f"{verdict_cell(result.seen.propagated)}")
+        for verdict in (result.seen.isolated, result.seen.propagated):
+            if verdict is not None and verdict.wrong:
+                console.print(f"  class ({verdict.mode}): [bold]{escape(verdict.wrong)}[/]: {escape(verdict.evidence)}")
     console.print("[bold]Relax IR[/] (the op alone, as compiled for the target):")
     _code(console, result.ir.strip())
 
@@ -323,9 +404,10 @@ def _(result: RunResult, console: Console) -> None:
         for step in steps:
             console.print(step_line(step, step.index in result.inherited), soft_wrap=True)
     elif steps:
-        failed = [s for s in steps if (s.verdict(result.mode) is not None and s.verdict(result.mode).failed)]
+        failed = [s for s in steps if judge_divergence(s, result.mode, False).failing]
+        rule = "isolated verdict" if result.mode == ISOLATED else "isolated or propagated verdict"
         console.print(f"ran #{steps[0].index}..#{steps[-1].index} ({len(steps)} ops): "
-                      f"{len(steps) - len(failed)} passed, {len(failed)} failed ({result.mode} verdict)")
+                      f"{len(steps) - len(failed)} passed, {len(failed)} failed ({rule})")
         for step in steps:
             if step in failed or step is steps[-1]:
                 console.print(step_line(step, step.index in result.inherited), soft_wrap=True)
@@ -335,14 +417,26 @@ def _(result: RunResult, console: Console) -> None:
         last = steps[-1]
         console.print(f"[bold]stopped[/] after #{last.index} [bold]{escape(last.name)}[/]: "
                       f"{escape('; '.join(result.reasons))}")
-        if last.isolated is not None and last.isolated.failed:
-            console.print(f"  the isolated verdict fails too: this kernel is wrong on the target "
-                          f"(try `compare {last.index}`, `show {last.index}`)")
-        elif last.propagated is not None and last.propagated.failed:
-            console.print(f"  the isolated verdict passes: the error arrives or is amplified here "
-                          f"(`compare {last.index}`, `print {last.index}`)")
+        isolated_failed = last.isolated is not None and last.isolated.failed
+        propagated_failed = last.propagated is not None and last.propagated.failed
+        if isolated_failed and propagated_failed:
+            console.print("  the op alone is wrong on the target (isolated), and the error reaches its value in the "
+                          "model (propagated)")
+        elif isolated_failed:
+            console.print("  the op alone is wrong on the target (isolated); with the target's own upstream values it "
+                          "stays within the looser propagated tolerance")
+        elif propagated_failed:
+            console.print("  the isolated verdict passes: the op alone is right; the error arrives from upstream or "
+                          "is amplified here")
+        if isolated_failed or propagated_failed:
+            render(NextCommands([(f"compare {last.index}", "both verdicts side by side"),
+                                 (f"dump {last.index} DIR", "a standalone repro"), ("plot", "every op's error")],
+                                repl=True), console)
     elif result.at_end and steps:
         console.print("end of the trace: all ops have run")
+        if result.command == Command.CONTINUE:
+            render(NextCommands([("plot", "how close every op came to its tolerance"),
+                                 ("bisect", "the search with an isolated sweep")], repl=True), console)
 
 
 @render.register
@@ -351,8 +445,8 @@ def _(result: R.CompareResult, console: Console) -> None:
     console.print(f"{op_label(op)} ({escape(op.op)}) in layer [cyan]{escape(layer_text(op.layer))}[/]")
     table = Table(box=None, pad_edge=False, header_style="bold")
     table.add_column("")
-    table.add_column("isolated (recorded inputs)")
-    table.add_column("propagated (target inputs)")
+    table.add_column("isolated (recorded inputs)", overflow=PROSE)
+    table.add_column("propagated (target inputs)", overflow=PROSE)
     iso, prop = step.isolated, step.propagated
     table.add_row("verdict", short_cell(iso), short_cell(prop))
     wi, wp = (iso.worst if iso else None), (prop.worst if prop else None)
@@ -372,13 +466,20 @@ def _(result: R.CompareResult, console: Console) -> None:
         if shape:
             table.add_row("mismatch", escape((wi.shape_mismatch or wi.dtype_mismatch) if wi else "-"),
                           escape((wp.shape_mismatch or wp.dtype_mismatch) if wp else "-"))
+    if wi is not None and wi.ratio is not None or wp is not None and wp.ratio is not None:
+        table.add_row("vs float64", *(escape(_noise_text(m)) for m in (wi, wp)))
+    if (iso is not None and iso.wrong) or (prop is not None and prop.wrong):
+        table.add_row("class", *(escape(f"{v.wrong}: {v.evidence}") if v is not None and v.wrong else "-"
+                                 for v in (iso, prop)))
     messages = (iso.message if iso else "", prop.message if prop else "")
     if any(messages):
         table.add_row("message", escape(messages[0]), escape(messages[1]))
-    console.print(table)
+    print_table(console, table)
     if len(op.outputs) > 1:
         console.print(f"  ({len(op.outputs)} outputs: the worst one is shown)")
-    if iso is not None and iso.failed:
+    if iso is not None and iso.wrong == WrongClass.TYPE:
+        console.print(f"  → {escape(TYPE_MEANING)}")
+    elif iso is not None and iso.failed:
         console.print("  → the op alone is wrong on the target: a kernel (or codegen) bug here")
     elif prop is not None and prop.failed:
         console.print("  → the op alone is right; the error arrives from (or is amplified by) upstream ops")
@@ -433,14 +534,109 @@ def _(result: R.PrintResult, console: Console) -> None:
         for key in ("min", "max", "mean", "absmax", "nan", "inf"):
             table.add_row(key, _num(s_stats.get(key)), _num(t_stats.get(key)),
                           _num(d_stats.get(key)) if key not in ("nan", "inf") else "")
-        console.print(table)
+        print_table(console, table)
         values = Table(box=None, pad_edge=False, header_style="bold")
         values.add_column("source", no_wrap=True)
         values.add_column("target", no_wrap=True)
         values.add_row(escape(_array_text(out.source)), escape(_array_text(out.target)))
-        console.print(values)
+        print_table(console, values)
         if out.target is None and out.note:
             console.print(f"  no target value: {escape(out.note)}")
+
+
+def _plot_cell(points, mode: str) -> tuple[float | None, bool]:
+    """The worst error of a column's ops in `mode`, and whether any of them fails."""
+    errors = [p.error(mode) for p in points]
+    errors = [math.inf if not math.isfinite(e) else e for e in errors if e is not None]
+    runs = any(p.failed_run(mode) for p in points)
+    failed = runs or any(p.verdict(mode) is not None and p.verdict(mode).failed for p in points)
+    return (math.inf if runs else max(errors, default=None)), failed
+
+
+def _decade(value: float) -> int:
+    if not math.isfinite(value):
+        return PLOT_HIGHEST_DECADE
+    return min(PLOT_HIGHEST_DECADE, max(PLOT_LOWEST_DECADE, math.floor(math.log10(value))))
+
+
+@render.register
+def _(result: R.PlotResult, console: Console) -> None:
+    points = result.points
+    if not points:
+        console.print("nothing to plot")
+        return
+    room = max(PLOT_TICK_EVERY, console.width - PLOT_LABEL_WIDTH - 2)
+    per_column = math.ceil(len(points) / room)
+    chars = max(1, min(PLOT_MAX_CELL, room // len(points)))  # characters per column
+    columns = [points[start:start + per_column] for start in range(0, len(points), per_column)]
+    cells = [{mode: _plot_cell(column, mode) for mode in ("isolated", "propagated")} for column in columns]
+    tolerances = [min((t for p in column if (t := p.tolerance("isolated"))), default=None) for column in columns]
+    values = [e for cell in cells for e, _ in cell.values() if e] + [t for t in tolerances if t]
+    top = max((_decade(v) for v in values), default=0)
+    bottom = min((_decade(v) for v in values), default=top - 1)
+    exact = any(e == 0 for cell in cells for e, _ in cell.values())
+    rows = {decade: [(" ", "")] * len(columns) for decade in range(top, bottom - 1, -1)}
+    if exact:
+        rows["exact"] = [(" ", "")] * len(columns)
+
+    def row_of(value: float):
+        return "exact" if value == 0 else _decade(value)
+
+    for number, (cell, tolerance) in enumerate(zip(cells, tolerances)):
+        if tolerance:
+            rows[row_of(tolerance)][number] = (PLOT_GLYPHS["tolerance"], PLOT_STYLES["tolerance"])
+        (iso, iso_failed), (prop, prop_failed) = cell["isolated"], cell["propagated"]
+        if prop is not None:
+            rows[row_of(prop)][number] = (PLOT_GLYPHS["propagated-fail" if prop_failed else "propagated"],
+                                          PLOT_STYLES["fail" if prop_failed else "propagated"])
+        if iso is not None:
+            same = prop is not None and row_of(prop) == row_of(iso)
+            if iso_failed:
+                glyph = (PLOT_GLYPHS["isolated-fail"], PLOT_STYLES["fail"])
+            elif same and prop_failed:
+                continue  # the failing propagated mark stays visible
+            else:
+                glyph = (PLOT_GLYPHS["both" if same else "isolated"], PLOT_STYLES["isolated"])
+            rows[row_of(iso)][number] = glyph
+    first, last = points[0].index, points[-1].index
+    console.print(f"per-op error on {escape(result.target)}, ops {first}..{last}: max |target - source| / "
+                  f"absmax(source), log scale" + (f"; one column = {per_column} ops" if per_column > 1 else ""))
+    culprit = result.culprit
+    marker = " " * (PLOT_LABEL_WIDTH + 1)
+    for number, column in enumerate(columns):
+        if culprit is not None and any(p.index == culprit.index for p in column):
+            marker += f"[{PLOT_STYLES['fail']}]{PLOT_GLYPHS['culprit']}[/] #{culprit.index} {escape(culprit.name)}"
+            break
+        marker += " " * chars
+    console.print(marker, soft_wrap=True)
+
+    def drawn(glyph: str, style: str) -> str:
+        text = glyph * chars if glyph == PLOT_GLYPHS["tolerance"] else glyph.ljust(chars)
+        return f"[{style}]{text}[/]" if style else text
+
+    for key, cells_of_row in rows.items():
+        label = "exact" if key == "exact" else f"1e{key:+03d}"
+        line = f"{label:>{PLOT_LABEL_WIDTH - 1}} ┤" + "".join(drawn(glyph, style) for glyph, style in cells_of_row)
+        console.print(line.rstrip(), soft_wrap=True)
+    console.print(" " * (PLOT_LABEL_WIDTH - 1) + " └" + "─" * (len(columns) * chars), soft_wrap=True)
+    ticks = [" "] * (len(columns) * chars + PLOT_LABEL_WIDTH)
+    every = max(1, math.ceil(PLOT_TICK_EVERY / chars))
+    for number in range(0, len(columns), every):
+        text = str(columns[number][0].index)
+        ticks[number * chars:number * chars + len(text)] = list(text)
+    console.print(" " * (PLOT_LABEL_WIDTH + 1) + "".join(ticks).rstrip(), soft_wrap=True)
+    console.print(f"{PLOT_GLYPHS['isolated']} isolated  {PLOT_GLYPHS['propagated']} propagated (every op on the "
+                  f"target)  {PLOT_GLYPHS['both']} both  {PLOT_GLYPHS['isolated-fail']} {PLOT_GLYPHS['propagated-fail']} "
+                  f"failing  {PLOT_GLYPHS['tolerance']} isolated tolerance", soft_wrap=True)
+    if culprit is None:
+        console.print("no divergence in these ops (the rule `continue` stops by)")
+        render(NextCommands([("tol", "the tolerances the verdicts use")], repl=True), console)
+        return
+    where = "" if first <= culprit.index <= last else ", before these ops"
+    console.print(f"{PLOT_GLYPHS['culprit']} first divergence: #{culprit.index} [bold]{escape(culprit.name)}[/] "
+                  f"({escape(culprit.verdict)}){where}, where `continue` from op 0 stops and bisect points")
+    render(NextCommands([(f"compare {culprit.index}", "both verdicts side by side"),
+                         (f"dump {culprit.index} DIR", "a standalone repro")], repl=True), console)
 
 
 @render.register
@@ -456,10 +652,19 @@ def _(result: R.TolResult, console: Console) -> None:
         table.add_row(dtype, f"{tol['rtol']:g}", f"{tol['atol']:g}")
     for name, tol in policy["by_op"].items():
         table.add_row(f"op {escape(name)}", f"{tol['rtol']:g}", f"{tol['atol']:g}")
-    console.print(table)
+    print_table(console, table)
     console.print(f"propagated verdicts: {policy['propagated_factor']:g}x rtol and atol; integers and bools "
                   "must match exactly")
     console.print("an output passes when max_abs_err <= atol + rtol * absmax(source)")
+    noise = policy.get("noise")
+    if policy.get("kind") == "noise-floor" and noise:
+        console.print(f"rule: [bold]noise-floor[/] (the default; the table is the fixed rule, used where an op has no "
+                      f"float64 reference or an override): an output passes when its error against the float64 "
+                      f"reference is within {noise['source_factor']:g}x the source's own error or "
+                      f"{noise['ulp_factor']:g} ulp + {noise['accumulation_factor']:g} float32 ulp of its scale "
+                      f"({noise['propagated_factor']:g}x that when propagated); `tol fixed` switches to the table")
+    elif noise:
+        console.print("rule: [bold]fixed[/] (the table); `tol noise-floor` judges against the float64 reference again")
 
 
 @render.register
@@ -469,10 +674,10 @@ def _(result: R.BreakResult, console: Console) -> None:
         return
     table = Table(box=None, pad_edge=False, header_style="bold")
     for column in ("num", "stops after", "hits"):
-        table.add_column(column)
+        table.add_column(column, overflow=PROSE if column == "stops after" else "ellipsis")
     for bp in result.breakpoints:
         table.add_row(str(bp.number), escape(bp.describe()), str(bp.hits))
-    console.print(table)
+    print_table(console, table)
 
 
 # ------------------------------------------------------------------ engine, record and repro results
@@ -487,6 +692,12 @@ def _(result: BisectResult, console: Console) -> None:
     console.print(f"[bold red]first divergent op[/]: #{culprit.index} [bold]{escape(culprit.name)}[/] "
                   f"({escape(culprit.op)}) in layer [cyan]{escape(layer_text(culprit.layer))}[/]")
     console.print(f"  verdict: [{verdict_style(Status.FAIL)}]{escape(culprit.verdict)}[/]  {escape(culprit.summary or '')}")
+    if culprit.wrong == WrongClass.TYPE:
+        console.print(f"  {escape(TYPE_MEANING)}")
+    elif culprit.verdict in VERDICT_MEANING:
+        console.print(f"  {escape(VERDICT_MEANING[culprit.verdict])}")
+    if culprit.wrong:
+        console.print(f"  class: [bold]{escape(culprit.wrong)}[/]: {escape(culprit.evidence)}")
     if culprit.message and culprit.message != culprit.summary:
         console.print(f"  {escape(culprit.message)}")
     console.print(f"  found on {escape(result.target)} with {result.probes} probes over {result.ops} ops "
@@ -494,11 +705,11 @@ def _(result: BisectResult, console: Console) -> None:
     if result.neighbourhood:  # isolated verdicts only: the search never runs the neighbours propagated
         table = Table(box=None, pad_edge=False, header_style="bold")
         for column in ("", "#", "name", "source op", "layer", "isolated"):
-            table.add_column(column)
+            table.add_column(column, overflow=PROSE if column == "isolated" else "ellipsis")
         for row in result.neighbourhood:
             table.add_row("→" if row.index == culprit.index else "", str(row.index), escape(row.name),
                           escape(row.op), escape(layer_text(row.layer)), verdict_cell(row.isolated))
-        console.print(table)
+        print_table(console, table)
     _print_notes(result.notes, console)
 
 
@@ -507,8 +718,37 @@ def _(result: R.BisectDone, console: Console) -> None:
     render(result.result, console)
     culprit = result.result.culprit
     if result.result.diverged and culprit is not None:
-        console.print(f"  next: `show {culprit.index}`, `compare {culprit.index}`, `print {culprit.index}`, "
-                      f"`dump {culprit.index} DIR`")
+        render(NextCommands([(f"dump {culprit.index} DIR", "a standalone repro"),
+                             (f"compare {culprit.index}", "both verdicts side by side"),
+                             (f"show {culprit.index}", "its Relax IR"), ("plot", "every op's error")], repl=True),
+               console)
+    else:
+        render(NextCommands([("plot", "how close every op came to its tolerance")], repl=True), console)
+
+
+@render.register
+def _(result: NextCommands, console: Console) -> None:
+    if not result.commands:
+        return
+    if result.repl:
+        console.print("  next: " + ", ".join(f"`{escape(command)}` ({escape(why)})" for command, why in result.commands))
+        return
+    width = max(len(command) for command, _why in result.commands)
+    for number, (command, why) in enumerate(result.commands):
+        lead = "next: " if number == 0 else "      "
+        console.print(f"{lead}{escape(command):<{width}}  [dim]# {escape(why)}[/]", soft_wrap=True)
+
+
+@render.register
+def _(result: ReportWritten, console: Console) -> None:
+    report = result.report
+    culprit = report.culprit
+    found = (f"culprit #{culprit.index} {escape(culprit.name)} ({escape(culprit.verdict)})" if culprit is not None
+             else "no divergence")
+    console.print(f"wrote the report of {len(report.points)} ops on {escape(report.target)} to "
+                  f"{escape(str(result.path))} ({size_text(result.bytes)}): {found}; {report.units} compiled "
+                  f"unit(s), {report.seconds:.1f} s", soft_wrap=True)
+    console.print(f"  open: file://{escape(str(result.path.resolve()))}", soft_wrap=True)
 
 
 @render.register
@@ -542,10 +782,14 @@ def _(result: TraceSummary, console: Console) -> None:
                                 f"{result.stats_only_ops} with stats only"))
     if result.import_fixes:
         rows.append(("import fixes", ", ".join(result.import_fixes)))
+    if (result.type_changes or {}).get("ops"):
+        rows.append(("type changes", type_changes_text(result.type_changes)))
     table = Table(show_header=False, box=None)
+    table.add_column("key")
+    table.add_column("value", overflow=PROSE)
     for key, value in rows:
         table.add_row(f"[bold]{key}[/]", escape(str(value)))
-    console.print(table)
+    print_table(console, table)
 
 
 @render.register
@@ -576,3 +820,16 @@ def _(result: CompileReport, console: Console) -> None:
     for row in result.failures:
         console.print(f"  [{verdict_style(row['verdict'])}]{escape(str(row['verdict']))}[/] #{row['index']} "
                       f"{escape(row['name'])} ({escape(row['op'])}): {escape(str(row['message']))}")
+
+
+@render.register
+def _(result: VerifyReport, console: Console) -> None:
+    how = "checksums verified" if result.checksummed else f"structure only: format {result.format or '?'} has no checksums"
+    if result.ok:
+        console.print(f"[green]intact[/]: {escape(result.path)}: {result.parts} parts read, "
+                      f"{result.datasets} tensors and texts ({escape(how)})")
+        return
+    console.print(f"[bold red]damaged[/]: {escape(result.path)}: {len(result.damaged)} of {result.parts} parts "
+                  f"({escape(how)})")
+    for damage in result.damaged:  # each message names its part; the path is said once, above
+        console.print(f"  [red]-[/] {escape(damage.message.removeprefix(f'{result.path}: '))}")

@@ -19,6 +19,7 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
+from prompt_toolkit.history import History
 from rich.console import Console
 from rich.markup import escape
 
@@ -132,18 +133,22 @@ class Repl:
         from prompt_toolkit.styles import Style
 
         style = Style.from_dict({"target": "ansimagenta", "index": "ansicyan", "op": "bold", "layer": "ansigreen"})
-        prompt = PromptSession(history=history if history is not None else open_history(),
-                               completer=make_completer(self.session, self.debugger), complete_while_typing=False,
-                               auto_suggest=AutoSuggestFromHistory(), style=style, input=input, output=output)
+        kept = SucceededOnly(history if history is not None else open_history())
+        prompt = PromptSession(history=kept, completer=make_completer(self.session, self.debugger),
+                               complete_while_typing=False, auto_suggest=AutoSuggestFromHistory(), style=style,
+                               input=input, output=output)
         while True:
             try:
                 line = prompt.prompt(self.prompt_parts)
             except KeyboardInterrupt:
+                kept.drop()
                 continue  # Ctrl-C at the prompt clears the line
             except EOFError:
                 self.out.print("quit")
                 return 0
-            if self.execute(line).quit:
+            outcome = self.execute(line)
+            kept.keep() if outcome.ok else kept.drop()
+            if outcome.quit:
                 return 0
 
     def run_commands(self, commands: list[str], echo: bool = True) -> int:
@@ -164,6 +169,37 @@ class Repl:
         session = self.session
         return (f"tapml-dbg replay of {session.reader.path}: {len(session.ops)} ops, {len(session.layers())} "
                 f"layers, on {session.target}. `help` lists commands, Tab completes, Ctrl-D leaves.")
+
+
+class SucceededOnly(History):
+    """A history that keeps a line only once its command succeeded.
+
+    prompt-toolkit appends every accepted line; a typo or a failed command would then come back
+    from Up and as a grey auto-suggestion. The accepted line waits here until `keep` (the
+    command ran) or `drop` (it failed); the wrapped history (a file) only ever sees kept lines.
+    """
+
+    def __init__(self, backend):
+        super().__init__()
+        self.backend = backend
+        self.pending: str | None = None
+
+    def load_history_strings(self):
+        return self.backend.load_history_strings()
+
+    def store_string(self, string: str) -> None:
+        self.backend.store_string(string)
+
+    def append_string(self, string: str) -> None:
+        self.pending = string
+
+    def keep(self) -> None:
+        if self.pending is not None:
+            super().append_string(self.pending)
+        self.pending = None
+
+    def drop(self) -> None:
+        self.pending = None
 
 
 def open_history():

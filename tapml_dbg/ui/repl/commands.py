@@ -17,10 +17,11 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Callable
 
+from tapml_dbg.engine.report import error_points, first_divergent
 from tapml_dbg.engine.session import Session
 from tapml_dbg.engine.stops import BreakKind, Debugger
 from tapml_dbg.errors import TapmlError, UsageError
-from tapml_dbg.judge.compare import DEFAULT_TOLERANCES, Tolerance, TolerancePolicy
+from tapml_dbg.judge.compare import DEFAULT_TOLERANCES, PolicyKind, Tolerance, TolerancePolicy
 from tapml_dbg.judge.verdict import PROPAGATED, Mode
 from tapml_dbg.model.select import INDEX_MARK, OP, RANGE, is_index, is_positional
 from tapml_dbg.model.units import build_unit
@@ -110,6 +111,8 @@ def cmd_info(ctx: Context, args: list[str]):
     policy = session.policy
     tolerance = ", ".join(f"{dtype} rtol={tol.rtol:g} atol={tol.atol:g}" for dtype, tol in policy.by_dtype.items())
     tolerance += f"; propagated x{policy.propagated_factor:g}"
+    tolerance = f"rule {policy.kind}" + ("" if session.reference.available else " (no source graph: fixed)") + \
+        f"; fixed table: {tolerance}"
     if policy.by_op:
         tolerance += f"; {len(policy.by_op)} op override(s)"
     spec = session.spec
@@ -222,13 +225,17 @@ def cmd_offload(ctx: Context, args: list[str]):
     if action not in ("add", "remove"):
         raise ArgError(f"expected add or remove, not {action!r}")
     indices = session.resolve_ops(text)  # never empty: an empty selection is a UsageError
+    before = set(session.offload)
     if action == "add":
         session.offload_add(indices)
+        changed, verb, already = len(session.offload - before), "added", "already offloaded"
     else:
         session.offload_remove(indices)
+        changed, verb, already = len(before - session.offload), "removed", "not offloaded"
     ctx.debugger.forget_run()
-    verb = "added" if action == "add" else "removed"
-    return R.OffloadResult(f"{verb} {len(indices)} op(s)", offload_summary(session))
+    unchanged = len(indices) - changed
+    note = f" ({unchanged} of the {len(indices)} selected were {already})" if unchanged else ""
+    return R.OffloadResult(f"{verb} {changed} op(s){note}", offload_summary(session))
 
 
 # ---- running
@@ -295,6 +302,17 @@ def cmd_bisect(ctx: Context, args: list[str]):
         return R.BisectDone(ctx.session.bisect(sweep=sweep, progress=progress))
 
 
+def cmd_plot(ctx: Context, args: list[str]):
+    _need(args, 0, 1)
+    session = ctx.session
+    indices = session.resolve_ops(args[0]) if args else list(range(len(session.ops)))
+    with ctx.progress(f"plot on {session.target}") as progress:  # values flow from op 0: run up to the range's end
+        upstream = error_points(session, list(range(indices[-1] + 1)), progress)
+    shown = set(indices)
+    return R.PlotResult([p for p in upstream if p.index in shown], first_divergent(upstream, session.ops),
+                        session.where)
+
+
 def cmd_compare(ctx: Context, args: list[str]):
     _need(args, 0, 1)
     session = ctx.session
@@ -306,6 +324,9 @@ def cmd_compare(ctx: Context, args: list[str]):
         raise ArgError("which op? nothing has run yet")
     with ctx.progress(f"compare #{op.index} on {session.target}"):
         step = ctx.debugger.compare(op.index)
+        # a failing verdict is run once more: a nondeterministic kernel is told from a wrong one
+        step.isolated = session.explain(step.isolated) if step.isolated is not None else None
+        step.propagated = session.explain(step.propagated) if step.propagated is not None else None
     return R.CompareResult(step, op, op.index in session.offload)
 
 
@@ -348,7 +369,14 @@ def cmd_tol(ctx: Context, args: list[str]):
         _need(args, 1, 1)
         fresh = TolerancePolicy()
         policy.by_dtype, policy.by_op, policy.propagated_factor = fresh.by_dtype, fresh.by_op, fresh.propagated_factor
+        policy.kind = fresh.kind
         message = "tolerances back to the defaults"
+    elif head in tuple(PolicyKind) and head != PolicyKind.EXACT:
+        _need(args, 1, 1)
+        policy.kind = PolicyKind(head)
+        message = (f"rule {head}: " + ("every output against the recorded source value with the table's rtol/atol"
+                                       if head == PolicyKind.FIXED else
+                                       "against the float64 reference and the source's own error"))
     elif head == "propagated":
         _need(args, 2, 2)
         policy.propagated_factor = parse_float(args[1], "FACTOR", positive=True)
@@ -374,7 +402,8 @@ def cmd_tol(ctx: Context, args: list[str]):
         policy.by_dtype[head] = Tolerance(rtol, atol)
         message = f"{head}: rtol={rtol:g} atol={atol:g}"
     else:
-        raise ArgError(f"expected a dtype ({', '.join(TOL_DTYPES)}), op, propagated or reset; not {head!r}")
+        raise ArgError(f"expected a dtype ({', '.join(TOL_DTYPES)}), op, propagated, fixed, noise-floor or "
+                       f"reset; not {head!r}")
     session.invalidate_verdicts()
     return R.TolResult(policy.to_json(), message + " (verdicts from now on; `reset` to re-run from op 0)")
 
@@ -418,7 +447,7 @@ def cmd_quit(ctx: Context, args: list[str]):
 
 def _tol_completion(previous: list[str]) -> tuple:
     if not previous:
-        return TOL_DTYPES + ("op", "propagated", "reset")
+        return TOL_DTYPES + ("op", "propagated", "fixed", "noise-floor", "reset")
     if previous[0] == "op" and len(previous) == 1:
         return ("<op>",)
     if previous[0] == "op" and len(previous) == 2:
@@ -480,6 +509,13 @@ COMMANDS: list[Command] = [
             "A propagated search over prefixes, an isolated confirmation, and an isolated sweep of the\n"
             "ops before it that catches faults which wash out (skip it with --no-sweep). Ctrl-C cancels.",
             cmd_bisect, (("--no-sweep",),)),
+    Command("plot", (), "plot [RANGE|LAYER]",
+            "Every op's error along the model, as a terminal chart.\n"
+            "One column per op (or per few ops on a narrow terminal), log scale: the isolated error\n"
+            "(`•`, `✖` when it fails) and the propagated one (`○`, `⊗` when it fails) with every op on the\n"
+            "target, each op's tolerance (`┄`), and the first divergence (`▼`), by the rule `continue`\n"
+            "stops at. The same data as `tapml-dbg report`; for when the browser is far away.",
+            cmd_plot, (("<layer>",),)),
     Command("compare", ("cmp",), "compare [OP]",
             "Both verdicts of an op side by side (default: the last op run).\n"
             "isolated: the op fed recorded inputs (is this kernel wrong?); propagated: fed the target's\n"
@@ -488,9 +524,13 @@ COMMANDS: list[Command] = [
             "Source and target values of an op, with stats.\n"
             "The target value is the current mode's. SLICE is numpy-style (`0,:4`, `...,-1`, `1:8:2`),\n"
             "parsed, never evaluated.", cmd_print, (("<op>",),)),
-    Command("tol", (), "tol [DTYPE RTOL [ATOL] | op OP RTOL [ATOL] | op OP clear | propagated FACTOR | reset]",
+    Command("tol", (), "tol [DTYPE RTOL [ATOL] | op OP RTOL [ATOL] | op OP clear | propagated FACTOR | fixed | "
+                       "noise-floor | reset]",
             "Show or change the tolerance policy.\n"
-            "An output passes when max_abs_err <= atol + rtol * absmax(source) and its NaN/Inf pattern\n"
+            "Default rule `noise-floor`: an output fails when its error against a float64 reference of the op\n"
+            "exceeds a multiple of the source's own error and an ulp floor (docs/tolerance.md); `tol fixed`\n"
+            "judges by the per-dtype table below instead (as traces without a source graph always are).\n"
+            "Under it an output passes when max_abs_err <= atol + rtol * absmax(source) and its NaN/Inf pattern\n"
             "matches. DTYPE: float16, bfloat16, float32, float64. `tol op OP ...` overrides one op;\n"
             "`tol propagated F` makes propagated verdicts F times looser.", cmd_tol, _tol_completion),
     Command("mode", (), "mode [isolated|propagated]",

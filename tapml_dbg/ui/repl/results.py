@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tapml_dbg.model.graph import OpInfo
-from tapml_dbg.engine.results import BisectResult, StepResult
+from tapml_dbg.engine.report import OpPoint
+from tapml_dbg.engine.results import BisectResult, Culprit, StepResult
 from tapml_dbg.engine.stops import Breakpoint
 
 
@@ -150,6 +151,15 @@ class BisectDone:
     """`bisect` in the REPL: the engine's result, rendered as the CLI does, then what to type next."""
 
     result: BisectResult
+
+
+@dataclass
+class PlotResult:
+    """`plot`: both verdicts of a range of ops, and where `continue` would stop."""
+
+    points: list[OpPoint]
+    culprit: Culprit | None
+    target: str
 
 
 @dataclass

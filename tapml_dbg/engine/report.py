@@ -1,0 +1,282 @@
+"""The data of `tapml-dbg report`: every op's isolated and propagated verdict along the model.
+
+Two sweeps, no verdict rule of its own:
+- isolated: the session's batched sweep (`Session.isolated_many`: many ops per compiled unit);
+- propagated: one chain, the whole model on the target with every op fed the target's own
+  upstream values (every op offloaded, as `continue` from op 0 runs it), compiled as a few
+  consecutive fused segments instead of one unit per op.
+Each value is judged by `Session.judge`; the culprit is the first op `engine.stops` would stop
+`continue` at (`first_divergence`), or bisect's culprit when a bisect result is given, so the
+page, the CLI and the REPL tell one story.
+
+Room for what comes next: the noise floor of [8] (the source's own error against a float64
+reference, read from the metrics where they carry it: `OpPoint.noise_floor`, `OpPoint.tolerance`
+then gives the noise-floor bound), the class of a failing verdict ([8]: `OpPoint.wrong`), and a
+migration curve ([9]: `ErrorReport.migration`, shown when set).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from tapml_dbg.engine.results import BisectResult, Culprit, StepResult
+from tapml_dbg.engine.stops import first_divergence
+from tapml_dbg.errors import TraceError
+from tapml_dbg.judge.verdict import ISOLATED, PROPAGATED, Mode, Status, Verdict
+from tapml_dbg.model.graph import OpInfo
+from tapml_dbg.runtime.messages import UnitResult
+from tapml_dbg.trace.inspect import trace_info
+
+CHAIN_SEGMENT_OPS = 128  # ops per fused unit of the propagated chain: one compile each
+MAX_LAYER_BANDS = 24  # the deepest layer level with at most this many bands is drawn
+# [8]'s fields, read with getattr so that a trace judged without them (the fixed policy) draws too
+SOURCE_ERROR_FIELD = "source_err"  # Metrics: max |source - float64 reference| (absolute)
+BOUND_FIELD = "noise_bound"  # Metrics: the target error the noise-floor rule allows (absolute)
+CLASS_FIELD = "wrong"  # Verdict: what kind of wrong a failing verdict is
+EVIDENCE_FIELD = "evidence"  # Verdict: why it is that class
+
+Progress = Callable[..., None]
+
+
+def _noop(*_args, **_kwargs) -> None:
+    return None
+
+
+@dataclass
+class OpPoint:
+    """One op along the model: its two verdicts."""
+
+    index: int
+    name: str
+    op: str
+    layer: str
+    dtype: str  # the first output's dtype ("" when the op has no tensor output)
+    isolated: Verdict | None = None
+    propagated: Verdict | None = None
+
+    def verdict(self, mode: Mode) -> Verdict | None:
+        return self.isolated if mode == ISOLATED else self.propagated
+
+    def error(self, mode: Mode) -> float | None:
+        """The worst output's error relative to the source's scale (`rel`), None when not judged."""
+        verdict = self.verdict(mode)
+        if verdict is None or not verdict.status.judged or verdict.worst is None:
+            return None
+        return float(verdict.worst.scale_rel_err)
+
+    def tolerance(self, mode: Mode) -> float | None:
+        """What the error was held to, in `rel` units: the noise-floor bound where the rule set one
+        ([8]), else the rtol (the dtype's, or the op's override; looser when propagated)."""
+        metrics = self._metrics(mode)
+        if metrics is None:
+            return None
+        bound = getattr(metrics, BOUND_FIELD, None)
+        if isinstance(bound, (int, float)):  # the noise-floor rule judged it: its bound, when it converts
+            return _relative(metrics, bound)
+        return float(metrics.rtol)
+
+    def noise_floor(self, mode: Mode = ISOLATED) -> float | None:
+        """The source's own error against a float64 reference, in `rel` units ([8]); None without one."""
+        metrics = self._metrics(mode)
+        return _relative(metrics, getattr(metrics, SOURCE_ERROR_FIELD, None)) if metrics is not None else None
+
+    def wrong(self) -> tuple[str, str]:
+        """The class of the failing verdict and its evidence ([8]); ("", "") when none is given."""
+        for verdict in (self.isolated, self.propagated):
+            kind = getattr(verdict, CLASS_FIELD, None) if verdict is not None and verdict.failed else None
+            if kind:
+                return str(kind), str(getattr(verdict, EVIDENCE_FIELD, "") or "")
+        return "", ""
+
+    def _metrics(self, mode: Mode):
+        verdict = self.verdict(mode)
+        return verdict.worst if verdict is not None and verdict.metrics else None
+
+    def failed_run(self, mode: Mode) -> bool:
+        """The unit did not run to a value (compile-error, crash, timeout, error)."""
+        verdict = self.verdict(mode)
+        return verdict is not None and verdict.failed and not verdict.status.judged
+
+    def step(self) -> StepResult:
+        return StepResult(self.index, self.name, self.op, self.layer, self.isolated, self.propagated)
+
+
+def _relative(metrics, absolute) -> float | None:
+    """An absolute error of an output as a share of the output's scale (absmax of the source), the
+    unit of `scale_rel_err`; None when it is not given or the scale cannot be told."""
+    if not isinstance(absolute, (int, float)) or metrics.max_abs_err <= 0 or metrics.scale_rel_err <= 0:
+        return None
+    return float(absolute) * metrics.scale_rel_err / metrics.max_abs_err
+
+
+@dataclass
+class LayerBand:
+    """A run of consecutive ops inside one layer, at the level the chart draws."""
+
+    path: str
+    first: int
+    last: int
+
+
+@dataclass
+class MigrationPoint:
+    """One step of a gradual migration ([9]): ops [0, boundary) on the target, the model's output error."""
+
+    boundary: int
+    label: str
+    error: float | None
+    passed: bool
+
+
+@dataclass
+class ErrorReport:
+    """Everything the report page shows; the UI draws it, nothing here knows HTML."""
+
+    trace: str
+    target: str  # where it ran ("llvm", "cuda via rpc HOST:PORT")
+    points: list[OpPoint]
+    bands: list[LayerBand]
+    summary: dict  # trace_info without the op table
+    culprit: Culprit | None = None
+    culprit_source: str = ""  # "bisect" or "continue" (the first divergence of the two sweeps)
+    bisect: BisectResult | None = None
+    seconds: float = 0.0
+    units: int = 0
+    migration: list[MigrationPoint] | None = None  # [9]; None: not asked for
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def culprit_point(self) -> OpPoint | None:
+        return self.points[self.culprit.index] if self.culprit is not None else None
+
+    @property
+    def has_noise_floor(self) -> bool:
+        return any(point.noise_floor() is not None for point in self.points)
+
+    def failing(self, mode: Mode) -> list[OpPoint]:
+        return [p for p in self.points if p.verdict(mode) is not None and p.verdict(mode).failed]
+
+
+def build_report(session, bisect: BisectResult | None = None, progress: Progress = _noop) -> ErrorReport:
+    """Both verdicts of every op of `session`'s trace, the culprit, the layer bands and the summary."""
+    started = time.perf_counter()
+    units_before = session.lanes.units
+    ops = session.ops
+    points = error_points(session, progress=progress)
+    summary = trace_info(str(session.reader.path))
+    summary.pop("ops", None)
+    report = ErrorReport(trace=str(session.reader.path), target=session.where, points=points,
+                         bands=layer_bands(ops), summary=summary, bisect=bisect)
+    if bisect is not None:
+        report.culprit, report.culprit_source = bisect.culprit, "bisect"
+        report.notes += bisect.notes
+    else:
+        report.culprit = first_divergent(points, ops)
+        report.culprit_source = "continue" if report.culprit else ""
+    report.seconds = time.perf_counter() - started
+    report.units = session.lanes.units - units_before
+    return report
+
+
+def error_points(session, indices: list[int] | None = None, progress: Progress = _noop) -> list[OpPoint]:
+    """Both verdicts of ops `indices` (default: all), as `report` and the REPL's `plot` show them.
+
+    The propagated chain runs from op 0 to the last op asked for: values flow from the start.
+    """
+    ops = session.ops
+    wanted = sorted(set(range(len(ops)) if indices is None else indices))
+    if not wanted:
+        return []
+    judged = [i for i in wanted if ops[i].outputs]
+    isolated = session.isolated_many(judged, progress)
+    propagated = propagated_chain(session, progress, last=wanted[-1])
+    return [OpPoint(ops[i].index, ops[i].name, ops[i].op, ops[i].layer, ops[i].outputs[0].dtype if ops[i].outputs
+                    else "", isolated.get(i), propagated.get(i)) for i in wanted]
+
+
+def first_divergent(points: list[OpPoint], ops: list[OpInfo]) -> Culprit | None:
+    """Where `continue` from the first point would stop (engine.stops' rule), as a culprit."""
+    stop = first_divergence([p.step() for p in points if p.isolated or p.propagated], ops)
+    return culprit_of(stop, ops[stop.index]) if stop is not None else None
+
+
+def culprit_of(step: StepResult, op: OpInfo) -> Culprit:
+    """A diverging op as bisect names one: isolated when its kernel is wrong, else propagated."""
+    verdict = step.isolated if step.isolated is not None and step.isolated.failed else step.propagated
+    kind = verdict.mode if verdict.status.judged else verdict.status
+    return Culprit(op.index, op.name, op.op, op.layer, kind, verdict.worst, verdict.message)
+
+
+def propagated_chain(session, progress: Progress = _noop, last: int | None = None) -> dict[int, Verdict]:
+    """Every op (up to `last`) on the target fed the target's own upstream values, in fused segments.
+
+    A segment that does not run (a compile error, a crash) is redone op by op, so a failed run is
+    that op's verdict only; a value the target did not give is then read from the trace.
+    """
+    ops = session.ops[:None if last is None else last + 1]
+    values: dict[str, list[np.ndarray]] = {}  # target values still read by a later op
+    verdicts: dict[int, Verdict] = {}
+    segments = [ops[start:start + CHAIN_SEGMENT_OPS] for start in range(0, len(ops), CHAIN_SEGMENT_OPS)]
+    for number, segment in enumerate(segments):
+        progress(number, len(segments), f"propagated chain {segment[0].index}..{segment[-1].index}")
+        result = _run(session, segment, values)
+        if result is not None and result.ok:
+            _judge(session, segment, result, verdicts, values)
+        else:
+            for op in segment:
+                single = _run(session, [op], values)
+                if single is None:
+                    verdicts[op.index] = Verdict(op.index, op.name, PROPAGATED, Status.MISSING,
+                                                 message=session.reader.missing_values_message(op.index))
+                else:
+                    _judge(session, [op], single, verdicts, values)
+        last = segment[-1].index
+        for name in [name for name in values if max(session.consumers.get(name, [-1])) <= last]:
+            del values[name]  # nothing after this segment reads it
+    progress(len(segments), len(segments), "propagated chain done")
+    return verdicts
+
+
+def _run(session, segment: list[OpInfo], values: dict) -> UnitResult | None:
+    """One fused unit of `segment`'s ops returning each op's value; None when the trace cannot feed it."""
+    names = [op.name for op in segment]
+    outputs = [op.name for op in segment if op.outputs]
+    try:
+        return session.lanes.run(session.requests.ops_request(names, outputs, values))
+    except TraceError:
+        return None
+
+
+def _judge(session, segment: list[OpInfo], result: UnitResult, verdicts: dict, values: dict) -> None:
+    judged = [op for op in segment if op.outputs]
+    for position, op in enumerate(judged):
+        outputs = result.outputs[position] if result.ok else None
+        verdicts[op.index] = session.judge(op.index, PROPAGATED, result, outputs)
+        if result.ok and session.consumers.get(op.name):
+            values[op.name] = outputs
+
+
+def layer_bands(ops: list[OpInfo], max_bands: int = MAX_LAYER_BANDS) -> list[LayerBand]:
+    """Runs of consecutive ops in one layer, at the deepest nesting level that gives at most
+    `max_bands` runs (ops outside every layer get no band)."""
+    depth = max((len(op.layer.split(".")) for op in ops if op.layer), default=0)
+    for level in range(depth, 0, -1):
+        bands = _bands_at(ops, level)
+        if len(bands) <= max_bands:
+            return bands
+    return _bands_at(ops, 1) if depth else []
+
+
+def _bands_at(ops: list[OpInfo], level: int) -> list[LayerBand]:
+    bands: list[LayerBand] = []
+    for op in ops:
+        path = ".".join(op.layer.split(".")[:level]) if op.layer else ""
+        if bands and bands[-1].path == path and bands[-1].last == op.index - 1:
+            bands[-1].last = op.index
+        elif path:
+            bands.append(LayerBand(path, op.index, op.index))
+    return bands

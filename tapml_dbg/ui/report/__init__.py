@@ -1,0 +1,5 @@
+"""`tapml-dbg report`: the engine's `ErrorReport` drawn as one self-contained HTML page.
+
+- `chart.py`: the per-op error chart (matplotlib, inline SVG);
+- `html.py`: the page (headline, chart, culprit card, migration, summary, op table) and its folder.
+"""

@@ -1,0 +1,181 @@
+"""The report's chart: every op's error along the model, drawn by matplotlib as inline SVG.
+
+Log scale (errors span 1e-8 to 1); isolated and propagated errors as two series with the
+tolerance each was held to; layers as alternating bands; failing ops in red; the culprit as a
+vertical line. An exact result (error 0) has no place on a log axis: it sits on the bottom
+edge, marked as exact. A unit that did not run (compile error, crash, timeout) is a mark on the
+top edge. The noise floor ([8]) is drawn where the report holds one.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from dataclasses import dataclass
+
+from tapml_dbg.engine.report import ErrorReport
+from tapml_dbg.judge.verdict import ISOLATED, PROPAGATED
+
+FIGURE_INCHES = (12.0, 4.6)  # about the width of a laptop browser window at 96 dpi
+ZOOM_INCHES = (12.0, 3.4)
+ZOOM_RADIUS = 12  # ops on each side of the culprit in the zoomed chart
+ZOOM_MIN_OPS = 60  # models with more ops than this get a zoomed chart around the culprit
+FLOOR_DECADES_BELOW = 1.0  # the exact-result edge sits this many decades below the smallest error
+SMALLEST_FLOOR = 1e-12
+LARGEST_ERROR = 10.0  # errors above (and NaN) are clipped to the top edge
+BAND_LABEL_MIN_OPS = 3  # a band narrower than this many ops gets no label
+COLORS = {ISOLATED: "#1f77b4", PROPAGATED: "#ff7f0e", "fail": "#d62728", "culprit": "#d62728",
+          "band": ("#e6ebf3", "#f4efe4"), "noise": "#7f7f7f", "failed_run": "#9467bd"}
+SVG_ID = "error-chart"  # the element the browser test looks for
+
+
+@dataclass
+class Axes:
+    """The y range the series share."""
+
+    floor: float  # where exact results sit
+    top: float
+
+
+def error_chart_svg(report: ErrorReport, first: int | None = None, last: int | None = None,
+                    element_id: str = SVG_ID, inches: tuple[float, float] = FIGURE_INCHES) -> str:
+    """The chart of ops [first, last] (default all) as an `<svg>` element with `element_id`."""
+    from matplotlib.figure import Figure  # heavy: only when a report is drawn
+    from matplotlib.ticker import MaxNLocator
+
+    points = report.points[first:None if last is None else last + 1] if first is not None else report.points
+    axes = _axes(points)
+    figure = Figure(figsize=inches, layout="constrained")
+    ax = figure.add_subplot()
+    lo, hi = (points[0].index, points[-1].index) if points else (0, 0)
+    _bands(ax, report, lo, hi)
+    for mode, marker in ((ISOLATED, "o"), (PROPAGATED, "s")):
+        _series(ax, points, mode, marker, axes)
+    _noise_floor(ax, points)
+    if report.culprit is not None and lo <= report.culprit.index <= hi:
+        culprit = report.culprit
+        ax.axvline(culprit.index, color=COLORS["culprit"], linewidth=1.2, linestyle="-", alpha=0.8, zorder=1)
+        ax.annotate(f"#{culprit.index} {culprit.name} ({culprit.verdict})", xy=(culprit.index, axes.top),
+                    xytext=(4, -14), textcoords="offset points", color=COLORS["culprit"], fontsize=9,
+                    fontweight="bold", va="top")
+    ax.set_yscale("log")
+    ax.set_ylim(axes.floor / 2, axes.top * 2)
+    ax.set_xlim(lo - 0.5, hi + 0.5)
+    ax.set_xlabel("op index (execution order)")
+    ax.set_ylabel("max |target - source| / absmax(source)")
+    ax.grid(True, which="major", axis="y", color="#dddddd", linewidth=0.6)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    figure.legend(loc="outside lower center", fontsize=8, ncols=4, frameon=False)
+    buffer = io.StringIO()
+    with _svg_text_as_text():
+        figure.savefig(buffer, format="svg")
+    return _inline(buffer.getvalue(), element_id)
+
+
+def zoom_range(report: ErrorReport) -> tuple[int, int] | None:
+    """The ops a zoomed chart shows (around the culprit), or None when the full chart is enough."""
+    if report.culprit is None or len(report.points) <= ZOOM_MIN_OPS:
+        return None
+    index = report.culprit.index
+    return max(0, index - ZOOM_RADIUS), min(len(report.points) - 1, index + ZOOM_RADIUS)
+
+
+def _axes(points) -> Axes:
+    errors = [e for p in points for e in (p.error(ISOLATED), p.error(PROPAGATED)) if e is not None]
+    finite = [e for e in errors if math.isfinite(e) and e > 0]
+    smallest = min(finite) if finite else 1e-6
+    floor = max(SMALLEST_FLOOR, 10 ** (math.floor(math.log10(smallest)) - FLOOR_DECADES_BELOW))
+    tolerances = [t for p in points for t in (p.tolerance(ISOLATED), p.tolerance(PROPAGATED)) if t]
+    top = min(LARGEST_ERROR, max(finite + tolerances + [floor * 10]))
+    return Axes(floor, top)
+
+
+def _plotted(value: float | None, axes: Axes) -> float | None:
+    if value is None:
+        return None
+    if not math.isfinite(value) or value > axes.top:
+        return axes.top
+    return max(value, axes.floor)
+
+
+def _series(ax, points, mode, marker: str, axes: Axes) -> None:
+    xs, ys, fails, exact, failed_runs, tol_x, tol_y = [], [], [], [], [], [], []
+    for point in points:
+        verdict = point.verdict(mode)
+        if verdict is None:
+            continue
+        if point.failed_run(mode):
+            failed_runs.append(point.index)
+            continue
+        error = point.error(mode)
+        if error is None:
+            continue
+        y = _plotted(error, axes)
+        xs.append(point.index)
+        ys.append(y)
+        if error == 0:
+            exact.append((point.index, y))
+        if verdict.failed:
+            fails.append((point.index, y))
+        tolerance = point.tolerance(mode)
+        if tolerance:
+            tol_x.append(point.index)
+            tol_y.append(tolerance)
+    color = COLORS[mode]
+    # isolated errors are independent per op: points; propagated ones flow along the chain: a line
+    ax.plot(xs, ys, color=color, linewidth=1.0 if mode == PROPAGATED else 0, alpha=0.85, marker=marker,
+            markersize=4 if mode == ISOLATED else 3, label=f"{mode} error", zorder=3)
+    if tol_x:
+        ax.step(tol_x, tol_y, where="mid", color=color, linestyle=":", linewidth=1.2, alpha=0.9,
+                label=f"{mode} tolerance", zorder=2)
+    if fails:
+        ax.scatter(*zip(*fails), s=46, facecolors="none", edgecolors=COLORS["fail"], linewidths=1.6, zorder=4,
+                   label=f"{mode} FAIL")
+    if exact and mode == ISOLATED:
+        ax.annotate("exact (error 0)", xy=(0, axes.floor), xycoords=("axes fraction", "data"), xytext=(4, 3),
+                    textcoords="offset points", fontsize=7, color="#555555")
+    if failed_runs:
+        ax.scatter(failed_runs, [axes.top] * len(failed_runs), marker="X", s=60, color=COLORS["failed_run"],
+                   zorder=5, label=f"{mode}: did not run")
+
+
+def _noise_floor(ax, points) -> None:
+    pairs = [(p.index, p.noise_floor()) for p in points if p.noise_floor() is not None]
+    if pairs:
+        xs, ys = zip(*pairs)
+        ax.step(xs, [max(y, SMALLEST_FLOOR) for y in ys], where="mid", color=COLORS["noise"], linewidth=1.0,
+                label="source noise floor", zorder=2)
+
+
+def _bands(ax, report: ErrorReport, lo: int, hi: int) -> None:
+    shades = COLORS["band"]
+    for number, band in enumerate(b for b in report.bands if b.last >= lo and b.first <= hi):
+        ax.axvspan(band.first - 0.5, band.last + 0.5, color=shades[number % 2], zorder=0, linewidth=0)
+        ax.axvline(band.first - 0.5, color="#c9d1de", linewidth=0.5, zorder=0)
+        if band.last - band.first + 1 >= BAND_LABEL_MIN_OPS or hi - lo < 40:
+            middle = (max(band.first, lo) + min(band.last, hi)) / 2
+            ax.text(middle, 1.0, band.path, transform=ax.get_xaxis_transform(), ha="center", va="bottom",
+                    fontsize=7, color="#44546a", rotation=0 if band.last - band.first > 8 else 45, clip_on=False)
+
+
+class _svg_text_as_text:
+    """Text as SVG <text> (selectable, small) rather than glyph paths, for this figure only."""
+
+    def __enter__(self):
+        import matplotlib
+
+        self._context = matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "tapml-dbg"})
+        self._context.__enter__()
+
+    def __exit__(self, *exc):
+        self._context.__exit__(*exc)
+
+
+def _inline(svg: str, element_id: str) -> str:
+    """The `<svg ...>` element alone (no XML prolog or doctype), with an id and a scalable width."""
+    start = svg.index("<svg")
+    element = svg[start:]
+    head_end = element.index(">")
+    head = element[:head_end]
+    head = head.replace("<svg", f'<svg id="{element_id}" role="img" aria-label="per-op error chart"', 1)
+    return head + element[head_end:]
