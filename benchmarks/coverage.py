@@ -297,7 +297,8 @@ run in its own subprocess with a {timeout:.0f} s limit. Columns:
 - **import**: `torch.export` + core-ATen decomposition + TVM {tvm} import (`from_exported_program`).
 - **record**: `tapml-dbg record` writes a complete trace (torch eager source).
 - **clean {target}**: `bisect` with no fault finds nothing: every op's *isolated* verdict passes
-  (fed recorded inputs) and the whole model's *propagated* output passes.
+  (fed recorded inputs) and the whole model's *propagated* output passes, under the default
+  noise-floor rule (docs/tolerance.md); an op whose import changed its type fails (a type verdict).
 - **fault bisect**: a x{scale} `scale` fault planted at a float32 op in the middle of the model
   (`tests/conftest.py: fault_transform`) is found by `bisect`: exactly that op, isolated verdict.
 - **s**: wall seconds for the row (all four stages; compile cache cold).
@@ -307,6 +308,10 @@ run in its own subprocess with a {timeout:.0f} s limit. Columns:
 KNOWN_CAUSES = {
     "falcon_mqa": "TVM limitation 1 below (negative index read out of bounds)",
     "convbert": "TVM limitation 2 below (`unfold` → `aten.index.Tensor` import)",
+    # a type verdict ([8]): RoBERTa-style position ids are a cumsum of the int32 mask
+    "roberta": "TVM limitation 4 below (an integer `cumsum` keeps int32; torch gives int64)",
+    "xlm_roberta": "TVM limitation 4 below (an integer `cumsum` keeps int32; torch gives int64)",
+    "mpnet": "TVM limitation 4 below (an integer `cumsum` keeps int32; torch gives int64)",
 }
 
 LIMITATIONS = """## Known TVM 0.27 limitations
@@ -356,6 +361,9 @@ a `tapml-dbg dump` command). Where a model config avoids it, the zoo does so and
            return (x > 0).cumsum(-1)
    ```
    Workaround (every text model of the zoo): pass an explicit int64 `attention_mask`.
+   The same converter keeps an int32 `cumsum` int32 (torch: int64): the values agree until they
+   pass 2^31, but the import changed the type, a type verdict (`roberta`, `xlm_roberta`, `mpnet`:
+   position ids are `mask.int().cumsum(1)`); `tapml-dbg bisect` names `cumsum`, class `type`.
 5. **`group_norm` without affine parameters fails to import** (any dtype):
    `torch.nn.GroupNorm(4, 16, affine=False)` on a (1, 16, 64) input gives `TVM import of
    aten.native_group_norm.default ... Check failed: (n.defined()) is false: Found null pointer

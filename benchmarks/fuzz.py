@@ -1,6 +1,6 @@
 """Fuzz the trace boundary: damaged and crafted variants of real traces through the CLI.
 
-Usage: python benchmarks/fuzz.py [--traces PATH|EXAMPLE ...] [--variants N] [--deep N] [--seed S]
+Usage: python benchmarks/fuzz.py [--traces PATH|EXAMPLE ...] [--variants N] [--deep N] [--seed S] [--work DIR]
        (default: the mlp, cnn and tiny_gpt2 examples, recorded into a temporary folder;
        5,000 variants for info, 500 of them also through bisect and replay)
 
@@ -17,8 +17,10 @@ tensor bit flips, `info --verify` must report the damage: a pass there is a miss
 
 Commands run in-process (`tapml_dbg.ui.cli.main`, output captured) inside one worker process at a
 time, so imports are paid once; a worker that dies or stops answering is replaced and its run
-counted as a crash or a hang. The table (kind x outcome per command), the distinct traceback
-places, the seed, the machine and the versions are printed at the end (docs/reliability.md).
+counted as a crash or a hang. Variant N of a seed is the same in every run (it has its own random
+generator), and every run is appended to `fuzz-log.jsonl` as it ends, so `--work DIR` resumes a
+campaign that was stopped. The table (kind x outcome per command), the distinct failure places,
+the seed, the machine and the versions are printed at the end (docs/reliability.md).
 Run it at low priority on a shared machine: `nice -n 19 python benchmarks/fuzz.py`.
 """
 
@@ -514,37 +516,76 @@ def variant_kinds(count: int, rng: random.Random) -> list[Kind]:
     return kinds
 
 
-def campaign(bases: list[Path], count: int, deep: int, seed: int, folder: Path, report=print) -> dict:
-    rng = random.Random(seed)
+def variant_rng(seed: int, number: int) -> random.Random:
+    """Each variant has its own generator: variant N of a seed is the same in any run (and a
+    campaign can resume)."""
+    return random.Random(seed * 1_000_003 + number)
+
+
+def campaign(bases: list[Path], count: int, deep: int, seed: int, folder: Path, log: Path, report=print) -> float:
+    """Run the variants not yet in `log` (JSON lines, one per run, then one per finished variant)."""
     layouts = {base: layout(base) for base in bases}
     foreign = folder / "foreign.h5"
     shutil.copyfile(bases[0], foreign)
-    table: dict[str, Counter] = defaultdict(Counter)  # (command, kind) -> outcomes
-    places: dict[str, set[str]] = defaultdict(set)
-    examples: dict[str, str] = {}
+    done = {entry["n"] for entry in read_log(log) if entry.get("done")}
     worker = Worker()
     started = time.perf_counter()
     deep_every = max(1, count // deep) if deep else 0
+    kinds = variant_kinds(count, random.Random(seed))
     try:
-        for number, kind in enumerate(variant_kinds(count, rng)):
-            base = bases[number % len(bases)]
-            variant = make_variant(base, layouts[base], kind, rng, folder / f"v{number % 2}.h5", foreign)
-            is_deep = deep_every and number % deep_every == 0 and number // deep_every < deep
-            for label, argv in commands(variant.path, bool(is_deep)):
-                timeout = DEEP_TIMEOUT_S if label in ("bisect --json", "replay -c") else INFO_TIMEOUT_S
-                result = worker.run(argv, timeout)
-                if label == "info --verify" and kind == Kind.TENSOR_BIT_FLIP and result.outcome == Outcome.OK:
-                    result = Result(Outcome.MISSED, variant.what)
-                table[(label, kind)][result.outcome] += 1
-                if result.outcome in FAILURES:
-                    key = f"{label}: {result.outcome.value}: {result.place}"
-                    places[label].add(key)
-                    examples.setdefault(key, f"{variant.trace} {kind.value}: {variant.what}\n{result.output[-600:]}")
-            if (number + 1) % 100 == 0:
-                report(f"  {number + 1}/{count} variants, {time.perf_counter() - started:.0f} s", flush=True)
+        with log.open("a") as out:
+            for number, kind in enumerate(kinds):
+                if number in done:
+                    continue
+                base = bases[number % len(bases)]
+                variant = make_variant(base, layouts[base], kind, variant_rng(seed, number), folder / "variant.h5",
+                                       foreign)
+                is_deep = deep_every and number % deep_every == 0 and number // deep_every < deep
+                for label, argv in commands(variant.path, bool(is_deep)):
+                    timeout = DEEP_TIMEOUT_S if label in ("bisect --json", "replay -c") else INFO_TIMEOUT_S
+                    result = worker.run(argv, timeout)
+                    if label == "info --verify" and kind == Kind.TENSOR_BIT_FLIP and result.outcome == Outcome.OK:
+                        result = Result(Outcome.MISSED, variant.what)
+                    failed = result.outcome in FAILURES
+                    out.write(json.dumps({"n": number, "trace": variant.trace, "kind": kind.value, "command": label,
+                                          "outcome": result.outcome.value, "place": result.place,
+                                          "what": variant.what if failed else "",
+                                          "output": result.output[-600:] if failed else ""}) + "\n")
+                out.write(json.dumps({"n": number, "done": True}) + "\n")
+                out.flush()
+                if (number + 1) % 100 == 0:
+                    report(f"  {number + 1}/{count} variants, {time.perf_counter() - started:.0f} s", flush=True)
     finally:
         worker.stop()
-    return {"table": table, "places": places, "examples": examples, "seconds": time.perf_counter() - started}
+    return time.perf_counter() - started
+
+
+def read_log(log: Path) -> list[dict]:
+    if not log.exists():
+        return []
+    entries = []
+    for line in log.read_text().splitlines():
+        try:
+            entries.append(json.loads(line))
+        except ValueError:  # the last line of a campaign that was killed mid-write
+            continue
+    return entries
+
+
+def summary(entries: list[dict]) -> tuple[dict, dict]:
+    """(command, kind) -> outcome counts, and failure place -> an example, over finished variants."""
+    finished = {entry["n"] for entry in entries if entry.get("done")}
+    table: dict = defaultdict(Counter)
+    failures: dict[str, str] = {}
+    for entry in entries:
+        if entry.get("done") or entry["n"] not in finished:
+            continue
+        outcome = Outcome(entry["outcome"])
+        table[(entry["command"], Kind(entry["kind"]))][outcome] += 1
+        if outcome in FAILURES:
+            key = f"{entry['command']}: {outcome.value}: {entry['place']}"
+            failures.setdefault(key, f"{entry['trace']} {entry['kind']}: {entry['what']}\n{entry['output']}")
+    return table, failures
 
 
 def machine_text() -> str:
@@ -588,6 +629,9 @@ def record_examples(names: list[str], folder: Path) -> list[Path]:
             paths.append(Path(name))
             continue
         out = folder / f"{name}.h5"
+        if out.exists():  # a resumed campaign fuzzes the very same traces
+            paths.append(out)
+            continue
         subprocess.run([sys.executable, "-m", "tapml_dbg", "record", str(ROOT / "examples" / f"{name}.py"), "-o",
                         str(out)], check=True, capture_output=True)
         paths.append(out)
@@ -600,23 +644,27 @@ def main() -> int:
     parser.add_argument("--variants", type=int, default=DEFAULT_VARIANTS)
     parser.add_argument("--deep", type=int, default=DEFAULT_DEEP, help="variants also run through bisect and replay")
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED)
+    parser.add_argument("--work", metavar="DIR", help="keep the traces and the run log (fuzz-log.jsonl) here; the "
+                                                      "same command with the same DIR resumes (default: a temp dir)")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="tapml-fuzz-") as tmp:
-        folder = Path(tmp)
+    with contextlib.ExitStack() as stack:
+        folder = Path(args.work) if args.work else Path(stack.enter_context(tempfile.TemporaryDirectory(
+            prefix="tapml-fuzz-")))
+        folder.mkdir(parents=True, exist_ok=True)
         bases = record_examples(args.traces, folder)
         sizes = ", ".join(f"{p.stem} ({p.stat().st_size // 1024} KiB, {len(layout(p))} datasets)" for p in bases)
         print(f"fuzzing {sizes}: {args.variants} variants, {args.deep} deep, seed {args.seed}", flush=True)
-        result = campaign(bases, args.variants, args.deep, args.seed, folder)
+        log = folder / "fuzz-log.jsonl"
+        seconds = campaign(bases, args.variants, args.deep, args.seed, folder, log)
+        table, failures = summary(read_log(log))
     labels = ["info", "info --json", "info --verify", "bisect --json", "replay -c"]
     print(f"\nmachine: {machine_text()}")
     print(f"seed {args.seed}, {args.variants} variants of {len(bases)} traces ({sizes}), {args.deep} deep; "
-          f"{result['seconds']:.0f} s")
-    print(table_text(result["table"], labels))
-    failures = sum(n for (_, _), counts in result["table"].items() for o, n in counts.items() if o in FAILURES)
-    print(f"\nfailures: {failures}")
-    for label in labels:
-        for place in sorted(result["places"].get(label, ())):
-            print(f"  {place}\n    e.g. {result['examples'][place][:600]}")
+          f"{seconds:.0f} s in this run")
+    print(table_text(table, labels))
+    print(f"\nfailures: {sum(n for counts in table.values() for o, n in counts.items() if o in FAILURES)}")
+    for place, example in sorted(failures.items()):
+        print(f"  {place}\n    e.g. {example[:600]}")
     return 1 if failures else 0
 
 

@@ -214,6 +214,13 @@ def run_session(trace: str, *, minutes: float | None = None, loops: int | None =
 
 # ---- Ctrl-C in a replay ------------------------------------------------------------------------
 
+def sigint_default() -> None:
+    """In the child before exec: SIGINT back to its default. A process started with `&` by a
+    script ignores SIGINT, its children inherit that, and Python then installs no handler: the
+    Ctrl-C under test would be ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @dataclass
 class InterruptReport:
     exit_code: int | None
@@ -231,7 +238,8 @@ def interrupt_replay(trace: str, command: str = "bisect; step 10000", after_s: f
     if cache_dir:
         env["TAPML_CACHE_DIR"] = cache_dir
     replay = subprocess.Popen([sys.executable, "-m", "tapml_dbg", "replay", str(trace), "-c", command],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              preexec_fn=sigint_default)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and replay.poll() is None:
         if any(wait_for in line for line in marked_processes(mark)):

@@ -72,7 +72,8 @@ def test_ctrl_c_while_a_worker_compiles_leaves_nothing(trace, tmp_path):
     scratch, cache = _empty(tmp_path / "tmp"), _empty(tmp_path / "cache")  # an empty cache: it compiles
     env = dict(os.environ, **{long_session.MARK_ENV: mark}, TMPDIR=str(scratch), TAPML_CACHE_DIR=str(cache))
     replay = subprocess.Popen([sys.executable, "-m", "tapml_dbg", "replay", trace, "-c", "step 20"], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              preexec_fn=long_session.sigint_default)
     try:
         assert _wait_for(lambda: _build_folders(scratch), replay), "the worker never started a build"
         replay.send_signal(signal.SIGINT)
