@@ -1,6 +1,6 @@
 """Fuzz the trace boundary: damaged and crafted variants of real traces through the CLI.
 
-Usage: python benchmarks/fuzz.py [--traces PATH|EXAMPLE ...] [--variants N] [--deep N] [--seed S] [--work DIR]
+Usage: python benchmarks/fuzz.py [--traces PATH|EXAMPLE ...] [--variants N] [--deep N] [--seed S] [--jobs N] [--work DIR]
        (default: the mlp, cnn and tiny_gpt2 examples, recorded into a temporary folder;
        5,000 variants for info, 500 of them also through bisect and replay)
 
@@ -39,6 +39,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections import Counter, defaultdict
@@ -522,41 +523,62 @@ def variant_rng(seed: int, number: int) -> random.Random:
     return random.Random(seed * 1_000_003 + number)
 
 
-def campaign(bases: list[Path], count: int, deep: int, seed: int, folder: Path, log: Path, report=print) -> float:
-    """Run the variants not yet in `log` (JSON lines, one per run, then one per finished variant)."""
+def campaign(bases: list[Path], count: int, deep: int, seed: int, folder: Path, log: Path, report=print,
+             jobs: int = 1) -> float:
+    """Run the variants not yet in `log` (JSON lines, one per run, then one per finished variant), on
+    `jobs` workers at once (threads, each driving its own worker process and variant file)."""
     layouts = {base: layout(base) for base in bases}
     foreign = folder / "foreign.h5"
     shutil.copyfile(bases[0], foreign)
     done = {entry["n"] for entry in read_log(log) if entry.get("done")}
-    worker = Worker()
     started = time.perf_counter()
     deep_every = max(1, count // deep) if deep else 0
     kinds = variant_kinds(count, random.Random(seed))
-    try:
-        with log.open("a") as out:
-            for number, kind in enumerate(kinds):
-                if number in done:
-                    continue
-                base = bases[number % len(bases)]
-                variant = make_variant(base, layouts[base], kind, variant_rng(seed, number), folder / "variant.h5",
-                                       foreign)
-                is_deep = deep_every and number % deep_every == 0 and number // deep_every < deep
-                for label, argv in commands(variant.path, bool(is_deep)):
-                    timeout = DEEP_TIMEOUT_S if label in ("bisect --json", "replay -c") else INFO_TIMEOUT_S
-                    result = worker.run(argv, timeout)
-                    if label == "info --verify" and kind == Kind.TENSOR_BIT_FLIP and result.outcome == Outcome.OK:
-                        result = Result(Outcome.MISSED, variant.what)
-                    failed = result.outcome in FAILURES
-                    out.write(json.dumps({"n": number, "trace": variant.trace, "kind": kind.value, "command": label,
-                                          "outcome": result.outcome.value, "place": result.place,
-                                          "what": variant.what if failed else "",
-                                          "output": result.output[-600:] if failed else ""}) + "\n")
-                out.write(json.dumps({"n": number, "done": True}) + "\n")
-                out.flush()
-                if (number + 1) % 100 == 0:
-                    report(f"  {number + 1}/{count} variants, {time.perf_counter() - started:.0f} s", flush=True)
-    finally:
-        worker.stop()
+    todo = [(number, kind) for number, kind in enumerate(kinds) if number not in done]
+    lock = threading.Lock()
+    finished = [len(done)]
+
+    def run_variant(worker: Worker, slot: int, number: int, kind: Kind, out) -> None:
+        base = bases[number % len(bases)]
+        variant = make_variant(base, layouts[base], kind, variant_rng(seed, number), folder / f"variant{slot}.h5",
+                               foreign)
+        is_deep = deep_every and number % deep_every == 0 and number // deep_every < deep
+        lines = []
+        for label, argv in commands(variant.path, bool(is_deep)):
+            timeout = DEEP_TIMEOUT_S if label in ("bisect --json", "replay -c") else INFO_TIMEOUT_S
+            began = time.perf_counter()
+            result = worker.run(argv, timeout)
+            seconds = time.perf_counter() - began
+            if label == "info --verify" and kind == Kind.TENSOR_BIT_FLIP and result.outcome == Outcome.OK:
+                result = Result(Outcome.MISSED, variant.what)
+            failed = result.outcome in FAILURES
+            lines.append(json.dumps({"n": number, "trace": variant.trace, "kind": kind.value, "command": label,
+                                     "outcome": result.outcome.value, "place": result.place,
+                                     "what": variant.what if failed else "",
+                                     "output": result.output[-600:] if failed else "",
+                                     "s": round(seconds, 3)}))
+        lines.append(json.dumps({"n": number, "done": True}))
+        with lock:
+            out.write("\n".join(lines) + "\n")
+            out.flush()
+            finished[0] += 1
+            if finished[0] % 100 == 0:
+                report(f"  {finished[0]}/{count} variants, {time.perf_counter() - started:.0f} s", flush=True)
+
+    def drive(slot: int, out) -> None:
+        worker = Worker()
+        try:
+            for number, kind in todo[slot::jobs]:
+                run_variant(worker, slot, number, kind, out)
+        finally:
+            worker.stop()
+
+    with log.open("a") as out:
+        threads = [threading.Thread(target=drive, args=(slot, out), daemon=True) for slot in range(jobs)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
     return time.perf_counter() - started
 
 
@@ -622,6 +644,16 @@ def table_text(table: dict, commands_seen: list[str]) -> str:
     return "\n".join(lines)
 
 
+def timing_text(entries: list[dict], labels: list[str]) -> str:
+    """Seconds per run of each command (median and slowest), from the log's timed entries."""
+    lines = ["| command | runs | median s | slowest s |", "|---|---:|---:|---:|"]
+    for label in labels:
+        times = sorted(entry["s"] for entry in entries if entry.get("command") == label and "s" in entry)
+        if times:
+            lines.append(f"| `{label}` | {len(times)} | {times[len(times) // 2]:.2f} | {times[-1]:.1f} |")
+    return "\n".join(lines)
+
+
 def record_examples(names: list[str], folder: Path) -> list[Path]:
     paths = []
     for name in names:
@@ -644,6 +676,7 @@ def main() -> int:
     parser.add_argument("--variants", type=int, default=DEFAULT_VARIANTS)
     parser.add_argument("--deep", type=int, default=DEFAULT_DEEP, help="variants also run through bisect and replay")
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED)
+    parser.add_argument("--jobs", type=int, default=1, help="variants run at once (one worker process each)")
     parser.add_argument("--work", metavar="DIR", help="keep the traces and the run log (fuzz-log.jsonl) here; the "
                                                       "same command with the same DIR resumes (default: a temp dir)")
     args = parser.parse_args()
@@ -655,13 +688,14 @@ def main() -> int:
         sizes = ", ".join(f"{p.stem} ({p.stat().st_size // 1024} KiB, {len(layout(p))} datasets)" for p in bases)
         print(f"fuzzing {sizes}: {args.variants} variants, {args.deep} deep, seed {args.seed}", flush=True)
         log = folder / "fuzz-log.jsonl"
-        seconds = campaign(bases, args.variants, args.deep, args.seed, folder, log)
+        seconds = campaign(bases, args.variants, args.deep, args.seed, folder, log, jobs=args.jobs)
         table, failures = summary(read_log(log))
     labels = ["info", "info --json", "info --verify", "bisect --json", "replay -c"]
     print(f"\nmachine: {machine_text()}")
     print(f"seed {args.seed}, {args.variants} variants of {len(bases)} traces ({sizes}), {args.deep} deep; "
           f"{seconds:.0f} s in this run")
     print(table_text(table, labels))
+    print("\n" + timing_text(read_log(log), labels))
     print(f"\nfailures: {sum(n for counts in table.values() for o, n in counts.items() if o in FAILURES)}")
     for place, example in sorted(failures.items()):
         print(f"  {place}\n    e.g. {example[:600]}")
