@@ -96,7 +96,7 @@ def test_parallel_bisect_over_a_tracker_gives_the_sequential_answer_on_both_serv
     with Session.open(path, tracker=tracker.address, key=KEY, transform=transform,
                       cache_dir=tmp_path / "cache") as session:
         assert session.pool.size == 2  # one lane per free server
-        parallel = session.bisect()  # probes two prefixes a round, sweeps ops 0..12 in two batches
+        parallel = session.bisect()  # probes two prefixes a round, sweeps ops 0..12 one unit each over both lanes
         assert all(count > 0 for count in session.pool.units), session.pool.units  # both lanes worked
         assert _free(tracker) == 0  # each lane holds a lease on its own server
     assert all(after > start for after, start in zip((s.sessions() for s in servers), before))
@@ -126,7 +126,7 @@ def test_carve_over_a_tracker_checks_every_op_there(traces, farm, tmp_path):
 def test_a_crash_in_one_lane_is_that_ops_verdict_only(traces, tmp_path):
     transform = fault_transform(tmp_path, "out_of_bounds", "gelu_1")  # the kernel segfaults when run
     with Session.open(traces.get("mlp"), transform=transform, parallel=2, cache_dir=tmp_path / "cache") as session:
-        ops = range(8, 20)  # two batches, 8..13 and 14..19; the first crashes and is redone op by op
+        ops = range(8, 20)  # one unit per op over two lanes; gelu_1's (op 13) crashes its lane's worker
         verdicts = session.isolated_many(ops)
         assert _statuses(verdicts) == {i: "crash" if i == 13 else "pass" for i in ops}
         assert "SIGSEGV" in verdicts[13].message

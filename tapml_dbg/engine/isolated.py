@@ -1,22 +1,21 @@
-"""Isolated verdicts (each op alone on recorded inputs), cached, many per unit, over every lane.
+"""Isolated verdicts (each op alone on recorded inputs), cached, one unit per op, over every lane.
 
-A batch of ops compiles and runs as one unit, so one compile gives many verdicts; a batch that
-fails to compile or crashes is redone op by op, so a crash is that op's verdict only.
+Each op is its own unit, so the compile cache (keyed by the unit's structure after the user's
+transform) compiles an op once however many identical copies of it the model holds (GPT-2 124M:
+717 ops, 68 distinct units), and an edited transform recompiles only the ops it changes. The
+units of a sweep go through `Lanes.dispatch`: compiled side by side on the compile lanes, run
+as they are built; a crash is that op's verdict only.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Callable
 
 from tapml_dbg.engine.requests import RequestBuilder
-from tapml_dbg.engine.search import chunks
 from tapml_dbg.judge.verdict import ISOLATED, Status, Verdict
 from tapml_dbg.model.graph import OpInfo
 from tapml_dbg.runtime.lanes import Lanes
 from tapml_dbg.runtime.messages import UnitRequest, UnitResult
-
-DEFAULT_SWEEP_CHUNK = 64  # ops per isolated-sweep unit: one compile covers this many verdicts
 
 Judge = Callable[[int, str, UnitResult, list], Verdict]  # (index, mode, result, outputs) -> verdict
 Progress = Callable[..., None]
@@ -34,7 +33,6 @@ class IsolatedVerdicts:
         self.requests = requests
         self.lanes = lanes
         self.judge = judge
-        self.chunk = DEFAULT_SWEEP_CHUNK
         self.cache: dict[int, Verdict] = {}
 
     def clear(self) -> None:
@@ -75,45 +73,26 @@ class IsolatedVerdicts:
 
     def fill(self, indices: list[int], progress: Progress = _noop, stop_at_failure: bool = False,
              also: list[int] = ()) -> None:
-        """Fill the cache for `indices`: batches of ops, lowest first, over all lanes.
+        """Fill the cache for `indices`: one unit per op, lowest first, over all lanes.
 
         With `stop_at_failure`, units above the first failing op are not started: the lowest
         failing op is then the one a sequential sweep finds, whatever the lane count.
         """
-        todo = [i for i in indices if i not in self.cache and self.ops[i].outputs]
-        size = self.chunk
-        if self.lanes.size > 1 and todo:  # at least one batch per lane
-            size = max(1, min(size, math.ceil(len(todo) / self.lanes.size)))
-        batches = chunks(todo, size)
-        finished = 0
+        first = [i for i in dict.fromkeys(also) if i not in self.cache]
+        todo = [i for i in dict.fromkeys(indices) if i not in self.cache and i not in first and self.ops[i].outputs]
+        wanted, swept, finished = set(indices), set(todo), 0
         with self.lanes.dispatch() as work:
-            for index in also:
-                if index not in self.cache:
-                    request = self.request(index)
-                    if isinstance(request, UnitRequest):
-                        work.submit(-1, ("op", index), request)
-            for batch in batches:
-                request = self.requests.batch(batch)
-                if request is None:
-                    self._submit_singles(work, batch)
-                else:
-                    work.submit(batch[0], ("batch", batch), request)
-            for (kind, what), result in work:
-                result = self.lanes.counted(result)
-                if kind == "op":
-                    failed = [what] if self.done(what, result).failed else []
-                elif not result.ok:  # a batch that fails to compile or crashes: find the op(s) one by one
-                    self._submit_singles(work, what)
-                    failed = []
-                else:
-                    for index, outputs in zip(what, result.outputs):
-                        self.cache[index] = self.judge(index, ISOLATED, result, outputs)
-                    failed = [i for i in what if self.cache[i].failed]
-                if kind == "batch":
+            for index in first:  # first, and never cancelled
+                self._submit(work, -1, index)
+            for index in todo:
+                self._submit(work, index, index)
+            for index, result in work:
+                verdict = self.done(index, self.lanes.counted(result))
+                if index in swept:
                     finished += 1
-                    progress(finished, len(batches), f"isolated sweep {what[0]}..{what[-1]}")
-                if stop_at_failure and failed and (kind == "batch" or what in indices):
-                    work.cancel_above(failed[0])
+                    progress(finished, len(todo), f"isolated sweep op {index}")
+                if stop_at_failure and verdict.failed and index in wanted:
+                    work.cancel_above(index)
 
     def fill_window(self, indices: list[int]) -> None:
         """Verdicts of a few ops side by side, one unit each (the neighbourhood of a culprit)."""
@@ -122,14 +101,11 @@ class IsolatedVerdicts:
         with self.lanes.dispatch() as work:
             for i in indices:
                 if i not in self.cache:
-                    request = self.request(i)
-                    if isinstance(request, UnitRequest):
-                        work.submit(i, i, request)
+                    self._submit(work, i, i)
             for i, result in work:
                 self.done(i, self.lanes.counted(result))
 
-    def _submit_singles(self, work, batch: list[int]) -> None:
-        for index in batch:
-            request = self.request(index)
-            if isinstance(request, UnitRequest):
-                work.submit(index, ("op", index), request)
+    def _submit(self, work, key, index: int) -> None:
+        request = self.request(index)
+        if isinstance(request, UnitRequest):  # else `get` says why it has no verdict, without compiling
+            work.submit(key, index, request)

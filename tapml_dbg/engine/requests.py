@@ -16,8 +16,8 @@ import numpy as np
 from tapml_dbg.errors import TraceError
 from tapml_dbg.model.graph import OpInfo, TensorSpec
 from tapml_dbg.model.serialize import function_to_json
-from tapml_dbg.model.units import UnitSpec, build_isolated_batch, build_unit
-from tapml_dbg.runtime.messages import UnitRequest
+from tapml_dbg.model.units import UnitSpec, build_unit
+from tapml_dbg.runtime.messages import ChainRequest, UnitRequest
 from tapml_dbg.trace import TraceReader
 
 
@@ -104,6 +104,21 @@ class RequestBuilder:
         func, spec = build_unit(self.main, names, outputs)
         return self.request(func, spec, target_values)
 
+    def chain(self, indices: list[int], keep: list[int] | None = None) -> ChainRequest:
+        """Ops `indices` (in order) each as its own one-op unit, chained on the target: an input that
+        an earlier op of the chain computes is that op's target value, any other a recorded one.
+        `keep`: the ops whose values come back (default: all)."""
+        units, names = [], []
+        for index in indices:
+            name = self.ops[index].name
+            func, spec = build_unit(self.main, [name], [name])
+            refs = [("chain", value, field) if value in names else self.recorded_ref(value, field)
+                    for value, field in spec.inputs]
+            units.append(UnitRequest(unit_json=function_to_json(func), inputs=refs, outputs=spec.outputs))
+            names.append(name)
+        kept = names if keep is None else [self.ops[i].name for i in keep]
+        return ChainRequest(units, names, kept)
+
     def isolated(self, index: int) -> UnitRequest | str:
         """Op `index` alone on recorded inputs, or why it cannot have one (raises nothing)."""
         missing = self.missing(index)
@@ -114,14 +129,6 @@ class RequestBuilder:
             return self.ops_request([name], [name])
         except TraceError as exc:
             return str(exc)
-
-    def batch(self, indices: list[int]) -> UnitRequest | None:
-        """Many ops side by side in one unit, each on recorded inputs; None when one lacks values."""
-        try:
-            func, spec = build_isolated_batch(self.main, [self.ops[i].name for i in indices])
-            return self.request(func, spec)
-        except TraceError:
-            return None
 
     def compile_only(self, index: int) -> UnitRequest:
         name = self.ops[index].name

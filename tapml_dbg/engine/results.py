@@ -35,15 +35,19 @@ class Culprit:
     message: str = ""
     wrong: WrongClass | None = None  # what kind of wrong (judge/classify.py); None for a failed run
     evidence: str = ""  # why it is that class
+    unit: list[tuple[int, str]] = field(default_factory=list)  # a fused culprit's unit: (index, name) in order
 
     @property
     def summary(self) -> str:
         return self.metrics.summary() if self.metrics else self.message
 
     def to_json(self) -> dict:
+        fused = {"first": self.unit[0][0], "last": self.unit[-1][0], "size": len(self.unit),
+                 "ops": [{"index": i, "name": n} for i, n in self.unit]} if self.unit else None
         return {"index": self.index, "name": self.name, "op": self.op, "layer": self.layer,
                 "verdict": self.verdict, "class": self.wrong, "evidence": self.evidence,
-                "metrics": self.metrics.to_json() if self.metrics else {}, "message": self.message}
+                "metrics": self.metrics.to_json() if self.metrics else {}, "message": self.message,
+                "fused": fused}
 
 
 @dataclass

@@ -11,7 +11,10 @@ the object, not on the session:
    before the model's output is still found (the lowest failing op wins);
 4. types: an op whose import declares another dtype or shape than the source computed is a
    divergence of its own (a type verdict), known from the trace without running anything; the
-   lowest one below the candidate wins too, even when no value downstream differs.
+   lowest one below the candidate wins too, even when no value downstream differs;
+5. fused: only when the culprit is still the search's propagated candidate (its isolated verdict
+   passes and the probe just before it passed, so every input it reads is right), the op is
+   told from a fusion bug (`engine.fused`); nothing runs in this phase otherwise.
 The culprit's failing verdict is then judged once more with a second run of its unit
 (`Session.explain`), so a nondeterministic kernel is told from a wrong one; it carries its class.
 """
@@ -23,8 +26,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from tapml_dbg.engine import fused
 from tapml_dbg.engine.results import BisectResult, Culprit, StepResult
-from tapml_dbg.judge.verdict import ISOLATED, PROPAGATED, Mode, Status, Verdict, WrongClass
+from tapml_dbg.judge.verdict import FUSED, ISOLATED, PROPAGATED, Mode, Status, Verdict, WrongClass
 from tapml_dbg.model.analysis import frontier
 from tapml_dbg.runtime.messages import UnitResult
 
@@ -174,6 +178,8 @@ class Bisection:
             if culprit is None:
                 self.notes.append(TYPE_NOTE)
             culprit = self._culprit(typed[0], session.isolated(typed[0]), ISOLATED)
+        if culprit is not None and culprit.verdict == PROPAGATED and culprit.index == candidate:
+            culprit = self.fused_phase(candidate) or culprit
         # the search's own units: the neighbourhood is display, the culprit's second run classification
         probes = session.lanes.units - units_before - self.explain_units
         neighbourhood = self.neighbourhood(culprit.index) if culprit else []
@@ -250,6 +256,27 @@ class Bisection:
         if op.name not in names:
             return Verdict(index, op.name, PROPAGATED, Status.ERROR, message="no value for the op in the probe")
         return self.session.judge(index, PROPAGATED, probe, probe.outputs[names.index(op.name)])
+
+    # -- phase 5: fused ----------------------------------------------------------------------
+    def fused_phase(self, candidate: int) -> Culprit | None:
+        """The propagated candidate as a fused culprit, when only a unit with its producers is wrong."""
+        if candidate != self.first and (candidate - 1, False) not in self.search_trace.probes:
+            return None  # an input of the candidate may be wrong already: not a fusion question
+        unit = fused.diagnose(self.session, candidate, self.first, self._upstream_values(candidate))
+        return self.fused_culprit(unit) if unit is not None else None
+
+    def fused_culprit(self, unit: fused.FusedUnit) -> Culprit:
+        op, verdict = self.session.ops[unit.index], unit.verdict
+        return Culprit(op.index, op.name, op.op, op.layer, FUSED, verdict.worst, unit.describe(), verdict.wrong,
+                       verdict.evidence, unit=list(zip(unit.ops, unit.names)))
+
+    def _upstream_values(self, index: int) -> dict | None:
+        """The target's values of op `index`'s inputs, from the passing probe of [first, index - 1]."""
+        probe = self.probe_results.get(index - 1)
+        if probe is None or not probe.ok:
+            return None
+        wanted = set(self.session.ops[index].inputs)
+        return {name: values for name, values in zip(self._frontier(index - 1), probe.outputs) if name in wanted}
 
     # -- what is searched, and what is shown ------------------------------------------------
     def _search_range(self) -> tuple[int, int, list[str]]:

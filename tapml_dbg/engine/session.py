@@ -17,6 +17,8 @@ import numpy as np
 
 from tapml_dbg.engine.compile_check import compile_all
 from tapml_dbg.engine.isolated import IsolatedVerdicts
+from tapml_dbg.engine.migrate import MigrateResult, Migration
+from tapml_dbg.engine.mixed import MixedRun, MixedRunner
 from tapml_dbg.engine.references import SourceReference, load_source_graph
 from tapml_dbg.engine.requests import RequestBuilder
 from tapml_dbg.engine.results import BisectResult, CompileReport, StepResult
@@ -66,6 +68,7 @@ class Session:
         # one lane per free tracker server (or --parallel N); lane 0 also does the sequential work
         self.lanes = Lanes(str(reader.path), self.spec, str(cache_dir))
         self.isolated_verdicts = IsolatedVerdicts(self.ops, self.requests, self.lanes, self.judge)
+        self._mixed_runner: MixedRunner | None = None
         self.reset()
 
     @classmethod
@@ -169,16 +172,18 @@ class Session:
         return note[len(CAST_NOTE_PREFIX):] if note.startswith(CAST_NOTE_PREFIX) else None
 
     def judge(self, index: int, mode: Mode, result: UnitResult, outputs: list[np.ndarray] | None,
-              rerun: list[np.ndarray] | None = None) -> Verdict:
+              rerun: list[np.ndarray] | None = None, fed_by_target: set[str] | None = None) -> Verdict:
         """The verdict of op `index` given what its unit returned (`rerun`: a second run's outputs,
-        the evidence of a `nondeterministic` class)."""
+        the evidence of a `nondeterministic` class; `fed_by_target`: the ops whose target values fed
+        it, when not the session's propagated replay, e.g. in a mixed run)."""
         op = self.ops[index]
         if not result.ok:
             return failed_run(index, op.name, mode, result.status, result.message)
         if index not in self.recorded:
             return Verdict(index, op.name, mode, Status.MISSING, message=self.reader.missing_values_message(index))
         reference = self.reference.isolated(index) if mode == ISOLATED else self.reference.propagated(index)
-        fed_by_target = set(self.target_values) if mode == PROPAGATED else set()
+        if fed_by_target is None:
+            fed_by_target = set(self.target_values) if mode == PROPAGATED else set()
         facts = Facts(self.reference.type_changes.get(index, []),
                       self.requests.cast_inputs(index, fed_by_target, self.dead_fields))
 
@@ -332,6 +337,23 @@ class Session:
     def bisect(self, sweep: bool = True, progress: Progress = _noop) -> BisectResult:
         """Find the first divergent op (the phases: `engine.search.Bisection`)."""
         return Bisection(self, sweep, progress).run()
+
+    def run_mixed(self, offload: list[int] | None = None, verdicts: bool = True,
+                  progress: Progress = _noop) -> MixedRun:
+        """The whole model once: `offload` (default: the offload set) on the target, the rest on the
+        source runner (`engine.mixed`)."""
+        chosen = sorted(self.offload) if offload is None else offload
+        return self.mixed_runner.run(chosen, verdicts=verdicts, progress=progress)
+
+    def migrate(self, by: str = "layer", one_at_a_time: bool = False, progress: Progress = _noop) -> MigrateResult:
+        """TapML's gradual offload, one mixed run per step, and the op that breaks the output (`engine.migrate`)."""
+        return Migration(self, by, one_at_a_time, progress, self.mixed_runner).run()
+
+    @property
+    def mixed_runner(self) -> MixedRunner:
+        if self._mixed_runner is None:
+            self._mixed_runner = MixedRunner(self)
+        return self._mixed_runner
 
     def compile_all(self, progress: Progress = _noop) -> CompileReport:
         """Compile every op for the target without running it; failures become verdicts."""

@@ -13,9 +13,10 @@ class Mode(StrEnum):
 
     ISOLATED = "isolated"  # the recorded source inputs: "this kernel is wrong"
     PROPAGATED = "propagated"  # the target's own upstream values: "the error arrives here"
+    FUSED = "fused"  # recorded inputs of a unit holding the op and its producers: "wrong only compiled together"
 
 
-ISOLATED, PROPAGATED = Mode.ISOLATED, Mode.PROPAGATED
+ISOLATED, PROPAGATED, FUSED = Mode.ISOLATED, Mode.PROPAGATED, Mode.FUSED
 
 
 class Status(StrEnum):
@@ -48,6 +49,7 @@ class WrongClass(StrEnum):
     PRECISION = "precision"  # explained by accumulating in the output's low precision
     SEMANTIC = "semantic"  # far outside any precision explanation: the kernel computes something else
     NONDETERMINISTIC = "nondeterministic"  # two runs of the same unit differ: out-of-bounds reads, races
+    FUSED = "fused"  # right alone and on right inputs, wrong compiled with its producers: a fusion/schedule bug
 
 
 @dataclass

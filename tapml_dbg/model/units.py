@@ -26,7 +26,16 @@ class UnitSpec:
 
 
 def bindings_by_name(main) -> dict:
-    return {b.var.name: b for block in main.body.blocks for b in block.bindings}
+    """Binding name -> binding of `main`; the last function's table is kept (walking a GPT-2 `main`
+    through TVM's containers costs ~4 ms, and a sweep builds one unit per op)."""
+    if _last_table and _last_table[0] is main:
+        return _last_table[1]
+    table = {b.var.name: b for block in main.body.blocks for b in block.bindings}
+    _last_table[:] = [main, table]
+    return table
+
+
+_last_table: list = []  # [main, its table]: IR is immutable, so the same object has the same table
 
 
 def build_unit(main, op_names: list[str], outputs: list[str]):
@@ -87,49 +96,6 @@ def _rebind(binding, remap):
     return relax.VarBinding(binding.var, substitute(binding.value, remap))
 
 
-def build_isolated_batch(main, op_names: list[str]):
-    """Many ops in one function, each fed only recorded values (none reads another's result).
-
-    Used by the isolated sweep: one compile and one run give every op's isolated verdict.
-    Each free variable becomes a parameter named `<name>__in`; tuple inputs are packed as in
-    `build_unit`.
-    """
-    from tvm import relax
-
-    table = bindings_by_name(main)
-    params: list = []
-    spec_inputs: list[tuple[str, int]] = []
-    prologue: list = []
-    remap: dict = {}
-    for name in op_names:
-        for var in relax.analysis.free_vars(table[name].value):
-            if var in remap:
-                continue
-            if isinstance(var.ty, relax.TupleType):
-                remap[var] = _tuple_input(var, f"{var.name}__in", f"{var.name}__in", params, spec_inputs,
-                                          prologue)
-            else:
-                fresh = relax.Var(f"{var.name}__in", var.ty)
-                params.append(fresh)
-                spec_inputs.append((var.name, -1))
-                remap[var] = fresh
-    builder = relax.BlockBuilder()
-    with builder.function("main", params, attrs={"num_input": len(params)}, pure=True):
-        for binding in prologue:
-            builder.emit_normalized(binding)
-        results = []
-        for name in op_names:
-            binding = table[name]
-            value = substitute(binding.value, remap)
-            if isinstance(binding, relax.MatchCast):
-                results.append(builder.match_cast(value, binding.ty, name))
-            else:
-                results.append(builder.emit(value, name))
-        builder.emit_func_output(relax.Tuple(results))
-    func = builder.get()["main"]
-    return func, UnitSpec(ops=list(op_names), outputs=list(op_names), inputs=spec_inputs)
-
-
 def substitute(expr, mapping: dict):
     """Replace free variables in a Relax expression (TVM 0.27 has no public `bind` helper)."""
     with _interrupts_held():
@@ -156,7 +122,7 @@ def _interrupts_held():
 @functools.cache
 def _substituter_class():
     """The mutator class, made once: TVM keeps every class `@mutator` makes (~7 KiB each), and a
-    session substitutes for every op of every batch it builds."""
+    session substitutes for every op of every unit it builds."""
     from tvm import relax
 
     @relax.expr_functor.mutator

@@ -23,6 +23,7 @@ from .comparison import compare, format_metrics
 from .errors import PortableError, one_line
 from .loader import load_function
 from .runner import DEFAULT_TARGET, Runner
+from .standalone import standalone_script
 
 FORMAT = "tapml-repro"
 FORMAT_VERSION = 1
@@ -112,7 +113,7 @@ class OpCheck:
 
     def lines(self) -> list[str]:
         op = self.op
-        head = (f"op #{op['index']} {op['name']} ({op['op']}"
+        head = (f"{describe(op)} ({op['op']}"
                 + (f", layer {op['layer']}" if op.get("layer") else "") + f") on {self.where}: {self.status}")
         lines = [head]
         if self.message:
@@ -128,7 +129,20 @@ class OpCheck:
         return "\n".join(self.lines())
 
 
+def describe(op: dict) -> str:
+    """How a report names the repro's op: 'op #9 _softmax', or a multi-op unit by its ops."""
+    unit = op.get("unit")
+    if not unit:
+        return f"op #{op['index']} {op['name']}"
+    return (f"unit #{unit[0]['index']}..#{unit[-1]['index']} ({len(unit)} ops compiled as one function: "
+            + ", ".join(item["name"] for item in unit) + ")")
+
+
 def op_id(op: dict) -> str:
+    """A carved test's id: `009-_softmax`, or a unit's first op and layer (`003-blocks.0.fc`)."""
+    unit = op.get("unit")
+    if unit:
+        return f"{unit[0]['index']:03d}-{op.get('layer') or unit[0]['name']}"
     return f"{op['index']:03d}-{op['name']}"
 
 
@@ -182,7 +196,7 @@ def parse_args(argv, meta: dict) -> argparse.Namespace:
     op = meta["ops"][0]
     default = meta.get("target", DEFAULT_TARGET)
     parser = argparse.ArgumentParser(
-        prog="repro.py", description=f"Reproduce op #{op['index']} {op['name']} ({op['op']}) of "
+        prog="repro.py", description=f"Reproduce {describe(op)} ({op['op']}) of "
                                      f"{meta.get('model', 'the model')} with tvm and numpy only.",
         epilog=f"exit status: {EXIT_REPRODUCED} the divergence reproduces (or the op fails to compile or run), "
                f"{EXIT_OK} it does not, {EXIT_BROKEN} the repro itself cannot run")
@@ -192,7 +206,28 @@ def parse_args(argv, meta: dict) -> argparse.Namespace:
     remote.add_argument("--tracker", metavar="HOST:PORT", help="lease a device from a TVM RPC tracker")
     parser.add_argument("--key", help="device key at the tracker")
     parser.add_argument("--save-outputs", metavar="FILE.npz", help="also save the target's outputs")
+    parser.add_argument("--tvmscript-only", action="store_true",
+                        help="print one self-contained script (the module's TVMScript, its inputs inlined when "
+                             "small, the check) for an upstream bug report, and run nothing")
     return parser.parse_args(argv)
+
+
+def tvmscript_only(here: str, meta: dict) -> str:
+    """`--tvmscript-only`: the repro's first op as one self-contained script (portable/standalone.py)."""
+    op = meta["ops"][0]
+    data = Data(here)
+    try:
+        inputs = [data.get(entry) for entry in op["inputs"]]
+        expected = [data.get(entry) for entry in op["outputs"]]
+    finally:
+        data.close()
+    path = os.path.join(here, op["module"])
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except OSError as exc:
+        raise PortableError(f"cannot read the op's module {path}: {exc}") from exc
+    return standalone_script(here, meta, op, inputs, expected, text, f"{describe(op)} ({op['op']})")
 
 
 def repro_main(here: str, argv=None, out=None) -> int:
@@ -201,6 +236,9 @@ def repro_main(here: str, argv=None, out=None) -> int:
     try:
         meta = read_meta(here)
         args = parse_args(argv, meta)
+        if args.tvmscript_only:
+            out.write(tvmscript_only(here, meta))
+            return EXIT_OK
         runner = Runner(args.target, args.rpc, args.tracker, args.key)
         data = Data(here)
         op = meta["ops"][0]
@@ -221,7 +259,7 @@ def repro_main(here: str, argv=None, out=None) -> int:
         write_npz(args.save_outputs, ((f"out/{k}", encode_array(a)[0]) for k, a in enumerate(check.outputs)))
         out.write(f"target outputs saved to {args.save_outputs} (keys out/0.., raw bits for bfloat16)\n")
     if check.passed:
-        out.write(f"NOT REPRODUCED: op #{op['index']} {op['name']} matches the source on {runner.where}\n")
+        out.write(f"NOT REPRODUCED: {describe(op)} matches the source on {runner.where}\n")
         return EXIT_OK
-    out.write(f"REPRODUCED: op #{op['index']} {op['name']} diverges on {runner.where} ({check.status})\n")
+    out.write(f"REPRODUCED: {describe(op)} diverges on {runner.where} ({check.status})\n")
     return EXIT_REPRODUCED

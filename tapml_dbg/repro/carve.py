@@ -1,4 +1,9 @@
-"""`carve`: every op of a trace as a parametrized pytest suite that needs only tvm, numpy and pytest."""
+"""`carve`: every op of a trace as a parametrized pytest suite that needs only tvm, numpy and pytest.
+
+`unit="layer"` carves one test per layer instead: each run of consecutive ops of the same layer
+compiled as one function (fusion inside a layer is tested too), fed its recorded inputs, compared
+at the values it hands on.
+"""
 
 from __future__ import annotations
 
@@ -10,12 +15,14 @@ from tapml_dbg import portable as lib
 from tapml_dbg.errors import TargetError, TraceError, UsageError
 from tapml_dbg.repro import files
 from tapml_dbg.repro.templates import CONFTEST_PY, PYTEST_INI, TEST_OPS_PY
-from tapml_dbg.repro.unit import RoundTripError, op_module
+from tapml_dbg.repro.unit import RoundTripError, op_module, unit_module
 
 DEFAULT_CARVE_MAX_MB = 256.0  # data budget of a carved suite (inputs + outputs, each array once)
 MODULES_DIR = "modules"
 MIB = 1024 * 1024
 README_FAILURES = 50  # failing ops a carved suite's README lists by name; meta.json has them all
+UNIT_OP, UNIT_LAYER = "op", "layer"  # what one carved test holds
+UNITS = (UNIT_OP, UNIT_LAYER)
 
 
 def _noop(*_args, **_kwargs) -> None:
@@ -45,8 +52,19 @@ class CarveResult:
         return [name for name, status in self.verdicts.items() if status not in ("pass", "missing")]
 
 
+def layer_groups(ops) -> list[list]:
+    """Runs of consecutive ops that share one layer path, in order (the model's output tuple alone)."""
+    groups: list[list] = []
+    for op in ops:
+        if groups and groups[-1][-1].layer == op.layer and op.outputs and groups[-1][-1].outputs:
+            groups[-1].append(op)
+        else:
+            groups.append([op])
+    return groups
+
+
 def carve(session, output, max_mb: float | None = None, progress: Callable[..., None] = _noop,
-          command: str | None = None, verify: bool | None = None) -> CarveResult:
+          command: str | None = None, verify: bool | None = None, unit: str = UNIT_OP) -> CarveResult:
     """Write one test per recorded op of the session's trace into folder `output`.
 
     Writing the suite runs nothing on the target. With `verify` (default: when the session's
@@ -58,6 +76,8 @@ def carve(session, output, max_mb: float | None = None, progress: Callable[..., 
     max_mb = DEFAULT_CARVE_MAX_MB if max_mb is None else float(max_mb)
     if max_mb <= 0:
         raise UsageError(f"--max-mb must be positive, got {max_mb:g}")
+    if unit not in UNITS:
+        raise UsageError(f"--unit must be one of {', '.join(UNITS)}, got {unit!r}")
     budget = int(max_mb * MIB)
     folder = files.prepare_dir(output)
     (folder / MODULES_DIR).mkdir()
@@ -65,26 +85,32 @@ def carve(session, output, max_mb: float | None = None, progress: Callable[..., 
     entries: list[dict] = []
     skipped: list[str] = []
     total = len(session.ops)
-    for op in session.ops:
+    groups = layer_groups(session.ops) if unit == UNIT_LAYER else [[op] for op in session.ops]
+    for group in groups:
+        op = group[-1]
+        what = f"op {op.index} {op.name}" if len(group) == 1 else \
+            f"layer {op.layer or '(top)'} (ops {group[0].index}..{op.index})"
         progress(op.index, total, op.name)
         try:
-            unit = op_module(session, op)
+            piece = op_module(session, op) if len(group) == 1 else unit_module(session, group)
         except (TraceError, RoundTripError) as exc:
-            skipped.append(f"op {op.index} {op.name}: {exc}")
+            skipped.append(f"{what}: {exc}")
             continue
-        cost = writer.new_bytes(unit.refs)
+        cost = writer.new_bytes(piece.refs)
         if writer.nbytes + cost > budget:
-            skipped.append(f"op {op.index} {op.name} ({files.human_bytes(cost)}) left out: over the "
+            skipped.append(f"{what} ({files.human_bytes(cost)}) left out: over the "
                            f"{max_mb:g} MiB budget (raise with --max-mb)")
             continue
-        writer.add(unit.refs)
-        module_path = f"{MODULES_DIR}/{op.index:03d}_{files.safe_name(op.name)}.py"
-        (folder / module_path).write_text(unit.script.rstrip("\n") + "\n", encoding="utf-8")
-        entries.append(unit.meta(module_path))
+        writer.add(piece.refs)
+        label = op.name if len(group) == 1 else f"{group[0].name}__{op.layer or 'top'}"
+        module_path = f"{MODULES_DIR}/{group[0].index:03d}_{files.safe_name(label)}.py"
+        (folder / module_path).write_text(piece.script.rstrip("\n") + "\n", encoding="utf-8")
+        entries.append(piece.meta(module_path))
     verdicts: dict[str, str] = {}
     check_error = ""
     checked = {}
-    if verify if verify is not None else session.spec.remote:
+    # isolated verdicts are per op: a layer suite is checked by running it
+    if unit == UNIT_OP and (verify if verify is not None else session.spec.remote):
         carved = [entry["index"] for entry in entries]
         try:
             checked = session.isolated_many(carved, lambda done, count, what="": progress(
@@ -102,7 +128,7 @@ def carve(session, output, max_mb: float | None = None, progress: Callable[..., 
                                                            folder_hint=folder.name), encoding="utf-8")
     (folder / "conftest.py").write_text(CONFTEST_PY.format(target=session.target), encoding="utf-8")
     (folder / "pytest.ini").write_text(PYTEST_INI, encoding="utf-8")
-    meta.update(max_mb=max_mb, skipped=skipped, ops=entries)
+    meta.update(max_mb=max_mb, skipped=skipped, ops=entries, unit=unit)
     if verdicts:
         meta["checked_on"] = session.where
     if check_error:
@@ -119,8 +145,11 @@ def _readme(meta: dict, num_ops: int, data_bytes: int, total_bytes: int) -> str:
     env = " ".join(f"{k}={v}" for k, v in (transform or {}).get("env", {}).items() if v is not None)
     env = env + " " if env else ""
     lines = [f"# Carved op tests of `{meta['model']}`", "",
-             f"Written by `tapml-dbg carve`: one pytest test per op ({len(meta['ops'])} of {num_ops} ops), "
-             "each op alone, fed its inputs recorded on the source "
+             (f"Written by `tapml-dbg carve`: one pytest test per op ({len(meta['ops'])} of {num_ops} ops), "
+              "each op alone, fed its inputs recorded on the source " if meta.get("unit", UNIT_OP) == UNIT_OP else
+              f"Written by `tapml-dbg carve --unit layer`: one pytest test per layer ({len(meta['ops'])} tests over "
+              f"{num_ops} ops), each run of consecutive ops of one layer compiled as one function, fed its inputs "
+              "recorded on the source ") +
              f"({meta['source']}) and compared with its recorded output. Needs only `tvm`, `numpy` and `pytest`.",
              "", "```sh",
              f"{env}pytest THIS_FOLDER                  # from any directory; default target {meta['target']}",

@@ -1,14 +1,22 @@
-"""`dump`: one op as a standalone repro directory that needs only tvm and numpy."""
+"""`dump`: one op, or a unit of ops compiled as one function, as a standalone repro that needs only tvm and numpy.
+
+`dump --op OP` of an op that passes alone but fails compiled with its producers (a fused culprit)
+writes that unit (`engine.fused.find_unit`); `dump --ops A:B` writes the range asked for.
+"""
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tapml_dbg import portable as lib
+from tapml_dbg.engine import fused
+from tapml_dbg.errors import UsageError
+from tapml_dbg.judge.verdict import FUSED, ISOLATED
 from tapml_dbg.repro import files
+from tapml_dbg.repro.minimize import Minimized, minimize as minimize_unit
 from tapml_dbg.repro.templates import REPRO_PY
-from tapml_dbg.repro.unit import op_module
+from tapml_dbg.repro.unit import OpModule, op_module, to_script, unit_module
 
 MODULE_FILE = "module.py"
 
@@ -28,18 +36,45 @@ class DumpResult:
     summary: str = ""
     files: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    unit: list[int] = field(default_factory=list)  # a multi-op repro's ops, in order (empty: one op)
+    minimized: Minimized | None = None  # what `--minimize` found (None: not asked)
 
     @property
     def reproduces(self) -> bool:
         return self.status not in ("pass", "missing")
 
 
-def dump_op(session, op_text, output, command: str | None = None) -> DumpResult:
-    """Write op `op_text` (index or name) of the session's trace as a repro in folder `output`."""
+def dump_op(session, op_text, output, command: str | None = None, ops: str | None = None,
+            minimize: bool = False, progress=None) -> DumpResult:
+    """Write op `op_text` (index or name) of the session's trace as a repro in folder `output`; or, with
+    `ops` (a selector such as `41:43`), those ops compiled as one unit. An op that passes alone but
+    fails compiled with its producers is written as its fused unit. `minimize`: at the smallest input
+    shapes that still fail (repro/minimize.py), compared at the unit's last op."""
     started = time.perf_counter()
-    op = session.resolve(op_text)
-    unit = op_module(session, op)  # raises before anything is written when the op cannot be dumped
-    verdict = session.isolated(op.index)
+    if ops is not None:
+        chosen = [session.ops[i] for i in session.resolve_ops(ops)]
+        if not chosen:
+            raise UsageError(f"--ops {ops} selects no op; give a range such as 3:5 (`tapml-dbg info TRACE`)")
+        last = chosen[-1]
+        verdict = fused.unit_verdict(session, [o.index for o in chosen], last.index) if len(chosen) > 1 \
+            else session.isolated(last.index)
+    else:
+        last = session.resolve(op_text)
+        verdict = session.isolated(last.index)
+        found = fused.find_unit(session, last.index) if not verdict.failed else None
+        chosen = [session.ops[i] for i in found.ops] if found else [last]
+        verdict = found.verdict if found else verdict
+    # raises before anything is written when the unit cannot be dumped
+    unit = unit_module(session, chosen, [last] if (ops is None or minimize) and len(chosen) > 1 else None) \
+        if len(chosen) > 1 else op_module(session, last)
+    shrunk = None
+    if minimize:
+        shrunk = minimize_unit(session, chosen, unit.func, [ref.array for ref in unit.inputs],
+                               [ref.array for ref in unit.outputs], unit.tolerances,
+                               [param.name for param in unit.func.params], progress)
+        if shrunk.best is not None:
+            unit = at_shapes(unit, shrunk, [o.name for o in chosen])
+    op = last
     folder = files.prepare_dir(output)
     (folder / MODULE_FILE).write_text(unit.script.rstrip("\n") + "\n", encoding="utf-8")
     writer = files.DataWriter()
@@ -48,17 +83,33 @@ def dump_op(session, op_text, output, command: str | None = None) -> DumpResult:
     (folder / "repro.py").write_text(REPRO_PY.format(index=op.index, name=op.name, source_op=op.op,
                                                      model=session.reader.meta.get("model", "the model")),
                                      encoding="utf-8")
-    seen = {"target": session.target, "rpc": session.spec.rpc, "tracker": session.spec.tracker, "mode": "isolated",
+    mode = ISOLATED if len(chosen) == 1 else FUSED
+    seen = {"target": session.target, "rpc": session.spec.rpc, "tracker": session.spec.tracker, "mode": mode,
             "status": verdict.status, "message": verdict.message,
             "class": verdict.wrong, "evidence": verdict.evidence,  # what kind of wrong (judge/classify.py)
             "metrics": [m.to_json() for m in verdict.metrics]}
+    if shrunk is not None and shrunk.best is not None:  # what the minimized unit gave, judged as repro.py will
+        seen.update(status="fail" if shrunk.best.failed else "pass", message="", metrics=shrunk.best.metrics)
     meta.update(seen=seen, ops=[unit.meta(MODULE_FILE)])
+    if shrunk is not None:
+        meta["minimized"] = shrunk.to_json()
     files.write_meta(folder, meta)
     total = files.write_readme_sized(folder, lambda size: _readme(meta, unit, writer.nbytes, size))
     return DumpResult(index=op.index, name=op.name, op=op.op, layer=op.layer, path=str(folder), bytes=total,
                       target=session.target, status=verdict.status, summary=verdict.summary,
                       files=sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()),
-                      seconds=time.perf_counter() - started)
+                      seconds=time.perf_counter() - started, unit=[o.index for o in unit.unit], minimized=shrunk)
+
+
+def at_shapes(unit: OpModule, shrunk: Minimized, names: list[str]) -> OpModule:
+    """The unit as `shrunk` found it smallest: its rebuilt module, sliced inputs, expected outputs (the
+    host's float64 reference rounded to each output's dtype)."""
+    best = shrunk.best
+    script = to_script(best.func, names if len(names) > 1 else names[0])
+    inputs = [replace(ref, array=array) for ref, array in zip(unit.inputs, best.inputs)]
+    outputs = [replace(ref, key=f"expected/{ref.name}/{max(ref.field, 0)}", array=array)
+               for ref, array in zip(unit.outputs, best.expected)]
+    return replace(unit, script=script, inputs=inputs, outputs=outputs, func=best.func)
 
 
 def _readme(meta: dict, unit, data_bytes: int, total_bytes: int) -> str:
@@ -75,6 +126,9 @@ def _readme(meta: dict, unit, data_bytes: int, total_bytes: int) -> str:
     rows = [
         ("model", f"`{meta['model']}` (recorded on {meta['source']})"),
         ("op", f"#{op['index']} `{op['name']}` (Relax `{op['relax_op']}`)"),
+        *([("unit", f"{len(op['unit'])} ops compiled as one function: "
+                    + ", ".join(f"#{u['index']} `{u['name']}` (`{u['relax_op']}`)" for u in op["unit"]))]
+          if op.get("unit") else []),
         ("layer", f"`{op['layer']}`" if op["layer"] else "(top level)"),
         ("source op", f"`{op['op']}`" + (f" (FX node `{op['fx_node']}`)" if op.get("fx_node") else "")),
         ("recorded with", ", ".join(f"{k} {v}" for k, v in rec.items())),
@@ -88,12 +142,18 @@ def _readme(meta: dict, unit, data_bytes: int, total_bytes: int) -> str:
         ("size", f"{files.human_bytes(total_bytes)} in all; data {files.human_bytes(data_bytes)} "
                  f"({_count(len(op['inputs']), 'input')}, {_count(len(op['outputs']), 'output')})"),
     ]
-    lines = [f"# Repro: op #{op['index']} `{op['name']}` of `{meta['model']}`", "",
+    title = lib.describe(op) if op.get("unit") else f"op #{op['index']} `{op['name']}`"
+    lines = [f"# Repro: {title} of `{meta['model']}`", "",
              "Written by `tapml-dbg dump`. It needs only `tvm` and `numpy` (no torch, no tapml-dbg) and "
-             "runs from any working directory.", "", "| | |", "|---|---|"]
+             "runs from any working directory.", ""]
+    lines += _bug_report(meta, unit, where, env_prefix)
+    lines += ["## Context", "", "| | |", "|---|---|"]
     lines += [f"| {key} | {value} |" for key, value in rows]
+    fed = ("the op alone fed the recorded source inputs (isolated verdict)" if not op.get("unit") else
+           f"the {len(op['unit'])} ops compiled as one function, fed their recorded source inputs, at "
+           f"#{op['index']} `{op['name']}`")
     lines += ["", "## What was seen", "",
-              f"On {where}, the op alone fed the recorded source inputs (isolated verdict): "
+              f"On {where}, {fed}: "
               f"**{seen['status']}**" + (f": {seen['message']}" if seen.get("message") else "") + ".", ""]
     if seen.get("class"):
         lines += [f"Class: **{seen['class']}**: {seen['evidence']}", ""]
@@ -141,6 +201,61 @@ def _readme(meta: dict, unit, data_bytes: int, total_bytes: int) -> str:
     lines += ["", "## Made by", "", "```sh", meta["command"] or "tapml_dbg.repro.dump_op(...) (Python API)",
               "```", ""]
     return "\n".join(lines)
+
+
+SCRIPT_IN_README_CHARS = 6000  # a longer module is only referred to (module.py), not shown
+
+
+def _bug_report(meta: dict, unit, where: str, env_prefix: str) -> list[str]:
+    """The README's first section: what an upstream issue needs, ready to paste."""
+    op, seen, now = meta["ops"][0], meta["seen"], meta["dumped_versions"]
+    relax_ops = list(dict.fromkeys(u["relax_op"] for u in op.get("unit", []))) or [op["relax_op"]]
+    dtypes = sorted({o["dtype"] for o in op["outputs"]})
+    shrunk = meta.get("minimized")
+    status = "reproduces" if seen["status"] not in ("pass", "missing") else "does not reproduce (it passed when dumped)"
+    what = " + ".join(f"`{r}`" for r in relax_ops) + (" compiled as one function" if op.get("unit") else "")
+    lines = [f"## Bug report: {what} ({', '.join(dtypes)}) is wrong on `{meta['target']}` with TVM {now.get('tvm')}",
+             "", f"- **TVM** {now.get('tvm')}, numpy {now.get('numpy')}, Python {now.get('python')}; target "
+             f"`{meta['target']}`" + (f" ({where})" if where != meta["target"] else ""),
+             f"- **status when dumped**: {status}"]
+    shapes = ", ".join(f"`{i['name']}` {tuple(i['shape'])} {i['dtype']}" for i in op["inputs"])
+    if shrunk and shrunk.get("minimized"):
+        full = ", ".join(str(tuple(s)) for s in shrunk["from"])
+        lines.append(f"- **smallest failing shapes**: {shapes} (minimized from {full} in {shrunk['probes']} "
+                     "candidate shapes; expected values: the source re-executed in float64 at these shapes, "
+                     "rounded to the output dtype)")
+    elif shrunk:
+        lines.append(f"- **shapes**: {shapes} ({shrunk['note'] or 'not minimized'})")
+    else:
+        lines.append(f"- **shapes**: {shapes} (as recorded in the model; `tapml-dbg dump --minimize` finds the "
+                     "smallest failing ones)")
+    for k, m in enumerate(seen["metrics"] if seen["status"] not in ("pass", "missing") else []):
+        if m.get("passed", True) or m.get("shape_mismatch") or m.get("dtype_mismatch"):
+            continue
+        if m.get("absmax") is not None:  # the repro's own compare rule
+            allowed = f"atol {_g(m['atol'])} + rtol {_g(m['rtol'])} x absmax {_g(m['absmax'])}"
+        elif m.get("noise_bound") is not None:  # the engine's noise floor (docs/tolerance.md)
+            allowed = (f"{_g(m['noise_bound'])} from the float64 reference, the noise floor; the target is "
+                       f"{_g(m.get('ratio'))}x the source's own error")
+        else:
+            allowed = f"rtol {_g(m['rtol'])}, atol {_g(m['atol'])}"
+        lines.append(f"- **expected vs got** (output {k}): max |got - expected| = {_g(m['max_abs_err'])}, "
+                     f"{_g(m['scale_rel_err'])} of the output's scale (allowed: {allowed}), cosine "
+                     f"{_g(m['cosine'], 6)}, {m['mismatched']} of {m['numel']} elements off")
+    worst = (shrunk or {}).get("worst")
+    if worst:
+        lines.append(f"- **worst element** (output {worst['output']}, index {tuple(worst['index'])}): expected "
+                     f"{worst['expected']:.6g} (float64 {worst['float64']:.6g}), got {worst['got']:.6g}")
+    if seen.get("class"):
+        at_full = " (of the verdict at the recorded shapes)" if shrunk and shrunk.get("minimized") else ""
+        lines.append(f"- **class**{at_full}: {seen['class']}: {seen['evidence']}")
+    lines += [f"- **run**: `{env_prefix}python repro.py` (exit 1: reproduced), or `python repro.py "
+              "--tvmscript-only > standalone.py && python standalone.py` (one file, tvm + numpy, inputs inlined "
+              "when small)", ""]
+    script = unit.script.rstrip("\n")
+    if len(script) <= SCRIPT_IN_README_CHARS:
+        lines += ["The module, as `module.py` holds it:", "", "```python", script, "```", ""]
+    return lines
 
 
 def _g(value, digits: int = 3) -> str:

@@ -1,4 +1,4 @@
-"""One op as a standalone module: its unit function as TVMScript, its real inputs and outputs.
+"""One op (or a unit of ops compiled as one function) as a standalone module: TVMScript, real inputs and outputs.
 
 Tensor constants cannot be printed (`show_meta=True` crashes TVM 0.27, and without it the
 script refers to metadata it does not hold), so they are lifted to extra parameters whose
@@ -44,7 +44,7 @@ class ValueRef:
 
 @dataclass
 class OpModule:
-    """Everything a repro needs about one op."""
+    """Everything a repro needs about one op, or about a unit of ops (`unit`, in order; `op` is its last)."""
 
     op: OpInfo
     script: str
@@ -53,6 +53,8 @@ class OpModule:
     tolerances: list[tuple[float, float]] = field(default_factory=list)  # (rtol, atol) per output
     lifted: int = 0
     unread: list[int] = field(default_factory=list)  # outputs nothing in the model reads: not judged
+    unit: list[OpInfo] = field(default_factory=list)  # every op of a multi-op unit, in order (empty: one op)
+    func: object = None  # the unit's function as printed (constants lifted to parameters)
 
     @property
     def refs(self) -> list[ValueRef]:
@@ -60,13 +62,17 @@ class OpModule:
 
     def meta(self, module_path: str) -> dict:
         op = self.op
-        return {
+        entry = {
             "index": op.index, "name": op.name, "op": op.op, "relax_op": op.relax_op, "layer": op.layer,
             "fx_node": op.fx_node, "module": module_path, "lifted_constants": self.lifted,
             "inputs": [_entry(ref) for ref in self.inputs],
             "outputs": [dict(_entry(ref), rtol=rtol, atol=atol, judged=k not in self.unread)
                         for k, (ref, (rtol, atol)) in enumerate(zip(self.outputs, self.tolerances))],
         }
+        if len(self.unit) > 1:  # portable/repro.py names such a repro by its unit
+            entry["unit"] = [{"index": o.index, "name": o.name, "op": o.op, "relax_op": o.relax_op}
+                             for o in self.unit]
+        return entry
 
 
 def _entry(ref: ValueRef) -> dict:
@@ -123,7 +129,7 @@ def _prints_inline(array: np.ndarray) -> bool:
     return False
 
 
-def to_script(func, op_name: str) -> str:
+def to_script(func, op_name: str | list[str]) -> str:
     """TVMScript of `func` as module `main`, verified to parse back to the same function."""
     import tvm
     import tvm.script
@@ -138,9 +144,10 @@ def to_script(func, op_name: str) -> str:
     except Exception as exc:
         raise RoundTripError(f"op {op_name}: TVMScript round trip failed: {one_line(exc)}") from exc
     names = {b.var.name for block in back["main"].body.blocks for b in block.bindings}
-    if op_name not in names:
-        raise RoundTripError(f"op {op_name}: TVMScript round trip renamed the op's binding "
-                             "(a --transform that targets it by name would miss it)")
+    for wanted in [op_name] if isinstance(op_name, str) else op_name:
+        if wanted not in names:
+            raise RoundTripError(f"op {wanted}: TVMScript round trip renamed the op's binding "
+                                 "(a --transform that targets it by name would miss it)")
     return text
 
 
@@ -150,33 +157,55 @@ def op_module(session, op: OpInfo) -> OpModule:
     Raises TraceError when a value it needs was not recorded, RoundTripError when TVMScript
     cannot carry the module.
     """
+    return unit_module(session, [op])
+
+
+def unit_outputs(session, ops: list[OpInfo]) -> list[OpInfo]:
+    """The values a unit of `ops` hands on: those read by an op outside it, and its last op."""
+    inside = {op.name for op in ops}
+    read_outside = {name for other in session.ops if other.name not in inside for name in other.inputs}
+    return [op for op in ops if op.outputs and (op.name in read_outside or op is ops[-1])]
+
+
+def unit_module(session, ops: list[OpInfo], outputs: list[OpInfo] | None = None) -> OpModule:
+    """Ops `ops` compiled as one function (the session's `build_unit`), fed their recorded inputs and
+    compared at `outputs` (default: what the unit hands on). An output that reads a value computed
+    inside the unit is held to the propagated tolerance, as the engine judges values that crossed
+    target ops. Raises as `op_module`."""
     from tvm import relax
 
-    func, spec = build_unit(session.main, [op.name], [op.name])
+    outputs = outputs or unit_outputs(session, ops) or [ops[-1]]
+    names = [op.name for op in ops]
+    last = ops[-1]
+    func, spec = build_unit(session.main, names, [op.name for op in outputs])
     for param in func.params:
         if not isinstance(param.ty, relax.TensorType):
-            raise RoundTripError(f"op {op.name}: input {param.name} is not a tensor ({param.ty}); "
+            raise RoundTripError(f"op {last.name}: input {param.name} is not a tensor ({param.ty}); "
                                  "only tensor inputs can be dumped")
     lifted_func, constants = lift_constants(func)
-    script = to_script(lifted_func, op.name)
+    script = to_script(lifted_func, names if len(names) > 1 else last.name)
     inputs = [_input_ref(session, name, field_index) for name, field_index in spec.inputs]
     for ref, param in zip(inputs, func.params):
         ref.array = _declared_shape(ref.array, _static_shape(param.ty))
     for number, (name, array) in enumerate(constants):
-        inputs.append(ValueRef(f"const/{op.name}/{number}", "constant", name, -1, array))
-    source = session.source_values(op.index)
-    if len(source) == len(op.outputs):
-        source = [_declared_shape(array, spec_.shape) for array, spec_ in zip(source, op.outputs)]
-    outputs = [ValueRef(f"op/{op.name}/{k}", "op", op.name, k, array) for k, array in enumerate(source)]
-    # the tolerance as the session picks it: by the source's own dtype when the recorder had to cast
-    tolerance_dtype = session.tolerance_dtype(op.index)
-    tolerances = []
-    for array in source:
-        tol = session.policy.for_value(tolerance_dtype or dtype_name(array), op.name, False)
-        tolerances.append((float(tol.rtol), float(tol.atol)))
-    # outputs nothing in the model reads (e.g. the indices of max_pool2d_with_indices) are not judged
-    dead = set(getattr(session, "dead_fields", {}).get(op.name, ()))
-    return OpModule(op, script, inputs, outputs, tolerances, len(constants), sorted(dead))
+        inputs.append(ValueRef(f"const/{last.name}/{number}", "constant", name, -1, array))
+    refs, tolerances, unread = [], [], []
+    dead_fields = getattr(session, "dead_fields", {})
+    for op in outputs:
+        source = session.source_values(op.index)
+        if len(source) == len(op.outputs):
+            source = [_declared_shape(array, spec_.shape) for array, spec_ in zip(source, op.outputs)]
+        # outputs nothing in the model reads (e.g. the indices of max_pool2d_with_indices) are not judged
+        unread += [len(refs) + k for k in sorted(dead_fields.get(op.name, ()))]
+        refs += [ValueRef(f"op/{op.name}/{k}", "op", op.name, k, array) for k, array in enumerate(source)]
+        # the tolerance as the session picks it: by the source's own dtype when the recorder had to cast
+        tolerance_dtype = session.tolerance_dtype(op.index)
+        crossed = any(name in names for name in op.inputs)
+        for array in source:
+            tol = session.policy.for_value(tolerance_dtype or dtype_name(array), op.name, crossed)
+            tolerances.append((float(tol.rtol), float(tol.atol)))
+    return OpModule(last, script, inputs, refs, tolerances, len(constants), unread,
+                    list(ops) if len(ops) > 1 else [], lifted_func)
 
 
 def _input_ref(session, name: str, field_index: int) -> ValueRef:

@@ -1,17 +1,26 @@
-"""Compile a unit for a target, through an on-disk cache keyed by unit, target, TVM and transform.
+"""Compile a unit for a target, through an on-disk cache keyed by what is compiled.
+
+The key is the structural hash of the unit *after* the user's transform (TVM's own
+`structural_hash`, which ignores the names of variables), plus the target, the TVM version and
+`BUILD_RECIPE`. So the same op in twelve identical transformer blocks compiles once, and an edited
+transform recompiles only the units whose transformed module it changes: a pass that touches one
+op kind leaves every other unit's key, and library, as it was.
 
 The build itself is portable's (`tapml_dbg.portable.build`, what `Runner.build` and every repro
 run): the target's default Relax pipeline, then the device-code check, so the engine and a repro
 can never disagree about whether a unit compiles. A unit that fails the check raises before it
 is exported, so the cache holds only units that passed it.
 
-The cache stores exported shared libraries, so a second session (or a second probe of the same
-range) loads machine code instead of recompiling. Runs inside the worker process: a codegen
-segfault kills the worker, not the session.
+An entry is `KEY.so` (the exported library) and `KEY.json` (its size and sha256), written in that
+order under temporary names and renamed into place; an entry is trusted only when both are there
+and agree, else it is rebuilt. Two workers that need the same key take the key's lock (one of
+`LOCK_STRIPES` lock files): the second waits and finds the first one's library. Runs inside the
+worker process: a codegen segfault kills the worker, not the session (and releases its lock).
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -25,72 +34,141 @@ from tapml_dbg.runtime.target import parse_target
 
 DEFAULT_CACHE_DIR = Path(os.environ.get("TAPML_CACHE_DIR", Path.home() / ".cache" / "tapml-dbg"))
 KEY_CHARS = 32
-DIGEST_CHARS = 16
+BUILD_RECIPE = 2  # bump when portable.build's pipeline changes what the library of a key holds
+LOCK_FOLDER = "locks"
+LOCK_STRIPES = 256  # keys share this many lock files (a key's lock: its first two hex digits)
+ENTRY_META_SUFFIX = ".json"
+HASH_BLOCK_BYTES = 1 << 20
 
 
 @dataclass
 class CompiledUnit:
     path: Path  # the exported library
-    cached: bool
+    cached: bool  # found in the cache (False: compiled by this call)
+    key: str = ""
 
 
-def cache_key(unit_json: dict, target: str, transform_digest: str) -> str:
+def cache_key(transformed_module, target) -> str:
+    """The key of a transformed unit: its structure (not its variable names), the target, TVM, the recipe."""
     import tvm
+    import tvm_ffi
 
-    text = json.dumps({"unit": unit_json, "target": target, "tvm": tvm.__version__,
-                       "transform": transform_digest}, sort_keys=True)
+    text = json.dumps({"structure": str(tvm_ffi.structural_hash(transformed_module)), "target": str(target),
+                       "tvm": tvm.__version__, "recipe": BUILD_RECIPE}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:KEY_CHARS]
 
 
-def transform_digest(spec: str | None) -> str:
-    """Hash of the transform file's text, so editing a pass invalidates its cached units."""
-    if not spec:
-        return ""
-    path, func = portable.split_spec(spec)
-    try:
-        return hashlib.sha256(Path(path).read_bytes() + func.encode()).hexdigest()[:DIGEST_CHARS]
-    except OSError:
-        return spec
-
-
 def compile_unit(unit_json: dict, target: str, transform: str | None, cache_dir: Path,
-                 export_format: str = "so") -> CompiledUnit:
-    """Compile (or fetch from cache) one unit; returns the exported library's path.
+                 export_format: str = "so", rebuild: bool = False) -> CompiledUnit:
+    """Compile (or fetch from the cache) one unit; returns the exported library's path.
 
+    `rebuild`: the entry's library failed to load although its checksum matched; build it again.
     Raises TargetError for a bad target string, PortableError for a broken transform or a unit
     without device code, and whatever TVM raises for any other compile failure.
     """
-    key = cache_key(unit_json, target, transform_digest(transform))
-    cache_dir = Path(cache_dir)
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    path = cache_dir / f"{key}.{export_format}"
     tvm_target = parse_target(target)
-    if path.exists():
-        return CompiledUnit(path, True)
-    executable = _build(unit_json, tvm_target, transform)
-    tmp = path.with_suffix(f".tmp{os.getpid()}.{export_format}")
-    executable.export_library(str(tmp))
-    os.replace(tmp, path)
-    return CompiledUnit(path, False)
+    transformed = _transformed(unit_json, transform)
+    entry = CacheEntry(Path(cache_dir), cache_key(transformed.result, tvm_target), export_format)
+    if not rebuild and entry.valid():
+        return CompiledUnit(entry.library, True, entry.key)
+    with entry.locked():
+        if not rebuild and entry.valid():  # another worker built it while this one waited
+            return CompiledUnit(entry.library, True, entry.key)
+        entry.store(portable.build(transformed.original, tvm_target, transformed.apply))
+    return CompiledUnit(entry.library, False, entry.key)
 
 
 def compile_only(unit_json: dict, target: str, transform: str | None) -> None:
     """Generate code without a device (and without the cache); raises as `compile_unit` does."""
-    _build(unit_json, parse_target(target), transform)
+    transformed = _transformed(unit_json, transform)
+    portable.build(transformed.original, parse_target(target), transformed.apply)
 
 
-def _build(unit_json: dict, target, transform: str | None):
+class CacheEntry:
+    """One key's files in the cache folder: the library, its checksum record, its lock."""
+
+    def __init__(self, folder: Path, key: str, export_format: str = "so"):
+        self.folder = folder
+        self.key = key
+        self.library = folder / f"{key}.{export_format}"
+        self.meta = folder / f"{key}{ENTRY_META_SUFFIX}"
+
+    def valid(self) -> bool:
+        """Both files there and the library's bytes the ones recorded (a torn or damaged entry is not)."""
+        try:
+            record = json.loads(self.meta.read_text())
+            return (record.get("size") == self.library.stat().st_size
+                    and record.get("sha256") == _file_digest(self.library))
+        except (OSError, ValueError, AttributeError):
+            return False
+
+    def store(self, executable) -> None:
+        """Export the library, then its record, each under a temporary name renamed into place."""
+        suffix = f".tmp{os.getpid()}"  # executor.py removes a killed worker's `*.tmpPID.*` files
+        library_tmp = self.library.with_suffix(f"{suffix}{self.library.suffix}")
+        executable.export_library(str(library_tmp))
+        record = {"size": library_tmp.stat().st_size, "sha256": _file_digest(library_tmp)}
+        meta_tmp = self.meta.with_suffix(f"{suffix}{ENTRY_META_SUFFIX}")
+        meta_tmp.write_text(json.dumps(record))
+        self.meta.unlink(missing_ok=True)  # never a new library under the old record
+        os.replace(library_tmp, self.library)
+        os.replace(meta_tmp, self.meta)
+
+    def locked(self):
+        return _KeyLock(self.folder / LOCK_FOLDER / f"{int(self.key[:2], 16) % LOCK_STRIPES:02x}.lock")
+
+
+class _KeyLock:
+    """An exclusive `flock` on one stripe file; the kernel drops it when a killed worker dies."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.handle = None
+
+    def __enter__(self) -> "_KeyLock":
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.handle = open(self.path, "a")
+        fcntl.flock(self.handle, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        fcntl.flock(self.handle, fcntl.LOCK_UN)
+        self.handle.close()
+
+
+def _file_digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(HASH_BLOCK_BYTES), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+@dataclass
+class _Transformed:
+    """A unit before and after the user's transform (applied once: the key hashes its result)."""
+
+    original: object
+    result: object
+
+    def apply(self, _mod):
+        """What portable.build applies as the transform: the result already computed (it checks its type)."""
+        return self.result
+
+
+def _transformed(unit_json: dict, transform: str | None) -> _Transformed:
     import tvm
 
     mod = tvm.IRModule({portable.ENTRY: function_from_json(unit_json)})
-    return portable.build(mod, target, load_transform(transform))
+    user_pass = load_transform(transform)
+    return _Transformed(mod, user_pass(mod) if user_pass is not None else mod)
 
 
 def load_transform(spec: str | None):
     """The user's `FILE.py:FUNC` pass, through portable's loader (the one a repro uses).
 
-    The loader keeps one module per version of the file's text, as the cache key does, so an
-    edited pass is reloaded rather than applied stale under its new key.
+    The loader keeps one module per version of the file's text, so an edited pass is reloaded
+    rather than applied stale.
     """
     if not spec:
         return None

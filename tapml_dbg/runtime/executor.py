@@ -30,7 +30,7 @@ from pathlib import Path
 
 import psutil
 
-from tapml_dbg.runtime.messages import UnitRequest, UnitResult, UnitStatus, WorkerConfig
+from tapml_dbg.runtime.messages import ChainRequest, UnitRequest, UnitResult, UnitStatus, WorkerConfig
 
 REPLY_POLL_S = 0.2  # how often a waiting request checks that its worker is still alive
 REAP_TIMEOUT_S = 5.0  # how long a stopped worker gets to exit before it is killed
@@ -68,7 +68,7 @@ class TargetExecutor:
                   and not line.strip().startswith("File ")]
         return " | ".join(line[:LOG_LINE_CHARS] for line in useful[-lines:])
 
-    def run(self, request: UnitRequest, timeout_s: float | None = None) -> UnitResult:
+    def run(self, request: UnitRequest | ChainRequest, timeout_s: float | None = None) -> UnitResult:
         """Run one request; never raises for failures inside TVM."""
         started = time.perf_counter()
         self._ensure_started()
@@ -126,7 +126,8 @@ class TargetExecutor:
                 return UnitResult(UnitStatus.CRASH, message=message, seconds=time.perf_counter() - started)
         return UnitResult(
             status=UnitStatus(reply["status"]), outputs=reply.get("outputs", []), message=reply.get("message", ""),
-            cached=reply.get("cached", False), seconds=time.perf_counter() - started)
+            cached=reply.get("cached", False), seconds=time.perf_counter() - started, key=reply.get("key", ""),
+            library=reply.get("library", ""), failed_op=reply.get("failed_op", ""))
 
     def _ensure_started(self) -> None:
         if self._process is not None and self._process.is_alive():

@@ -1,18 +1,67 @@
 """The worker lanes of one session: how many, re-planned when a tracker's server goes away.
 
 `Lanes` is the one `UnitRunner` the engine talks to: `run` one unit on lane 0 (sequential work),
-`dispatch` independent units over every lane. It counts the units that ran, and turns a
-`target-lost` result (a dropped RPC connection: not the op's fault) into a `TargetError`.
+`dispatch` independent units over every lane. It counts the units that ran and what the compile
+cache did for them (`cache`), and turns a `target-lost` result (a dropped RPC connection: not the
+op's fault) into a `TargetError`, a `trace-error` one (a corrupt recorded value) into a `TraceError`.
+
+Besides the run lanes there are compile lanes (`compile_lanes`: one per core of this machine
+but the one the run lane keeps busy, at most `COMPILE_LANES_CAP`; `$TAPML_COMPILE_LANES` sets the
+number, 0 turns them off): worker processes that only compile, on this host, into the compile
+cache. A dispatch of enough units hands each to them first and to a run lane once its library is
+built, so the device runs while the host compiles; over RPC only the run lanes touch the remote
+device. They start on first use (a worker costs a TVM import, ~3 s of CPU).
 """
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass, field
 from typing import Protocol
 
-from tapml_dbg.errors import TargetError
-from tapml_dbg.runtime.messages import UnitRequest, UnitResult, UnitStatus, WorkerConfig
-from tapml_dbg.runtime.pool import Dispatch, ExecutorPool, LanePlan, plan_lanes
+from tapml_dbg.errors import TargetError, TraceError, UsageError
+from tapml_dbg.runtime.messages import ChainRequest, UnitRequest, UnitResult, UnitStatus, WorkerConfig
+from tapml_dbg.runtime.pool import Deferred, Dispatch, ExecutorPool, LanePlan, Pipeline, plan_lanes
 from tapml_dbg.runtime.target import TargetSpec
+
+COMPILE_LANES_ENV = "TAPML_COMPILE_LANES"
+COMPILE_LANES_CAP = 16  # compile lanes by default: one per core but one, at most this many
+UNITS_PER_COMPILE_LANE = 48  # a dispatch starts one compile lane per this many units ...
+MIN_COMPILE_LANES = 2  # ... and none unless it would start this many (one would only move the compiles)
+
+
+def default_compile_lanes() -> int:
+    """`$TAPML_COMPILE_LANES` when set (0: compile in the run lanes), else one per core but one, capped.
+
+    On a 2-core machine that is one, below MIN_COMPILE_LANES: units compile in the run lane there,
+    as the test suite (two pytest workers on two cores) wants."""
+    text = os.environ.get(COMPILE_LANES_ENV, "").strip()
+    if text:
+        try:
+            return max(0, int(text))
+        except ValueError:
+            raise UsageError(f"{COMPILE_LANES_ENV} must be a whole number of compile lanes, got {text!r}") from None
+    return max(0, min((os.cpu_count() or 1) - 1, COMPILE_LANES_CAP))
+
+
+@dataclass
+class CacheReport:
+    """What the compile cache did for a session's units: libraries compiled, libraries reused."""
+
+    compiled: int = 0
+    reused: int = 0
+    compiled_keys: list[str] = field(default_factory=list)  # in the order they were built
+    keys: set[str] = field(default_factory=set)  # every distinct key a unit had
+
+    def add(self, result: UnitResult) -> None:
+        if not result.key:  # did not compile (or compile-only: nothing stored)
+            return
+        self.keys.add(result.key)
+        if result.cached:
+            self.reused += 1
+        else:
+            self.compiled += 1
+            self.compiled_keys.append(result.key)
 
 
 class UnitRunner(Protocol):
@@ -24,31 +73,62 @@ class UnitRunner(Protocol):
 class Lanes:
     """A pool of worker lanes for one trace and one `TargetSpec`."""
 
-    def __init__(self, trace_path: str, spec: TargetSpec, cache_dir: str):
+    def __init__(self, trace_path: str, spec: TargetSpec, cache_dir: str, compile_lanes: int | None = None):
         self.spec = spec
         self.plan: LanePlan = plan_lanes(spec.parallel, spec.rpc, spec.tracker, spec.key)
         self.pool = ExecutorPool(WorkerConfig(trace_path=trace_path, spec=spec, cache_dir=cache_dir),
                                  lanes=self.plan.lanes)
+        count = default_compile_lanes() if compile_lanes is None else compile_lanes
+        host = spec.with_options(rpc=None, tracker=None, key=None)  # compile lanes never open a device
+        self.compile_pool = ExecutorPool(WorkerConfig(trace_path=trace_path, spec=host, cache_dir=cache_dir),
+                                         lanes=count) if count > 0 else None
         self.units = 0  # units that ran (probes, verdicts, compiles)
+        self.cache = CacheReport()
         self._replan = False
+
+    @property
+    def compile_lanes(self) -> int:
+        return self.compile_pool.size if self.compile_pool is not None else 0
 
     @property
     def size(self) -> int:
         return self.pool.size
 
-    def run(self, request: UnitRequest, timeout_s: float | None = None) -> UnitResult:
-        """One unit on lane 0 (sequential work)."""
+    def run(self, request: UnitRequest | ChainRequest, timeout_s: float | None = None) -> UnitResult:
+        """One unit (or one chain of units) on lane 0 (sequential work)."""
         self._ready()
         return self.counted(self.pool.run(request, timeout_s))
 
-    def dispatch(self) -> Dispatch:
-        """Independent units for all lanes (see `ExecutorPool.dispatch`); pass results to `counted`."""
+    def prepare(self, requests: list[UnitRequest]) -> None:
+        """Compile units into the cache without running them (a chain's, before it runs): side by
+        side on the compile lanes when there are enough, else on the run lanes. A unit that fails
+        to compile is left for its run to report."""
+        with self.dispatch() as work:
+            for number, request in enumerate(requests):
+                work.submit(number, number, request.prepared())
+            for _number, result in work:
+                self.counted(result)
+
+    def dispatch(self) -> Deferred:
+        """Independent units for all lanes, compiled on the compile lanes first when there are
+        enough of them (see `ExecutorPool.dispatch`, `Pipeline`); pass results to `counted`."""
         self._ready()
-        return self.pool.dispatch()
+        return Deferred(self._dispatch_for)
+
+    def _dispatch_for(self, units: int) -> Dispatch | Pipeline:
+        """One compile lane per UNITS_PER_COMPILE_LANE units, if that makes MIN_COMPILE_LANES or more."""
+        wanted = min(self.compile_lanes, units // UNITS_PER_COMPILE_LANE)
+        if wanted < MIN_COMPILE_LANES:
+            return self.pool.dispatch()
+        return self.pool.pipeline(self.compile_pool, compile_lanes=wanted)
 
     def counted(self, result: UnitResult) -> UnitResult:
-        """Count a unit that ran; a lost connection is not the op's fault: an error, no verdict."""
+        """Count a unit that ran; a lost connection or a corrupt recorded value is not the op's
+        fault: an error, no verdict."""
         self.units += 1
+        self.cache.add(result)
+        if result.status == UnitStatus.TRACE_ERROR:
+            raise TraceError(result.message)
         if result.status == UnitStatus.TARGET_LOST:
             # a server may be gone for good: count the tracker's servers again before the next
             # command, so that no lane waits for a lease that never comes
@@ -66,3 +146,5 @@ class Lanes:
 
     def close(self) -> None:
         self.pool.close()
+        if self.compile_pool is not None:
+            self.compile_pool.close()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 import numpy as np
@@ -12,7 +12,8 @@ from tapml_dbg.runtime.target import TargetSpec
 
 
 class UnitStatus(StrEnum):
-    """How a unit's compile and run ended (`target-lost`: the RPC connection dropped, no verdict)."""
+    """How a unit's compile and run ended (`target-lost`: the RPC connection dropped, no verdict;
+    `trace-error`: a recorded value the unit reads is corrupt or unreadable, no verdict either)."""
 
     OK = "ok"
     COMPILE_ERROR = "compile-error"
@@ -20,6 +21,7 @@ class UnitStatus(StrEnum):
     CRASH = "crash"
     TIMEOUT = "timeout"
     TARGET_LOST = "target-lost"
+    TRACE_ERROR = "trace-error"
 
 
 @dataclass
@@ -41,13 +43,42 @@ class WorkerConfig:
 
 @dataclass
 class UnitRequest:
-    """Run one unit. Inputs are ("input"|"param", name), ("op", name, field) or ("value", array)."""
+    """Run one unit. Inputs are ("input"|"param", name), ("op", name, field) or ("value", array).
+
+    `compile_only`: generate code, no cache, no device (`tapml-dbg compile`). `prepare`: compile
+    into the cache and say where the library is, without running (what a compile lane does).
+    `library`: the unit's library, already in the cache: load and run it without compiling.
+    """
 
     unit_json: dict
     inputs: list[tuple]
     outputs: list[str] = field(default_factory=list)
     compile_only: bool = False
+    prepare: bool = False
+    library: str = ""
 
+    def prepared(self) -> "UnitRequest":
+        """This unit for a compile lane: compile it into the cache, send no inputs."""
+        return replace(self, inputs=[], prepare=True, library="")
+
+    def from_library(self, library: str) -> "UnitRequest":
+        """This unit for a run lane, once a compile lane has put its library in the cache."""
+        return replace(self, prepare=False, library=library)
+
+
+@dataclass
+class ChainRequest:
+    """Run one-op units one after another in one worker, each fed the earlier ones' target values
+    where its inputs reference them (("chain", name, field)), kept on the device in between: the
+    propagated run of a range from per-op kernels, which the compile cache shares between layers.
+
+    The result holds the flat outputs of the ops named in `keep`, in that order; a unit that fails
+    ends the chain, and the result's message names its op (`failed_op`).
+    """
+
+    units: list[UnitRequest]
+    names: list[str]  # the op each unit computes, in order
+    keep: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -57,8 +88,11 @@ class UnitResult:
     status: UnitStatus
     outputs: list[list[np.ndarray]] = field(default_factory=list)
     message: str = ""
-    cached: bool = False
+    cached: bool = False  # the library came from the cache (False: compiled for this unit, or not at all)
     seconds: float = 0.0
+    key: str = ""  # the compile cache's key of the unit (empty when it did not compile)
+    library: str = ""  # the compiled library's path in the cache
+    failed_op: str = ""  # a chain's unit that did not compile or run
 
     @property
     def ok(self) -> bool:

@@ -160,6 +160,11 @@ class ExecutorPool:
         """A batch of independent units: `submit` them, then iterate over the results."""
         return Dispatch(self, timeout_s)
 
+    def pipeline(self, compile_pool: "ExecutorPool", timeout_s: float | None = None,
+                 compile_lanes: int | None = None) -> "Pipeline":
+        """Like `dispatch`, but each unit is compiled on one of `compile_pool`'s lanes first."""
+        return Pipeline(compile_pool, self, timeout_s, compile_lanes)
+
     def resize(self, lanes: int) -> None:
         """Keep lane 0, drop or add the others (their workers stop, releasing their leases)."""
         lanes = max(1, int(lanes))
@@ -196,9 +201,12 @@ class Dispatch:
     everything in the calling thread.
     """
 
-    def __init__(self, pool: ExecutorPool, timeout_s: float | None):
+    def __init__(self, pool: ExecutorPool, timeout_s: float | None, done: "queue.Queue | _Stage | None" = None,
+                 lanes: int | None = None):
         self.pool = pool
         self.timeout_s = timeout_s
+        self.lane_count = min(pool.size, lanes or pool.size)  # the pool's first lanes do the work
+        self._threaded = done is not None or self.lane_count > 1  # a pipeline's stages always run in lane threads
         self._heap: list[tuple[Any, int, Any, UnitRequest]] = []
         self._count = 0
         self._limit = None
@@ -206,7 +214,7 @@ class Dispatch:
         self._running = 0
         self._busy: set[int] = set()
         self._closed = False
-        self._done: queue.Queue = queue.Queue()
+        self._done = done if done is not None else queue.Queue()
         self._threads: list[threading.Thread] = []
 
     # -- queue -------------------------------------------------------------------------------
@@ -217,7 +225,7 @@ class Dispatch:
             heapq.heappush(self._heap, (key, self._count, tag, request))
             self._count += 1
             self._cv.notify()
-        if self.pool.size > 1 and not self._threads:  # lanes start on the first unit, while more are built
+        if self._threaded and not self._threads:  # lanes start on the first unit, while more are built
             self._start()
 
     def cancel_above(self, key) -> None:
@@ -233,7 +241,7 @@ class Dispatch:
 
     # -- results -----------------------------------------------------------------------------
     def __iter__(self) -> Iterator[tuple[Any, UnitResult]]:
-        if self.pool.size == 1:
+        if not self._threaded:
             yield from self._inline()
             return
         if not self._threads:
@@ -263,7 +271,7 @@ class Dispatch:
             yield tag, result
 
     def _start(self) -> None:
-        for number in range(self.pool.size):
+        for number in range(self.lane_count):
             thread = threading.Thread(target=self._lane_loop, args=(number,), daemon=True,
                                       name=f"tapml-lane-{number}")
             thread.start()
@@ -314,3 +322,128 @@ class Dispatch:
         for thread in self._threads:
             thread.join(LANE_JOIN_TIMEOUT_S if kill else None)
         self._threads = []
+
+
+COMPILE, RUN = "compile", "run"  # the stages of a pipeline
+
+
+class _Stage:
+    """A stage's view of the pipeline's one result queue: it tags what it puts there with its name."""
+
+    def __init__(self, results: queue.Queue, stage: str):
+        self.results = results
+        self.stage = stage
+
+    def put(self, item: tuple) -> None:
+        self.results.put((self.stage, *item))
+
+    def empty(self) -> bool:
+        return self.results.empty()
+
+
+class Pipeline:
+    """A `Dispatch` in two stages: compile lanes build each unit into the compile cache (on this
+    host, side by side), run lanes load and run what is built, lowest key first, as it comes.
+
+    So the device never waits for the compiler, and over RPC only running happens remotely. The
+    interface is `Dispatch`'s (`submit`, `cancel_above`, iterate, `with`); a result that comes back
+    says whether its library was compiled for it or found in the cache, as one lane's would. A
+    unit that fails to compile (or crashes the compiler) is reported from the compile stage; a
+    `compile_only` or `prepare` unit is done there.
+    """
+
+    def __init__(self, compile_pool: ExecutorPool, run_pool: ExecutorPool, timeout_s: float | None,
+                 compile_lanes: int | None = None):
+        self._results: queue.Queue = queue.Queue()
+        self.compiles = Dispatch(compile_pool, timeout_s, _Stage(self._results, COMPILE), compile_lanes)
+        self.runs = Dispatch(run_pool, timeout_s, _Stage(self._results, RUN))
+
+    def submit(self, key, tag, request: UnitRequest) -> None:
+        if request.compile_only or request.prepare:  # done once compiled
+            self.compiles.submit(key, (key, tag, None), request)
+        else:
+            self.compiles.submit(key, (key, tag, request), request.prepared())
+
+    def cancel_above(self, key) -> None:
+        self.compiles.cancel_above(key)
+        self.runs.cancel_above(key)
+
+    @property
+    def pending(self) -> int:
+        return self.compiles.pending + self.runs.pending + self._results.qsize()
+
+    def __iter__(self) -> Iterator[tuple[Any, UnitResult]]:
+        while True:
+            try:
+                stage, tag, result = self._results.get(timeout=RESULT_POLL_S)
+            except queue.Empty:
+                if self.compiles.pending == 0 and self.runs.pending == 0 and self._results.empty():
+                    return
+                continue
+            if isinstance(result, BaseException):  # an internal bug in a lane: surface it here
+                raise result
+            if stage == RUN:
+                user_tag, built = tag
+                result.cached, result.key = built.cached, built.key
+                result.seconds += built.seconds
+                yield user_tag, result
+                continue
+            key, user_tag, request = tag
+            if request is None or not result.ok:
+                yield user_tag, result
+            else:
+                self.runs.submit(key, (user_tag, result), request.from_library(result.library))
+
+    def __enter__(self) -> "Pipeline":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close(kill=exc_type is not None and not issubclass(exc_type, Exception))
+
+    def close(self, kill: bool = False) -> None:
+        self.compiles.close(kill)
+        self.runs.close(kill)
+
+
+class Deferred:
+    """A dispatch whose kind is chosen once its units are known: `choose(count)` gets how many
+    were submitted before the first result was asked for, and returns the `Dispatch` or
+    `Pipeline` to run them (a few units are not worth starting compile workers for)."""
+
+    def __init__(self, choose):
+        self.choose = choose
+        self.work: Dispatch | Pipeline | None = None
+        self._queued: list[tuple] = []
+        self._limit = None
+
+    def submit(self, key, tag, request: UnitRequest) -> None:
+        if self.work is not None:
+            self.work.submit(key, tag, request)
+        elif self._limit is None or key <= self._limit:
+            self._queued.append((key, tag, request))
+
+    def cancel_above(self, key) -> None:
+        if self.work is not None:
+            self.work.cancel_above(key)
+            return
+        self._limit = key if self._limit is None else min(self._limit, key)
+        self._queued = [item for item in self._queued if item[0] <= self._limit]
+
+    @property
+    def pending(self) -> int:
+        return self.work.pending if self.work is not None else len(self._queued)
+
+    def __iter__(self) -> Iterator[tuple[Any, UnitResult]]:
+        if self.work is None:
+            self.work = self.choose(len(self._queued))
+            for item in self._queued:
+                self.work.submit(*item)
+            self._queued = []
+        yield from self.work
+
+    def __enter__(self) -> "Deferred":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if self.work is not None:
+            self.work.__exit__(exc_type, exc, tb)

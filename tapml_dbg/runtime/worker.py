@@ -11,10 +11,10 @@ import time
 import traceback
 from pathlib import Path
 
-from tapml_dbg.errors import TapmlError
+from tapml_dbg.errors import TapmlError, TraceError
 from tapml_dbg.portable import PortableError, Runner, flatten, one_line
-from tapml_dbg.runtime.compile_cache import compile_only, compile_unit
-from tapml_dbg.runtime.messages import UnitRequest, UnitStatus, WorkerConfig
+from tapml_dbg.runtime.compile_cache import CompiledUnit, compile_only, compile_unit
+from tapml_dbg.runtime.messages import ChainRequest, UnitRequest, UnitStatus, WorkerConfig
 from tapml_dbg.runtime.target import NO_DEVICE_HINT
 from tapml_dbg.trace import TraceReader
 
@@ -57,8 +57,34 @@ class _WorkerState:
         self.op_index: dict[str, int] = {}
         self.param_cache: dict[str, object] = {}
         self.runner: Runner | None = None  # made on the first unit that runs
+        self.chain_values: dict[str, list] = {}  # op name -> its device tensors, while a chain runs
 
-    def handle(self, request: UnitRequest) -> dict:
+    def handle(self, request: UnitRequest | ChainRequest) -> dict:
+        if isinstance(request, ChainRequest):
+            return self._chain(request)
+        return self._unit(request)
+
+    def _chain(self, chain: ChainRequest) -> dict:
+        """Each unit in turn, fed the earlier units' outputs on the device; the kept ones come back."""
+        started = time.perf_counter()
+        self.chain_values = {}
+        try:
+            kept: dict[str, list] = {}
+            built = 0  # units the chain compiled itself (none when they were prepared)
+            for name, unit in zip(chain.names, chain.units):
+                reply = self._unit(unit, keep_on_device=True)
+                if reply["status"] != UnitStatus.OK:
+                    return reply | {"failed_op": name, "message": f"op {name}: {reply.get('message', '')}"}
+                built += not reply["cached"]
+                self.chain_values[name] = reply["outputs"][0]
+                if name in chain.keep:
+                    kept[name] = [value.numpy() for value in reply["outputs"][0]]
+            return {"status": UnitStatus.OK, "outputs": [kept[name] for name in chain.keep],
+                    "cached": built == 0, "seconds": time.perf_counter() - started}
+        finally:
+            self.chain_values = {}
+
+    def _unit(self, request: UnitRequest, keep_on_device: bool = False) -> dict:
         spec = self.config.spec
         started = time.perf_counter()
         try:
@@ -66,11 +92,15 @@ class _WorkerState:
                 compile_only(request.unit_json, spec.target, spec.transform)  # raises without device code
                 return {"status": UnitStatus.OK, "outputs": [],
                         "seconds": time.perf_counter() - started}
-            compiled = compile_unit(request.unit_json, spec.target, spec.transform, Path(self.config.cache_dir))
+            compiled = self._compiled(request)
         except (TapmlError, PortableError) as exc:
             return {"status": UnitStatus.COMPILE_ERROR, "message": str(exc)}
         except Exception as exc:
             return {"status": UnitStatus.COMPILE_ERROR, "message": one_line(exc), "detail": traceback.format_exc()}
+        done = {"status": UnitStatus.OK, "cached": compiled.cached, "key": compiled.key,
+                "library": str(compiled.path), "compile_seconds": time.perf_counter() - started}
+        if request.prepare:
+            return done | {"outputs": []}
         compiled_at = time.perf_counter()
         try:
             runner = self._runner()
@@ -78,9 +108,13 @@ class _WorkerState:
         except (TapmlError, PortableError) as exc:
             return {"status": UnitStatus.TARGET_LOST, "message": str(exc)}
         try:
-            vm = runner.load(compiled.path)
+            vm = self._load(runner, request, compiled)
             args = [self._argument(ref) for ref in request.inputs]
-            outputs = [flatten(value) for value in runner.invoke(vm, args)]  # one flat list per unit output
+            results = runner.invoke(vm, args)
+            # one flat list per unit output (a chain keeps its values on the device)
+            outputs = [(on_device(value) if keep_on_device else flatten(value)) for value in results]
+        except TraceError as exc:  # a corrupt recorded value: the user's to know, not the op's verdict
+            return {"status": UnitStatus.TRACE_ERROR, "message": str(exc)}
         except (TapmlError, PortableError) as exc:
             return {"status": UnitStatus.ERROR, "message": str(exc)}
         except Exception as exc:
@@ -90,8 +124,23 @@ class _WorkerState:
                         "message": f"lost the RPC connection to {spec.rpc or spec.tracker} ({one_line(exc)}); the "
                                    "next command reconnects once the server is back"}
             return {"status": UnitStatus.ERROR, "message": one_line(exc), "detail": traceback.format_exc()}
-        return {"status": UnitStatus.OK, "outputs": outputs, "cached": compiled.cached,
-                "compile_seconds": compiled_at - started, "run_seconds": time.perf_counter() - compiled_at}
+        return done | {"outputs": outputs, "run_seconds": time.perf_counter() - compiled_at}
+
+    def _compiled(self, request: UnitRequest, rebuild: bool = False) -> CompiledUnit:
+        """The unit's library: the one a compile lane named, else from (or into) the cache."""
+        if request.library and not rebuild and Path(request.library).is_file():
+            return CompiledUnit(Path(request.library), True)
+        return compile_unit(request.unit_json, self.config.spec.target, self.config.spec.transform,
+                            Path(self.config.cache_dir), rebuild=rebuild)
+
+    def _load(self, runner: Runner, request: UnitRequest, compiled: CompiledUnit):
+        """Load the library; one that does not load (a damaged file under an intact record) is built again."""
+        try:
+            return runner.load(compiled.path)
+        except Exception:
+            if runner.is_remote and not runner.alive():
+                raise
+            return runner.load(self._compiled(request, rebuild=True).path)
 
     # -- the target ----------------------------------------------------------------------
     def _runner(self) -> Runner:
@@ -125,11 +174,22 @@ class _WorkerState:
             return self.runner.to_device(values[max(ref[2], 0)])
         if kind == "value":
             return self.runner.to_device(ref[1])
+        if kind == "chain":  # an earlier unit of the running chain computed it
+            return self.chain_values[ref[1]][max(ref[2], 0)]
         raise ValueError(f"unknown input reference {kind}")
 
 
 # what TVM's RPC errors say when the other side is gone (the worker also asks the server, to be sure)
 _LOST_CONNECTION_MARKERS = ("RPCCode", "kShutdown", "Socket", "socket", "Connection", "connection", "Broken pipe")
+
+
+def on_device(value) -> list:
+    """`portable.flatten` without the copy to numpy: a VM result as a flat list of device tensors."""
+    if value is None:
+        return []
+    if hasattr(value, "numpy"):
+        return [value]
+    return [tensor for item in value for tensor in on_device(item)]
 
 
 def _looks_like_lost_connection(exc: BaseException) -> bool:

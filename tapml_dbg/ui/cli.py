@@ -13,6 +13,7 @@ import shlex
 import sys
 from importlib import metadata
 
+from tapml_dbg.engine.mixed import parse_offload
 from tapml_dbg.engine.report import build_report
 from tapml_dbg.engine.session import Session
 from tapml_dbg.errors import TapmlError
@@ -130,13 +131,46 @@ def build_parser() -> argparse.ArgumentParser:
                         help="skip the isolated sweep that catches faults which wash out downstream")
     bisect.add_argument("--report", metavar="DIR", help="also write the HTML report (as `tapml-dbg report`) to DIR")
 
+    mixed = _subcommand(commands, "run", "run the model once mixed: the offload set on the target, the rest on "
+                                         "the source",
+                        "Ops off the target re-execute on torch CPU in the recorded dtype, fed the values before "
+                        "them (the target's where their producer is offloaded); prints the model's outputs against "
+                        "the recording, top-1 agreement of the last dimension and the ops failing in that run "
+                        "(docs/migrate.md).")
+    mixed.add_argument("trace", metavar="TRACE", help=TRACE_HELP)
+    mixed.add_argument("--offload", default="all", metavar="SPEC",
+                       help="what runs on the target: all (default), none, or op selectors as in the REPL "
+                            "(0:120, a name, transformer.h.0,transformer.h.3)")
+    _add_target_options(mixed)
+    mixed.add_argument("--json", action="store_true", help="one JSON object on stdout")
+
+    migrate = _subcommand(commands, "migrate", "offload the model step by step and find where its output breaks",
+                          "TapML's gradual migration: the offloaded prefix grows one top-level block (or op) per "
+                          "step, one mixed run each; a table of the output's error per step, the first failing "
+                          "step and the op inside it that breaks the output (docs/migrate.md).")
+    migrate.add_argument("trace", metavar="TRACE", help=TRACE_HELP)
+    migrate.add_argument("--by", choices=["layer", "op"], default="layer",
+                         help="what a step adds: a top-level block (default) or one op")
+    migrate.add_argument("--one-at-a-time", action="store_true",
+                         help="only one block (or op) on the target per step, the rest on the source: ranks them "
+                              "by their effect on the output")
+    _add_target_options(migrate)
+    migrate.add_argument("--json", action="store_true", help="one JSON object on stdout")
+
     dump = _subcommand(commands, "dump", "write one op as a standalone repro",
                        "A folder with the op's Relax module, its recorded inputs and outputs, and a repro.py "
                        "that needs only tvm and numpy.")
     dump.add_argument("trace", metavar="TRACE", help=TRACE_HELP)
-    dump.add_argument("--op", required=True, metavar="OP", help="op index or name (`tapml-dbg info TRACE --json` "
-                                                                "lists them)")
+    which = dump.add_mutually_exclusive_group(required=True)
+    which.add_argument("--op", metavar="OP", help="op index or name (`tapml-dbg info TRACE --json` lists them); "
+                                                  "an op that fails only compiled with its producers (fused) is "
+                                                  "written as that unit")
+    which.add_argument("--ops", metavar="A:B", help="a range of ops written as one unit (one function), fed its "
+                                                    "recorded inputs, compared at the values it hands on")
     dump.add_argument("-o", "--output", required=True, metavar="DIR", help="the folder to write the repro into")
+    dump.add_argument("--minimize", action="store_true",
+                      help="shrink the inputs to the smallest shapes that still fail (expected values from the "
+                           "source re-executed in float64 at those shapes) and write the repro at them")
     _add_target_options(dump)
 
     carve = _subcommand(commands, "carve", "write every op as a pytest suite",
@@ -144,6 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
     carve.add_argument("trace", metavar="TRACE", help=TRACE_HELP)
     carve.add_argument("-o", "--output", required=True, metavar="DIR", help="the folder to write the suite into")
     carve.add_argument("--max-mb", type=float, default=None, help="size budget for the suite's data")
+    carve.add_argument("--unit", choices=("op", "layer"), default="op",
+                       help="one test per op (default), or per layer: its consecutive ops compiled as one function")
     _add_target_options(carve)
 
     check = _subcommand(commands, "compile", "compile every op for a target without running it",
@@ -229,7 +265,10 @@ def _bisect_next(args, result) -> NextCommands:
     if result.culprit is None:
         return NextCommands(report)
     index = str(result.culprit.index)
-    return NextCommands([(_command("dump", args.trace, "--op", index, "-o", DEFAULT_REPRO_DIR, args=args),
+    which = ("--ops", f"{result.culprit.unit[0][0]}:{result.culprit.index + 1}") if result.culprit.unit \
+        else ("--op", index)
+    return NextCommands([(_command("dump", args.trace, *which, "-o", DEFAULT_REPRO_DIR, args=args),
+                          "the fused unit as a standalone repro (tvm + numpy only)" if result.culprit.unit else
                           "the op as a standalone repro (tvm + numpy only)"), *report,
                          (_command("replay", args.trace, args=args) + f' -c "compare {index}"',
                           "both verdicts side by side")])
@@ -296,6 +335,37 @@ def _bisect(args, out, err) -> int:
     return 0
 
 
+def _run(args, out, err) -> int:
+    with _open_session(args) as session:
+        offload = parse_offload(session.op_table, args.offload)
+        with progress("mixed run", err, show=_bar(args)) as report:
+            result = session.run_mixed(offload, progress=report)
+    if args.json:
+        print(strict_json(result.to_json()))
+        return 0
+    render(result, out)
+    render(NextCommands([(_command("migrate", args.trace, args=args), "offload block by block: where the output "
+                                                                     "breaks, and the op that breaks it")]), out)
+    return 0
+
+
+def _migrate(args, out, err) -> int:
+    with _open_session(args) as session:
+        with progress("migrating", err, show=_bar(args)) as report:
+            result = session.migrate(args.by, args.one_at_a_time, progress=report)
+    if args.json:
+        print(strict_json(result.to_json()))
+        return 0
+    render(result, out)
+    culprit = result.culprit
+    if culprit is not None:
+        render(NextCommands([(_command("dump", args.trace, "--op", str(culprit.index), "-o", DEFAULT_REPRO_DIR,
+                                       args=args), "the culprit as a standalone repro (tvm + numpy only)"),
+                             (_command("replay", args.trace, args=args) + f' -c "compare {culprit.index}"',
+                              "both verdicts side by side")]), out)
+    return 0
+
+
 def _write_report(args, session, err, folder, bisect=None):
     with progress("report", err, show=_bar(args)) as report:
         data = build_report(session, bisect=bisect, progress=report)
@@ -318,7 +388,9 @@ def _report(args, out, err) -> int:
 
 def _dump(args, out, err) -> int:
     with _open_session(args) as session:
-        result = dump_op(session, args.op, args.output, command=" ".join(["tapml-dbg"] + args.argv))
+        with progress("minimizing", err, show=args.minimize and _bar(args)) as report:
+            result = dump_op(session, args.op, args.output, command=" ".join(["tapml-dbg"] + args.argv),
+                             ops=args.ops, minimize=args.minimize, progress=report)
     render(result, out)
     return 0
 
@@ -326,7 +398,7 @@ def _dump(args, out, err) -> int:
 def _carve(args, out, err) -> int:
     with _open_session(args) as session:
         with progress("carving", err) as report:
-            result = carve(session, args.output, max_mb=args.max_mb, progress=report)
+            result = carve(session, args.output, max_mb=args.max_mb, progress=report, unit=args.unit)
     render(result, out)
     return 0
 
@@ -346,7 +418,7 @@ def _replay(args, out, err) -> int:
     return run_replay(args)
 
 
-_HANDLERS = {"record": _record, "info": _info, "bisect": _bisect, "dump": _dump, "carve": _carve,
+_HANDLERS = {"record": _record, "info": _info, "bisect": _bisect, "run": _run, "migrate": _migrate, "dump": _dump, "carve": _carve,
              "compile": _compile, "replay": _replay, "report": _report}
 
 

@@ -19,6 +19,8 @@ from rich.measure import Measurement
 from rich.segment import Segments
 from rich.table import Table
 
+from tapml_dbg.engine.migrate import MigrateResult
+from tapml_dbg.engine.mixed import MixedRun, spans_text
 from tapml_dbg.engine.results import BisectResult, CompileReport, StepResult
 from tapml_dbg.engine.stops import Command, RunResult, judge_divergence
 from tapml_dbg.judge.compare import metrics_text
@@ -56,6 +58,8 @@ PLOT_STYLES = {"isolated": "blue", "propagated": "dark_orange", "fail": "bold re
 VERDICT_MEANING = {  # what a culprit's verdict kind says, in the words of docs/repl.md
     "isolated": "the op alone, fed the recorded source inputs, is wrong on the target: a kernel or codegen bug",
     "propagated": "the op alone is right; the error arriving from upstream grows past the tolerance here",
+    "fused": "every input is right and the op passes alone, yet compiled with its producers as one function it is "
+             "wrong: a fusion or schedule bug (dump --ops writes the unit as a repro)",
     "compile-error": "the op does not compile for the target",
     "crash": "running the op crashed the target worker",
     "timeout": "the op did not finish within --timeout",
@@ -334,7 +338,7 @@ def _(result: R.WhereResult, console: Console) -> None:
         if last.breakpoint:
             console.print(f"         stopped by {escape(last.breakpoint)}")
     console.print(f"target   {escape(result.target)}   mode {result.mode}   breakpoints {result.breakpoints}")
-    console.print(f"offload  {escape(result.offload)}")
+    console.print(f"offload  {escape(result.offload)} on the target; the rest on the source (`run`: the model mixed)")
 
 
 @render.register
@@ -681,6 +685,19 @@ def _(result: R.BreakResult, console: Console) -> None:
 
 
 # ------------------------------------------------------------------ engine, record and repro results
+def culprit_detail(culprit, console: Console) -> None:
+    """A culprit's verdict, what that verdict means, its class and message (bisect's and migrate's)."""
+    console.print(f"  verdict: [{verdict_style(Status.FAIL)}]{escape(culprit.verdict)}[/]  {escape(culprit.summary or '')}")
+    if culprit.wrong == WrongClass.TYPE:
+        console.print(f"  {escape(TYPE_MEANING)}")
+    elif culprit.verdict in VERDICT_MEANING:
+        console.print(f"  {escape(VERDICT_MEANING[culprit.verdict])}")
+    if culprit.wrong:
+        console.print(f"  class: [bold]{escape(culprit.wrong)}[/]: {escape(culprit.evidence)}")
+    if culprit.message and culprit.message != culprit.summary:
+        console.print(f"  {escape(culprit.message)}")
+
+
 @render.register
 def _(result: BisectResult, console: Console) -> None:
     if not result.diverged:
@@ -691,15 +708,7 @@ def _(result: BisectResult, console: Console) -> None:
     culprit = result.culprit
     console.print(f"[bold red]first divergent op[/]: #{culprit.index} [bold]{escape(culprit.name)}[/] "
                   f"({escape(culprit.op)}) in layer [cyan]{escape(layer_text(culprit.layer))}[/]")
-    console.print(f"  verdict: [{verdict_style(Status.FAIL)}]{escape(culprit.verdict)}[/]  {escape(culprit.summary or '')}")
-    if culprit.wrong == WrongClass.TYPE:
-        console.print(f"  {escape(TYPE_MEANING)}")
-    elif culprit.verdict in VERDICT_MEANING:
-        console.print(f"  {escape(VERDICT_MEANING[culprit.verdict])}")
-    if culprit.wrong:
-        console.print(f"  class: [bold]{escape(culprit.wrong)}[/]: {escape(culprit.evidence)}")
-    if culprit.message and culprit.message != culprit.summary:
-        console.print(f"  {escape(culprit.message)}")
+    culprit_detail(culprit, console)
     console.print(f"  found on {escape(result.target)} with {result.probes} probes over {result.ops} ops "
                   f"in {result.seconds:.1f} s")
     if result.neighbourhood:  # isolated verdicts only: the search never runs the neighbours propagated
@@ -795,8 +804,9 @@ def _(result: TraceSummary, console: Console) -> None:
 @render.register
 def _(result: DumpResult, console: Console) -> None:
     path = escape(str(result.path))
-    console.print(f"wrote repro of op #{result.index} {escape(result.name)} to {path} ({size_text(result.bytes)}); "
-                  f"run: python {path}/repro.py")
+    what = (f"unit #{result.unit[0]}..#{result.unit[-1]} ({len(result.unit)} ops as one function, at #{result.index} "
+            f"{escape(result.name)})" if result.unit else f"op #{result.index} {escape(result.name)}")
+    console.print(f"wrote repro of {what} to {path} ({size_text(result.bytes)}); run: python {path}/repro.py")
 
 
 @render.register
@@ -833,3 +843,78 @@ def _(result: VerifyReport, console: Console) -> None:
                   f"({escape(how)})")
     for damage in result.damaged:  # each message names its part; the path is said once, above
         console.print(f"  [red]-[/] {escape(damage.message.removeprefix(f'{result.path}: '))}")
+
+
+# ---------------------------------------------------------------------------- mixed runs and migration
+MIXED_FAILING_SHOWN = 8  # ops failing in a mixed run listed by name; the rest are counted
+
+
+def _output_line(check) -> str:
+    status = "[green]pass[/]" if check.passed else f"[{verdict_style(Status.FAIL)}]FAIL[/]"
+    figures = escape(metrics_text(check.metrics)) if check.metrics else escape(check.message)
+    top1 = f"  argmax agrees on {check.top1:.1%} of positions" if check.top1 is not None else ""
+    return f"  output {escape(check.op)}[{check.output}]: {status} {figures}{top1}"
+
+
+@render.register
+def _(result: MixedRun, console: Console) -> None:
+    source = result.ops - len(result.offload)
+    console.print(f"mixed run on {escape(result.target)}: {escape(spans_text(result.offload, result.ops))} on the "
+                  f"target, {source} on the source (torch CPU, recorded dtype)")
+    if result.failure:
+        console.print(f"  [{FAILED_RUN_STYLE}]stopped[/]: {escape(result.failure)}")
+    for check in result.outputs:
+        console.print(_output_line(check), soft_wrap=True)
+    verdict = "[green]the output is right[/]" if result.passed else "[bold red]the output is wrong[/]"
+    reused = f", {result.reused} reused from an earlier run" if result.reused else ""
+    console.print(f"  {verdict}; {result.units} target unit(s) run, {result.compiled} compiled{reused}, "
+                  f"in {result.seconds:.1f} s")
+    failing = result.failing_ops()
+    if failing:
+        shown = ", ".join(f"#{i} {escape(result.verdicts[i].name)} {verdict_cell(result.verdicts[i])}"
+                          for i in failing[:MIXED_FAILING_SHOWN])
+        more = f" and {len(failing) - MIXED_FAILING_SHOWN} more" if len(failing) > MIXED_FAILING_SHOWN else ""
+        console.print(f"  {len(failing)} op(s) fail in this run: {shown}{more}", soft_wrap=True)
+    _print_notes(result.notes, console)
+
+
+@render.register
+def _(result: MigrateResult, console: Console) -> None:
+    how = "one block alone on the target, the rest on the source" if result.one_at_a_time else \
+        f"the offloaded prefix grows one {'op' if result.by == 'op' else 'top-level block'} per step"
+    console.print(f"migration on {escape(result.target)} by {result.by}: {len(result.steps)} steps, {how}")
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    columns = ["step", "adds" if not result.one_at_a_time else "on the target", "offloaded", "output error",
+               "top-1", "output"] + (["rank"] if result.ranking else [])
+    for column in columns:
+        table.add_column(column, justify="right" if column in ("step", "output error", "top-1", "rank") else "left")
+    rank = {number: position for position, number in enumerate(result.ranking, start=1)}
+    for step in result.steps:
+        error = "-" if step.run.error == float("inf") else f"{step.run.error:.1e}"
+        top1 = f"{step.run.top1:.1%}" if step.run.top1 is not None else "-"
+        status = "[green]pass[/]" if step.passed else f"[{verdict_style(Status.FAIL)}]FAIL[/]"
+        if step.run.failure:
+            status += f" {escape(step.run.failure[:MESSAGE_CHARS])}"
+        row = [str(step.number), escape(step.label), escape(spans_text(step.offload, result.ops)), error, top1, status]
+        table.add_row(*row, *([str(rank[step.number])] if result.ranking else []))
+    print_table(console, table)
+    by_number = {step.number: step for step in result.steps}
+    if result.first_failing_step is None:
+        console.print("[green]the output stays right at every step[/]")
+    elif result.one_at_a_time:
+        top = by_number[result.ranking[0]]
+        console.print(f"[bold red]largest effect on the output[/]: {escape(top.label)} alone on the target "
+                      f"(output error {top.run.error:.1e})")
+    else:
+        step = by_number[result.first_failing_step]
+        console.print(f"[bold red]first failing step[/]: {step.number} ({escape(step.label)}): with it on the target "
+                      f"the model's output is past its tolerance")
+    culprit = result.culprit
+    if culprit is not None:
+        console.print(f"culprit: #{culprit.index} [bold]{escape(culprit.name)}[/] ({escape(culprit.op)}) in layer "
+                      f"[cyan]{escape(layer_text(culprit.layer))}[/], the first op of step {result.culprit_step} "
+                      f"whose offload breaks the output ({result.probes} mixed runs)")
+        culprit_detail(culprit, console)
+    console.print(f"  {len(result.steps)} steps in {result.seconds:.1f} s: {result.units} target units run, "
+                  f"{result.compiled} compiled, {result.reused} reused from earlier runs")
+    _print_notes(result.notes, console)

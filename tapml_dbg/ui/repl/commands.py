@@ -17,6 +17,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Callable
 
+from tapml_dbg.engine.mixed import parse_offload, spans_text
 from tapml_dbg.engine.report import error_points, first_divergent
 from tapml_dbg.engine.session import Session
 from tapml_dbg.engine.stops import BreakKind, Debugger
@@ -81,18 +82,7 @@ def _need(args: list[str], low: int, high: int | None = None) -> None:
 
 def offload_summary(session) -> str:
     """`0..12, 15..25 (24 of 26 ops)`, or `none`."""
-    indices = sorted(session.offload)
-    if not indices:
-        return f"none (0 of {len(session.ops)} ops)"
-    spans, start, prev = [], indices[0], indices[0]
-    for index in indices[1:] + [None]:
-        if index is not None and index == prev + 1:
-            prev = index
-            continue
-        spans.append(f"{start}" if start == prev else f"{start}..{prev}")
-        if index is not None:
-            start = prev = index
-    return f"{', '.join(spans)} ({len(indices)} of {len(session.ops)} ops)"
+    return spans_text(session.offload, len(session.ops))
 
 
 # --------------------------------------------------------------------------- handlers
@@ -302,6 +292,28 @@ def cmd_bisect(ctx: Context, args: list[str]):
         return R.BisectDone(ctx.session.bisect(sweep=sweep, progress=progress))
 
 
+def cmd_run(ctx: Context, args: list[str]):
+    _need(args, 0, 1)
+    session = ctx.session
+    offload = parse_offload(session.op_table, args[0]) if args else None  # default: the offload set
+    with ctx.progress(f"mixed run on {session.target}") as progress:
+        return session.run_mixed(offload, progress=progress)
+
+
+def cmd_migrate(ctx: Context, args: list[str]):
+    by, one_at_a_time, rest = "layer", False, list(args)
+    while rest:
+        option = rest.pop(0)
+        if option == "--one-at-a-time":
+            one_at_a_time = True
+        elif option == "--by" and rest:
+            by = rest.pop(0)
+        else:
+            raise ArgError(f"unknown option {option!r}: give --by layer|op and/or --one-at-a-time")
+    with ctx.progress(f"migrate on {ctx.session.target}") as progress:
+        return ctx.session.migrate(by, one_at_a_time, progress)
+
+
 def cmd_plot(ctx: Context, args: list[str]):
     _need(args, 0, 1)
     session = ctx.session
@@ -420,10 +432,11 @@ def cmd_mode(ctx: Context, args: list[str]):
 
 def cmd_dump(ctx: Context, args: list[str]):
     _need(args, 2, 2)
-    op = ctx.session.resolve(args[0])
+    ops = args[0] if ":" in args[0] else None  # a range `a:b`: those ops as one unit (dump --ops)
+    op = ctx.session.ops[ctx.session.resolve_ops(ops)[-1]] if ops else ctx.session.resolve(args[0])
     launch = ctx.launch
-    parts = ["tapml-dbg", "dump", str(launch.get("trace", ctx.session.reader.path)), "--op", op.name, "-o", args[1],
-             "--target", ctx.session.target]
+    parts = ["tapml-dbg", "dump", str(launch.get("trace", ctx.session.reader.path)), *(("--ops", ops) if ops else
+             ("--op", op.name)), "-o", args[1], "--target", ctx.session.target]
     spec = ctx.session.spec
     for option, value in (("--rpc", spec.rpc), ("--tracker", spec.tracker), ("--key", spec.key),
                           ("--transform", spec.transform)):
@@ -431,7 +444,7 @@ def cmd_dump(ctx: Context, args: list[str]):
             parts += [option, str(value)]
     command = " ".join(shlex.quote(p) for p in parts)
     with ctx.progress(f"dump #{op.index}"):
-        result = dump_op(ctx.session, op.name, args[1], command=command)
+        result = dump_op(ctx.session, op.name, args[1], command=command, ops=ops)
     return R.DumpDone(result)
 
 
@@ -509,6 +522,18 @@ COMMANDS: list[Command] = [
             "A propagated search over prefixes, an isolated confirmation, and an isolated sweep of the\n"
             "ops before it that catches faults which wash out (skip it with --no-sweep). Ctrl-C cancels.",
             cmd_bisect, (("--no-sweep",),)),
+    Command("run", (), "run [all|none|OPS|LAYERS]",
+            "Run the whole model once mixed: the offload set on the target, the rest on the source.\n"
+            "Ops off the target re-execute on torch CPU fed the values before them (the target's where\n"
+            "their producer is offloaded); prints the model's outputs against the recording and the ops\n"
+            "failing in that run. Without argument: the offload set (`boundary`, `offload`).",
+            cmd_run, (("all", "none", "<layer>"),)),
+    Command("migrate", (), "migrate [--by layer|op] [--one-at-a-time]",
+            "TapML's gradual offload: one mixed run per step, the step that breaks the output, its culprit.\n"
+            "The offloaded prefix grows one top-level block (or op) at a time; --one-at-a-time puts one\n"
+            "block alone on the target to rank blocks by their effect on the output (docs/migrate.md).",
+            cmd_migrate, lambda previous: ("layer", "op") if previous[-1:] == ["--by"] else
+            ("--by", "--one-at-a-time")),
     Command("plot", (), "plot [RANGE|LAYER]",
             "Every op's error along the model, as a terminal chart.\n"
             "One column per op (or per few ops on a narrow terminal), log scale: the isolated error\n"
@@ -539,7 +564,9 @@ COMMANDS: list[Command] = [
             "shows. Default: propagated.", cmd_mode, (("isolated", "propagated"),)),
     Command("dump", (), "dump OP DIR",
             "Write an op as a standalone repro into DIR.\n"
-            "The repro needs only tvm and numpy.", cmd_dump, (("<op>",), ("<path>",))),
+            "The repro needs only tvm and numpy. OP may be a range A:B: ops A..B-1 as one unit; an op\n"
+            "that fails only compiled with its producers (fused) is written as that unit.",
+            cmd_dump, (("<op>",), ("<path>",))),
     Command("reset", (), "reset",
             "Back to op 0, every op offloaded, no target values.\n"
             "Breakpoints, mode and tolerances are kept.", cmd_reset),

@@ -1,0 +1,246 @@
+"""Time to answer: tapml-dbg's time to the first divergent op against TVM's own time to build the model.
+
+Usage: python benchmarks/time_to_answer.py [MODEL ...] [--target T]
+       (default models: tiny_llama gpt2_124m cnn; default target llvm; `--target cuda` on a GPU host)
+
+In one run on one machine, for each model:
+  - the anchor, in a fresh process: torch.export + `tvm.relax.frontend.torch.from_exported_program`
+    (import), `tvm.compile` for the target (compile), one run of `main` on the device (run: on llvm
+    it includes the machine-code generation `tvm.compile` defers to the first call);
+  - the model recorded once on torch (not timed against the anchor: a trace is recorded once and
+    bisected many times), and a 1% fault planted at the op in the middle (tests/transforms/faults.py);
+  - tapml-dbg's time to answer, each in a fresh process (imports and worker start-up included):
+    `Session.bisect` with an empty compile cache (cold), the same again (warm), and after the
+    transform changed to also rewrite every op of one kind (changed: the middle op's kind; the values
+    stay the same, the units of that kind change), with what the compile cache built and reused;
+  - the same two cases for a per-op answer (a prototype of what the search could do, not what
+    `bisect` does): compile every distinct one-op unit (`Lanes.prepare`), run the whole model as
+    one chain of them on the target (`RequestBuilder.chain`: the propagated values), then the
+    isolated sweep up to the first propagated divergence, on the same kernels.
+Then one table, with the machine and the versions. Compare ratios taken in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT))
+
+DEFAULT_MODELS = ["tiny_llama", "gpt2_124m", "cnn"]
+CHILD_TIMEOUT_S = 3600
+
+# appended to a copy of faults.py: the planted fault, plus a rewrite of every op of one kind that
+# keeps its values (x * 1.0 after the op): what editing a pass that touches one op kind does to units
+TOUCH_KIND = '''
+
+TOUCHED_KIND = {kind!r}
+
+
+def fault_and_touched_kind(mod):
+    mod = scale(mod)
+
+    @relax.expr_functor.mutator
+    class Touch(relax.PyExprMutator):
+        def visit_var_binding_(self, binding):
+            value = self.visit_expr(binding.value)
+            if isinstance(value, relax.Call) and getattr(value.op, "name", "") == TOUCHED_KIND:
+                inner = self.builder_.emit(value)
+                value = relax.op.multiply(inner, relax.const(1.0, inner.ty.dtype))
+            self.set_var_remap(binding.var, self.builder_.emit(value, binding.var.name))
+
+    toucher = Touch(mod)
+    for gvar, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            toucher.builder_.update_func(gvar, toucher.visit_expr(func))
+    return toucher.builder_.get()
+'''
+
+
+# ------------------------------------------------------------------------------ child processes
+def anchor(model: str, target: str) -> dict:
+    """TVM alone: export + import, compile, one run (in this fresh process)."""
+    import torch
+    from tapml_dbg.frontend.model_loader import load_model
+
+    module, inputs = load_model(str(ROOT / "examples" / f"{model}.py"))
+    started = time.perf_counter()
+    import tvm
+    from tvm import relax
+    from tvm.relax.frontend.torch import from_exported_program
+
+    tvm_import = time.perf_counter() - started
+    started = time.perf_counter()
+    with torch.no_grad():
+        exported = torch.export.export(module, tuple(inputs))
+        mod = from_exported_program(exported)
+    imported = time.perf_counter() - started
+    started = time.perf_counter()
+    tvm_target = tvm.target.Target(json.loads(target) if target.startswith("{") else target)
+    executable = tvm.compile(mod, tvm_target)
+    compiled = time.perf_counter() - started
+    device = tvm.device("cpu" if tvm_target.kind.name in ("llvm", "c") else tvm_target.kind.name, 0)
+    args = [tvm.runtime.tensor(value.detach().cpu().numpy(), device) for value in inputs]
+    started = time.perf_counter()
+    vm = relax.VirtualMachine(executable, device)
+    vm["main"](*args)
+    device.sync()
+    ran = time.perf_counter() - started
+    return {"tvm import s": tvm_import, "import s": imported, "compile s": compiled, "run s": ran,
+            "anchor s": imported + compiled + ran}
+
+
+def answer(trace: str, target: str, transform: str, cache: str, expected: str) -> dict:
+    """tapml-dbg's bisect in this fresh process: session, workers, search, sweep, culprit."""
+    from tapml_dbg.engine.session import Session
+
+    with Session.open(trace, target=target, transform=transform, cache_dir=cache) as session:
+        result = session.bisect()
+        report = session.lanes.cache
+        culprit = result.culprit
+        return {"found": bool(culprit and culprit.name == expected), "culprit": culprit.name if culprit else None,
+                "verdict": str(culprit.verdict) if culprit else None, "probes": result.probes,
+                "compiled": report.compiled, "reused": report.reused, "compile lanes": session.lanes.compile_lanes}
+
+
+def per_op_answer(trace: str, target: str, transform: str, cache: str, expected: str) -> dict:
+    """The prototype: every distinct op compiled once; propagated values from one chained run; the
+    lowest isolated failure up to the first propagated one (same kernels) is the culprit."""
+    from tapml_dbg.engine.session import Session
+    from tapml_dbg.judge.verdict import PROPAGATED
+
+    with Session.open(trace, target=target, transform=transform, cache_dir=cache) as session:
+        indices = [op.index for op in session.ops if op.outputs and op.index in session.recorded]
+        chain = session.requests.chain(indices)
+        session.lanes.prepare(chain.units)
+        result = session.lanes.run(chain)
+        first = next((i for i, outputs in zip(indices, result.outputs)
+                      if not session.judge(i, PROPAGATED, result, outputs).passed), None) if result.ok else None
+        if not result.ok:
+            first = session.by_name[result.failed_op].index
+        end = first + 1 if first is not None else len(session.ops)
+        earliest = session.isolated_verdicts.lowest_failing([i for i in indices if i < end])
+        culprit = session.ops[earliest.index].name if earliest else (session.ops[first].name if first else None)
+        report = session.lanes.cache
+        return {"found": culprit == expected, "culprit": culprit, "compiled": report.compiled,
+                "reused": report.reused, "compile lanes": session.lanes.compile_lanes}
+
+
+def _child(kind: str, *args: str) -> dict:
+    """Run `kind` in a fresh interpreter; its wall time from process start to its answer."""
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, __file__, "--child", kind, *args], capture_output=True, text=True,
+                          timeout=CHILD_TIMEOUT_S)
+    seconds = time.perf_counter() - started
+    if done.returncode != 0:
+        raise SystemExit(f"{kind} {' '.join(args)} failed:\n{done.stderr[-4000:]}")
+    data = json.loads(done.stdout.strip().splitlines()[-1])
+    data["seconds"] = seconds
+    return data
+
+
+# ------------------------------------------------------------------------------ the run
+def run(models: list[str], target: str) -> None:
+    from bisect_bench import middle_op
+    from conftest import fault_transform
+    from tapml_dbg.engine.session import Session
+    from tapml_dbg.record.recorder import record
+
+    work = Path(tempfile.mkdtemp(prefix="tapml-tta-"))
+    rows = []
+    try:
+        for model in models:
+            row = {"model": model, **_child("anchor", model, target)}
+            trace = work / f"{model}.h5"
+            started = time.perf_counter()
+            recorded = record(str(ROOT / "examples" / f"{model}.py"), trace)
+            row["record s"] = time.perf_counter() - started
+            with Session.open(trace) as session:
+                middle = middle_op(session)
+                op = session.by_name[middle]
+            row.update(ops=recorded.ops, fault=f"#{op.index} {middle}", kind=op.relax_op)
+            fault = fault_transform(work, "scale", middle)
+            changed = Path(fault.rpartition(":")[0]).with_name(f"changed_{model}.py")
+            changed.write_text(Path(fault.rpartition(":")[0]).read_text() + TOUCH_KIND.format(kind=op.relax_op))
+            cache = work / f"cache-{model}"
+            shutil.rmtree(cache, ignore_errors=True)
+            for phase, transform in (("cold", fault), ("warm", fault),
+                                     ("changed", f"{changed}:fault_and_touched_kind")):
+                row[phase] = _child("answer", str(trace), target, transform, str(cache), middle)
+            for phase, transform in (("per-op cold", fault), ("per-op changed", f"{changed}:fault_and_touched_kind")):
+                row[phase] = _child("per-op", str(trace), target, transform, str(work / f"per-op-{model}"), middle)
+            rows.append(row)
+            _print(rows, target)  # so far, in case a later model fails
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _machine(target: str) -> str:
+    import numpy
+    import torch
+    import tvm
+
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    except (ValueError, OSError):
+        memory = float("nan")
+    gpu = ""
+    if torch.cuda.is_available():
+        gpu = f"; gpu {torch.cuda.get_device_name(0)}"
+    return (f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, {memory:.0f} GiB{gpu}; "
+            f"{platform.platform()}; python {platform.python_version()}, torch {torch.__version__}, "
+            f"tvm {tvm.__version__}, numpy {numpy.__version__}; target {target}; "
+            f"load average {tuple(round(x, 1) for x in os.getloadavg())}")
+
+
+def _print(rows: list[dict], target: str) -> None:
+    print(_machine(target))
+    print("| model | ops | fault at | anchor: import + compile + run s | bisect cold s (x anchor) | "
+          "warm s | changed s (x anchor) | built cold / changed | per-op cold s (x anchor) | "
+          "per-op changed s (x anchor) | per-op built cold / changed | found |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    for row in rows:
+        anchor_s = row["anchor s"]
+        runs = [row[phase] for phase in ("cold", "warm", "changed", "per-op cold", "per-op changed")]
+        cold, warm, changed, op_cold, op_changed = runs
+        wrong = [f"{r['culprit']}" for r in runs if not r["found"]]
+
+        def timed(r):
+            return f"{r['seconds']:.1f} ({r['seconds'] / anchor_s:.1f}x)"
+
+        print(f"| {row['model']} | {row['ops']} | {row['fault']} ({row['kind']}) | "
+              f"{row['import s']:.1f} + {row['compile s']:.1f} + {row['run s']:.2f} = {anchor_s:.1f} | "
+              f"{timed(cold)} | {warm['seconds']:.1f} | {timed(changed)} | {cold['compiled']} / {changed['compiled']} | "
+              f"{timed(op_cold)} | {timed(op_changed)} | {op_cold['compiled']} / {op_changed['compiled']} | "
+              f"{'yes' if not wrong else 'NO: ' + ', '.join(wrong)} |")
+    print(f"(times are wall seconds of a fresh process each; the TVM import itself, "
+          f"{rows[-1]['tvm import s']:.1f} s in the anchor's process, is in no column; record s: "
+          + ", ".join(f"{r['model']} {r['record s']:.1f}" for r in rows) + ")", flush=True)
+
+
+def main() -> None:
+    if len(sys.argv) > 2 and sys.argv[1] == "--child":
+        kind, args = sys.argv[2], sys.argv[3:]
+        result = {"anchor": anchor, "answer": answer, "per-op": per_op_answer}[kind](*args)
+        print(json.dumps(result))
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("models", nargs="*", default=DEFAULT_MODELS)
+    parser.add_argument("--target", default="llvm")
+    args = parser.parse_args()
+    run(args.models, args.target)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,184 @@
+"""The compile cache keys a unit by what is compiled (its structure after the user's transform),
+compile lanes build units on the host while a run lane runs them, and a corrupt recorded value
+read by a worker reaches the user as the trace's own error.
+
+Compiles are counted by the session's `CacheReport` (what each worker said it built or reused),
+never by timing. One mlp trace (examples/mlp.py: three identical blocks) serves every test.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from conftest import fault_transform
+from tapml_dbg.engine.session import Session
+from tapml_dbg.errors import TraceError
+from tapml_dbg.judge.verdict import PROPAGATED
+from tapml_dbg.model.serialize import function_to_json
+from tapml_dbg.model.units import build_unit
+from tapml_dbg.runtime import compile_cache, lanes
+from test_bad_input import _flip_dataset_bit
+
+GELU_OPS = ("gelu", "gelu_1", "gelu_2")  # the same op in blocks.0, .1 and .2 (other variable names)
+
+# a pass that touches one op kind: every relax.nn.gelu result is scaled
+GELU_PASS = '''
+from tvm import relax
+
+
+def scale_gelu(mod):
+    @relax.expr_functor.mutator
+    class Scale(relax.PyExprMutator):
+        def visit_var_binding_(self, binding):
+            value = self.visit_expr(binding.value)
+            if isinstance(value, relax.Call) and getattr(value.op, "name", "") == "relax.nn.gelu":
+                inner = self.builder_.emit(value)
+                value = relax.op.multiply(inner, relax.const({factor}, "float32"))
+            self.set_var_remap(binding.var, self.builder_.emit(value, binding.var.name))
+
+    mutator = Scale(mod)
+    for gvar, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            mutator.builder_.update_func(gvar, mutator.visit_expr(func))
+    return mutator.builder_.get()
+'''
+
+
+@pytest.fixture(scope="module")
+def mlp(traces):
+    return traces.get("mlp")
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("cache")
+
+
+@pytest.fixture(scope="module")
+def clean(mlp, cache):
+    """The mlp on llvm, no transform, over the module's cache (tests count compiles as differences)."""
+    with Session.open(mlp, cache_dir=cache) as session:
+        yield session
+
+
+def _all_ops(session) -> dict[int, str]:
+    verdicts = session.isolated_many(range(len(session.ops)))
+    return {index: verdict.status for index, verdict in verdicts.items()}
+
+
+def _gelu_unit(session, name: str = "gelu") -> dict:
+    func, _spec = build_unit(session.main, [name], [name])
+    return function_to_json(func)
+
+
+def test_the_same_op_in_two_layers_compiles_once(clean):
+    report = clean.lanes.cache
+    first, second = (clean.by_name[name].index for name in GELU_OPS[:2])
+    assert clean.isolated(first).passed
+    keys, compiled, reused = len(report.keys), report.compiled, report.reused
+    assert clean.isolated(second).passed  # blocks.1's gelu: other names, the same structure
+    assert (len(report.keys), report.compiled, report.reused) == (keys, compiled, reused + 1)
+    statuses = _all_ops(clean)
+    assert set(statuses.values()) == {"pass"}
+    assert report.compiled == len(report.keys) == len(set(report.compiled_keys))  # each key built once
+    assert report.compiled < report.compiled + report.reused == len(statuses)  # fewer builds than ops
+
+
+def test_a_pass_that_touches_one_op_kind_recompiles_only_those_units(mlp, cache, clean, tmp_path):
+    assert set(_all_ops(clean).values()) == {"pass"}  # every unit of the model is in the cache
+    transform = tmp_path / "gelu_pass.py"
+    transform.write_text(GELU_PASS.replace("{factor}", "1.01"))
+    spec = f"{transform}:scale_gelu"
+    with Session.open(mlp, transform=spec, cache_dir=cache) as session:
+        statuses = _all_ops(session)
+        gelus = {session.by_name[name].index for name in GELU_OPS}
+        assert {i for i, status in statuses.items() if status != "pass"} == gelus
+        # the three gelus are one unit after the pass too: one build, every other unit from the cache
+        assert session.lanes.cache.compiled == 1
+        assert session.lanes.cache.reused == len(statuses) - 1
+    built = compile_cache.compile_unit(_gelu_unit(clean, "gelu_2"), "llvm", spec, cache)
+    transform.write_text("# an edit that changes no unit\n" + transform.read_text())
+    again = compile_cache.compile_unit(_gelu_unit(clean, "gelu_2"), "llvm", spec, cache)
+    assert built.cached and again.cached and again.key == built.key
+
+
+def test_a_damaged_cache_entry_is_rebuilt_not_trusted(clean, tmp_path):
+    unit, folder = _gelu_unit(clean), tmp_path / "cache"
+    built = compile_cache.compile_unit(unit, "llvm", None, folder)
+    assert not built.cached and compile_cache.compile_unit(unit, "llvm", None, folder).cached
+    data = bytearray(built.path.read_bytes())
+    data[len(data) // 2:] = bytes(len(data) - len(data) // 2)  # the second half zeroed: a torn write
+    built.path.write_bytes(bytes(data))
+    rebuilt = compile_cache.compile_unit(unit, "llvm", None, folder)
+    assert not rebuilt.cached and rebuilt.key == built.key and rebuilt.path.read_bytes() != bytes(data)
+    (folder / f"{built.key}.json").write_text("{not json")
+    assert not compile_cache.compile_unit(unit, "llvm", None, folder).cached
+    assert compile_cache.compile_unit(unit, "llvm", None, folder).cached  # and trusted once whole again
+
+
+def test_two_workers_building_the_same_key_build_it_once(clean, tmp_path):
+    unit = _gelu_unit(clean)
+    results, errors = [], []
+
+    def build():
+        try:
+            results.append(compile_cache.compile_unit(unit, "llvm", None, tmp_path / "cache"))
+        except Exception as exc:  # noqa: BLE001 - reported by the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=build) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
+    assert sorted(result.cached for result in results) == [False, True]  # the second waited on the lock
+    assert len({result.path for result in results}) == 1
+
+
+def test_compile_lanes_give_the_run_lanes_answers(mlp, tmp_path, monkeypatch):
+    """Units compiled on two compile lanes and run on one lane: every op its own verdict, a crash
+    that op's verdict only."""
+    transform = fault_transform(tmp_path, "out_of_bounds", "gelu_1")  # segfaults when run
+    monkeypatch.setenv(lanes.COMPILE_LANES_ENV, "2")
+    monkeypatch.setattr(lanes, "UNITS_PER_COMPILE_LANE", 4)  # mlp's 26 ops are enough for two lanes
+    with Session.open(mlp, transform=transform, cache_dir=tmp_path / "cache") as session:
+        assert session.lanes.compile_lanes == 2
+        statuses = _all_ops(session)
+        assert all(units > 0 for units in session.lanes.compile_pool.units)  # both lanes compiled
+        assert session.lanes.cache.compiled == len(session.lanes.cache.keys)
+    assert statuses == {i: "crash" if i == 13 else "pass" for i in statuses}
+
+
+def test_a_corrupt_value_read_by_the_worker_is_the_traces_error(mlp, tmp_path):
+    """Before: the worker's TraceError became an `error` verdict of the op that read the value."""
+    path = tmp_path / "flipped.h5"
+    path.write_bytes(mlp.read_bytes())
+    _flip_dataset_bit(path, "ops/12/0")  # addmm_2: read by gelu_1 (op 13) as its input
+    with Session.open(path, cache_dir=tmp_path / "cache") as session:
+        with pytest.raises(TraceError, match=r"op 12's recorded output 0 is corrupt \(checksum mismatch\)"):
+            session.isolated(13)
+
+
+def test_a_chain_of_one_op_units_gives_the_fused_runs_values(mlp, cache, tmp_path):
+    """The propagated run of the whole model from per-op kernels (shared between layers) instead of
+    one fused function: the same target values, the first divergent op the planted one."""
+    transform = fault_transform(tmp_path, "scale", "gelu_1")
+    with Session.open(mlp, transform=transform, cache_dir=cache) as session:
+        indices = [op.index for op in session.ops if op.outputs]
+        chain = session.requests.chain(indices)
+        session.lanes.prepare(chain.units)
+        assert session.lanes.cache.compiled + session.lanes.cache.reused == len(indices)
+        result = session.lanes.run(chain)
+        assert result.ok and result.cached  # every unit was prepared: the chain only ran
+        names = [session.ops[i].name for i in indices]
+        fused = session.lanes.run(session.requests.ops_request(names, names))
+        for chained, whole in zip(result.outputs, fused.outputs):
+            for a, b in zip(chained, whole):
+                np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+        failing = [i for i, outputs in zip(indices, result.outputs)
+                   if not session.judge(i, PROPAGATED, result, outputs).passed]
+        assert failing and failing[0] == session.by_name["gelu_1"].index
