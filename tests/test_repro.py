@@ -440,3 +440,23 @@ def test_carved_transformer_ops_run_through_the_shared_lib(example_traces, tmp_p
             assert check.passed, check.report()
     finally:
         data.close()
+
+
+def test_a_fault_only_the_noise_floor_catches_reproduces_in_its_dump(traces, tmp_path):
+    """A x1.0001 gelu is far above torch's own error but under the fixed rtol: the session fails it, so
+    the repro must too (it judges by the float64 reference stored with it), and the clean dump passes."""
+    trace = traces.get("mlp")
+    transform = fault_transform(tmp_path, "scale", "gelu_1", scale="1.0001")
+    faulty, clean = tmp_path / "faulty", tmp_path / "clean"
+    with Session.open(trace, transform=transform) as session:
+        index = session.resolve("gelu_1").index
+        assert session.isolated(index).failed
+        dump_op(session, index, faulty)
+    make_dump(trace, index, clean)
+    out = json.loads((faulty / "meta.json").read_text())["ops"][0]["outputs"][0]
+    assert out["noise"]["source_factor"] > 1 and out["noise"]["reference"]["dtype"] == "float64"
+    faulty_run, clean_run = in_parallel(lambda: run_repro(faulty, tmp_path), lambda: run_repro(clean, tmp_path))
+    assert faulty_run.returncode == lib.EXIT_REPRODUCED, faulty_run.stdout + faulty_run.stderr
+    assert "noise floor" in faulty_run.stdout
+    assert clean_run.returncode == lib.EXIT_OK, clean_run.stdout + clean_run.stderr
+    assert "noise floor" in (faulty / "README.md").read_text()

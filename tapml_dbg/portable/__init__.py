@@ -10,6 +10,7 @@ imported inside functions, so that comparing arrays does not load it.
   errors      PortableError, one_line
   codec       arrays <-> npz without pickle (raw bits for bfloat16/float8)
   comparison  the compare rule and its wording
+  noise       the noise-floor figures (the engine's default rule), for the judge and repros
   loader      FILE.py[:FUNC] -> the user's function (transforms, model build functions)
   runner      targets, devices (local or RPC), build with the device-code check, Runner
   repro       a repro directory: meta, data, check_op, repro_main
@@ -20,6 +21,7 @@ from .codec import decode_array, dtype_name, encode_array, write_npz
 from .comparison import COMPARE_BLOCK, COMPARE_RULE, compare, format_metrics
 from .errors import MESSAGE_LIMIT, PortableError, one_line
 from .loader import DEFAULT_FUNC, load_function, split_spec
+from .noise import NOISE_RULE, NoiseFigures, noise_figures
 from .repro import (COMPILE_ERROR, DATA_FILE, EXIT_BROKEN, EXIT_OK, EXIT_REPRODUCED, FAIL, FORMAT, FORMAT_VERSION,
                     LIB_PACKAGE, META_FILE, PASS, RUN_ERROR, Data, OpCheck, check_op, describe, load_module,
                     load_transform, op_id, read_meta, repro_main, tvmscript_only)
@@ -28,9 +30,9 @@ from .runner import (DEFAULT_TARGET, ENTRY, TARGET_HINT, Runner, build, connect,
 
 __all__ = [
     "COMPARE_BLOCK", "COMPARE_RULE", "COMPILE_ERROR", "DATA_FILE", "DEFAULT_FUNC", "ENTRY", "DEFAULT_TARGET", "EXIT_BROKEN", "EXIT_OK",
-    "EXIT_REPRODUCED", "FAIL", "FORMAT", "FORMAT_VERSION", "LIB_PACKAGE", "MESSAGE_LIMIT", "META_FILE", "PASS",
+    "EXIT_REPRODUCED", "FAIL", "FORMAT", "FORMAT_VERSION", "LIB_PACKAGE", "MESSAGE_LIMIT", "META_FILE", "NOISE_RULE", "NoiseFigures", "PASS",
     "RUN_ERROR", "TARGET_HINT", "Data", "OpCheck", "PortableError", "Runner", "build", "check_op", "compare",
     "connect", "decode_array", "describe", "device_kind", "dtype_name", "encode_array", "flatten", "format_metrics",
-    "has_device_module", "load_function", "load_module", "load_transform", "local_device", "one_line", "op_id",
+    "has_device_module", "load_function", "load_module", "load_transform", "local_device", "noise_figures", "one_line", "op_id",
     "parse_target", "read_meta", "repro_main", "tvmscript_only", "split_host_port", "split_spec", "target_label", "write_npz",
 ]

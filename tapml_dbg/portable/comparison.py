@@ -131,9 +131,15 @@ def format_metrics(m: dict) -> str:
         return f"shape {m['shape_mismatch']}"
     if m.get("dtype_mismatch"):
         return f"dtype {m['dtype_mismatch']}"
-    text = (f"max_abs_err={_g(m['max_abs_err'])} (bound {_g(m['bound'])} = atol {_g(m['atol'])} + rtol "
-            f"{_g(m['rtol'])} * absmax {_g(m['absmax'])}) scale_rel={_g(m['scale_rel_err'])} "
-            f"max_rel={_g(m['max_rel_err'])} cos={m['cosine']:.6f}")
+    if m.get("noise_bound") is not None:  # the noise floor (portable/noise.py), as the session judged it
+        text = (f"|target - float64 reference|={_g(m['target_err'])} (bound {_g(m['noise_bound'])}: the noise "
+                f"floor; the source's own error {_g(m['source_err'])}; {m.get('ratio_text', '')}) "
+                f"max_abs_err vs source={_g(m['max_abs_err'])} scale_rel={_g(m['scale_rel_err'])} "
+                f"cos={m['cosine']:.6f}")
+    else:
+        text = (f"max_abs_err={_g(m['max_abs_err'])} (bound {_g(m['bound'])} = atol {_g(m['atol'])} + rtol "
+                f"{_g(m['rtol'])} * absmax {_g(m['absmax'])}) scale_rel={_g(m['scale_rel_err'])} "
+                f"max_rel={_g(m['max_rel_err'])} cos={m['cosine']:.6f}")
     if m.get("nan_mismatch") or m.get("inf_mismatch"):
         text += f" nan_mismatch={m['nan_mismatch']} inf_mismatch={m['inf_mismatch']}"
     return text + f" mismatched={m['mismatched']}/{m['numel']}"

@@ -22,6 +22,7 @@ from .codec import decode_array, encode_array, write_npz
 from .comparison import compare, format_metrics
 from .errors import PortableError, one_line
 from .loader import load_function
+from .noise import noise_figures, ratio_text
 from .runner import DEFAULT_TARGET, Runner
 from .standalone import standalone_script
 
@@ -175,10 +176,29 @@ def check_op(here: str, meta: dict, op: dict, runner: Runner, data: Data) -> OpC
     if len(outputs) != len(expected):
         return OpCheck(op, runner.where, FAIL, message=f"{len(outputs)} outputs vs {len(expected)} recorded",
                        outputs=outputs)
-    metrics = [compare(t, s, out["rtol"], out["atol"]) for t, s, out in zip(outputs, expected, op["outputs"])]
+    metrics = [judge_output(t, s, out, data) for t, s, out in zip(outputs, expected, op["outputs"])]
     judged = [m for m, out in zip(metrics, op["outputs"]) if out.get("judged", True)]
     return OpCheck(op, runner.where, PASS if all(m["passed"] for m in judged) else FAIL, metrics,
                    outputs=outputs)
+
+
+def judge_output(target: np.ndarray, expected: np.ndarray, out: dict, data: "Data") -> dict:
+    """One output's metrics: the fixed rule's figures, and the verdict of the noise floor where the dump
+    stored the session's rule for it (`noise`: its float64 reference and numbers), so a repro judges
+    exactly as the session that dumped it."""
+    metrics = compare(target, expected, out["rtol"], out["atol"])
+    rule = out.get("noise")
+    if not rule or metrics["shape_mismatch"] or metrics["dtype_mismatch"]:
+        return metrics
+    reference = data.get(rule["reference"])
+    if tuple(reference.shape) != tuple(np.shape(expected)):
+        return metrics
+    figures = noise_figures(target, expected, reference, rule["source_factor"], rule["relative_floor"])
+    metrics.update(policy="noise-floor", source_err=figures.source_err, target_err=figures.target_err,
+                   noise_bound=figures.bound, ratio=figures.ratio, ratio_text=ratio_text(figures),
+                   mismatched=figures.mismatched + metrics["nan_mismatch"] + metrics["inf_mismatch"])
+    metrics["passed"] = figures.passed and not metrics["nan_mismatch"] and not metrics["inf_mismatch"]
+    return metrics
 
 
 def _reason(exc: BaseException) -> str:

@@ -109,7 +109,8 @@ def at_shapes(unit: OpModule, shrunk: Minimized, names: list[str]) -> OpModule:
     inputs = [replace(ref, array=array) for ref, array in zip(unit.inputs, best.inputs)]
     outputs = [replace(ref, key=f"expected/{ref.name}/{max(ref.field, 0)}", array=array)
                for ref, array in zip(unit.outputs, best.expected)]
-    return replace(unit, script=script, inputs=inputs, outputs=outputs, func=best.func)
+    # the expected values are the float64 reference at the smaller shapes: the fixed rule judges them
+    return replace(unit, script=script, inputs=inputs, outputs=outputs, func=best.func, noise=[])
 
 
 def _readme(meta: dict, unit, data_bytes: int, total_bytes: int) -> str:
@@ -184,8 +185,14 @@ def _readme(meta: dict, unit, data_bytes: int, total_bytes: int) -> str:
             lines += [f"- `{name}`: " + (f"`{value}` at dump time" if value is not None else "unset at dump time")
                       for name, value in transform["env"].items()]
         lines.append("")
-    lines += ["## Comparison rule", "", f"Per output: {lib.COMPARE_RULE}. The tolerances are the recorded "
-              "session's policy for the output's dtype (`meta.json`).", "",
+    noise_rule = any(out.get("noise") for out in op["outputs"])
+    lines += ["## Comparison rule", "",
+              (f"Per output, as the session judged it, the noise floor: {lib.NOISE_RULE}; the float64 reference "
+               "R (the op re-executed in float64 on the same inputs) is in `data.npz`, source_factor and "
+               "relative_floor in `meta.json` (docs/tolerance.md of tapml-dbg). The fixed rule's figures are "
+               f"printed too ({lib.COMPARE_RULE})." if noise_rule else
+               f"Per output: {lib.COMPARE_RULE}. The tolerances are the recorded session's policy for the "
+               "output's dtype (`meta.json`)."), "",
               "## Files", "",
               f"- `repro.py`: the entry point (argument parsing; the work is in `{lib.LIB_PACKAGE}/`)",
               f"- `{lib.LIB_PACKAGE}/`: load, compile, run and compare (a verbatim copy of tapml-dbg's "
@@ -193,7 +200,8 @@ def _readme(meta: dict, unit, data_bytes: int, total_bytes: int) -> str:
               f"- `{op['module']}`: the op's Relax module as TVMScript"
               + (f"; its {op['lifted_constants']} tensor constant(s) are lifted to trailing parameters "
                  "whose values are in `data.npz`" if op["lifted_constants"] else ""),
-              "- `data.npz`: the op's recorded inputs and outputs, nothing else of the model (no pickle; "
+              "- `data.npz`: the op's recorded inputs and outputs" + (" and the float64 reference" if noise_rule
+                                                                       else "") + ", nothing else of the model (no pickle; "
               "bfloat16/float8 arrays are raw bits, their dtype is in `meta.json`)",
               "- `meta.json`: op, tolerances, array keys and dtypes, target, versions, the verdict seen"]
     if transform:

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tapml_dbg.model.units import build_unit
-from tapml_dbg.judge.compare import dtype_name
-from tapml_dbg.errors import TapmlError
+from tapml_dbg.judge.compare import PolicyKind, dtype_name
+from tapml_dbg.errors import TapmlError, TraceError
 from tapml_dbg.portable import one_line
 from tapml_dbg.model.graph import OpInfo
 
@@ -55,10 +55,13 @@ class OpModule:
     unread: list[int] = field(default_factory=list)  # outputs nothing in the model reads: not judged
     unit: list[OpInfo] = field(default_factory=list)  # every op of a multi-op unit, in order (empty: one op)
     func: object = None  # the unit's function as printed (constants lifted to parameters)
+    # per output, the noise-floor rule the session judges it by (None: the fixed rule): its float64
+    # reference (stored in data.npz), source_factor and relative_floor (repro_noise)
+    noise: list = field(default_factory=list)
 
     @property
     def refs(self) -> list[ValueRef]:
-        return self.inputs + self.outputs
+        return self.inputs + self.outputs + [rule["reference"] for rule in self.noise if rule]
 
     def meta(self, module_path: str) -> dict:
         op = self.op
@@ -69,6 +72,10 @@ class OpModule:
             "outputs": [dict(_entry(ref), rtol=rtol, atol=atol, judged=k not in self.unread)
                         for k, (ref, (rtol, atol)) in enumerate(zip(self.outputs, self.tolerances))],
         }
+        for out, rule in zip(entry["outputs"], self.noise):
+            if rule:  # portable/repro.py judges this output by the noise floor, as the session does
+                out["noise"] = {"reference": _entry(rule["reference"]), "source_factor": rule["source_factor"],
+                                "relative_floor": rule["relative_floor"]}
         if len(self.unit) > 1:  # portable/repro.py names such a repro by its unit
             entry["unit"] = [{"index": o.index, "name": o.name, "op": o.op, "relax_op": o.relax_op}
                              for o in self.unit]
@@ -189,7 +196,7 @@ def unit_module(session, ops: list[OpInfo], outputs: list[OpInfo] | None = None)
         ref.array = _declared_shape(ref.array, _static_shape(param.ty))
     for number, (name, array) in enumerate(constants):
         inputs.append(ValueRef(f"const/{last.name}/{number}", "constant", name, -1, array))
-    refs, tolerances, unread = [], [], []
+    refs, tolerances, unread, noise = [], [], [], []
     dead_fields = getattr(session, "dead_fields", {})
     for op in outputs:
         source = session.source_values(op.index)
@@ -204,8 +211,36 @@ def unit_module(session, ops: list[OpInfo], outputs: list[OpInfo] | None = None)
         for array in source:
             tol = session.policy.for_value(tolerance_dtype or dtype_name(array), op.name, crossed)
             tolerances.append((float(tol.rtol), float(tol.atol)))
+        noise += repro_noise(session, op, source, crossed)
     return OpModule(last, script, inputs, refs, tolerances, len(constants), unread,
-                    list(ops) if len(ops) > 1 else [], lifted_func)
+                    list(ops) if len(ops) > 1 else [], lifted_func, noise)
+
+
+def repro_noise(session, op: OpInfo, source: list[np.ndarray], crossed: bool) -> list[dict | None]:
+    """Per output of `op`, the noise-floor rule the session judges it by, for the repro to judge the same
+    way: the float64 reference (isolated, or the whole model's for a value that crossed ops of the unit),
+    and the rule's two numbers. None where the session judges by the fixed rule: `tol fixed`, a per-op
+    tolerance, an integer output, no float64 reference, or undefined elements in the source."""
+    policy = session.policy
+    if policy.kind != PolicyKind.NOISE_FLOOR or op.name in policy.by_op:
+        return [None] * len(source)
+    try:
+        reference = session.reference.propagated(op.index) if crossed else session.reference.isolated(op.index)
+    except TraceError:
+        return [None] * len(source)
+    rules: list[dict | None] = []
+    for k, array in enumerate(source):
+        values = reference.value(k)
+        dtype = dtype_name(array)
+        if values is None or reference.mask(k) is not None or not dtype.startswith(("float", "bfloat")) \
+                or tuple(np.shape(values)) != tuple(array.shape):
+            rules.append(None)
+            continue
+        rules.append({"reference": ValueRef(f"reference/{op.name}/{k}", "reference", op.name, k,
+                                            np.asarray(values, dtype=np.float64)),
+                      "source_factor": float(policy.noise.source_factor),
+                      "relative_floor": float(policy.noise.relative_floor(dtype, crossed))})
+    return rules
 
 
 def _input_ref(session, name: str, field_index: int) -> ValueRef:
