@@ -19,9 +19,12 @@ from tapml_dbg.errors import TraceError
 from tapml_dbg.judge.verdict import PROPAGATED
 from tapml_dbg.model.serialize import function_to_json
 from tapml_dbg.model.units import build_unit
+from tapml_dbg import portable
 from tapml_dbg.runtime import compile_cache, lanes
+from tapml_dbg.runtime.target import parse_target
 from test_bad_input import _flip_dataset_bit
 
+LOCK_WAIT_S = 1.0  # long enough for the waiter to reach the lock
 GELU_OPS = ("gelu", "gelu_1", "gelu_2")  # the same op in blocks.0, .1 and .2 (other variable names)
 
 # a pass that touches one op kind: every relax.nn.gelu result is scaled
@@ -120,23 +123,20 @@ def test_a_damaged_cache_entry_is_rebuilt_not_trusted(clean, tmp_path):
 
 
 def test_two_workers_building_the_same_key_build_it_once(clean, tmp_path):
-    unit = _gelu_unit(clean)
-    results, errors = [], []
-
-    def build():
-        try:
-            results.append(compile_cache.compile_unit(unit, "llvm", None, tmp_path / "cache"))
-        except Exception as exc:  # noqa: BLE001 - reported by the assertion below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=build) for _ in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert not errors
-    assert sorted(result.cached for result in results) == [False, True]  # the second waited on the lock
-    assert len({result.path for result in results}) == 1
+    """A worker that needs a key another one is building waits for its lock, then reuses the library."""
+    unit, folder = _gelu_unit(clean), tmp_path / "cache"
+    target = parse_target("llvm")
+    transformed = compile_cache._transformed(unit, None)
+    entry = compile_cache.CacheEntry(folder, compile_cache.cache_key(transformed.result, target))
+    results = []
+    waiter = threading.Thread(target=lambda: results.append(compile_cache.compile_unit(unit, "llvm", None, folder)))
+    with entry.locked():  # this "worker" is building the key
+        waiter.start()
+        waiter.join(LOCK_WAIT_S)
+        assert waiter.is_alive() and not results  # the other one waits for the lock ...
+        entry.store(portable.build(transformed.original, target))
+    waiter.join()
+    assert results[0].cached and results[0].path == entry.library  # ... and loads what was built
 
 
 def test_compile_lanes_give_the_run_lanes_answers(mlp, tmp_path, monkeypatch):
@@ -149,7 +149,7 @@ def test_compile_lanes_give_the_run_lanes_answers(mlp, tmp_path, monkeypatch):
         ops = range(8, 20)
         verdicts = session.isolated_many(ops)
         assert all(units > 0 for units in session.lanes.compile_pool.units)  # both lanes compiled
-        assert session.lanes.cache.compiled == len(session.lanes.cache.keys) < len(ops)  # gelu_2 is gelu's
+        assert session.lanes.cache.compiled == len(session.lanes.cache.keys) < len(ops)  # blocks.1 and .2 share units
         assert session.pool.units[0] == len(ops)  # and the run lane ran them all
     assert {i: v.status for i, v in verdicts.items()} == {i: "fail" if i == 13 else "pass" for i in ops}
 

@@ -70,14 +70,17 @@ class _WorkerState:
         self.chain_values = {}
         try:
             kept: dict[str, list] = {}
+            wanted = set(chain.keep)
             built = 0  # units the chain compiled itself (none when they were prepared)
             for name, unit in zip(chain.names, chain.units):
                 reply = self._unit(unit, keep_on_device=True)
+                if reply["status"] == UnitStatus.TRACE_ERROR:  # the trace's own one-line message
+                    return reply
                 if reply["status"] != UnitStatus.OK:
                     return reply | {"failed_op": name, "message": f"op {name}: {reply.get('message', '')}"}
                 built += not reply["cached"]
                 self.chain_values[name] = reply["outputs"][0]
-                if name in chain.keep:
+                if name in wanted:
                     kept[name] = [value.numpy() for value in reply["outputs"][0]]
             return {"status": UnitStatus.OK, "outputs": [kept[name] for name in chain.keep],
                     "cached": built == 0, "seconds": time.perf_counter() - started}
