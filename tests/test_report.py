@@ -90,7 +90,7 @@ def test_page_shows_the_noise_floor_and_migration_when_the_data_has_them():
     text = page(hand_built(noise=True, migration=True))
     assert "source noise floor" in text and "<th>noise floor</th>" in text and "5.00e-08" in text
     assert "<th>class</th><td>precision" in text and "explained by float16 accumulation" in text
-    assert '<table id="migration">' in text
+    assert '<table id="migration">' in text and 'id="migration-chart"' in text
 
 
 def test_layer_bands_pick_the_deepest_level_that_stays_readable():
@@ -113,6 +113,20 @@ def test_report_and_bisect_agree_on_the_readme_example(demo_session, tmp_path, c
     text = (tmp_path / "b" / "index.html").read_text()
     assert "First divergent op: <b>#9 _softmax</b>" in text and "bisect (prefix search" in text
     assert f"tapml-dbg dump {path} --op 9 -o repro/" in text
+
+
+
+def test_report_migrate_charts_the_output_error_per_step(demo_session, tmp_path, capsys, monkeypatch):
+    """`report --migrate`: [9]'s curve on the page, the step that offloads the fp16 softmax failing."""
+    path = fresh(demo_session).reader.path
+    monkeypatch.setattr(cli, "_open_session", lambda args: contextlib.nullcontext(demo_session))
+    assert cli.main(["report", str(path), "-o", str(tmp_path / "r"), "--migrate"]) == 0
+    text = (tmp_path / "r" / "index.html").read_text()
+    table = text[text.index('<table id="migration">'):]
+    table = table[:table.index("</table>")]
+    rows = table.split("<tr>")[2:]  # the header, then one row per step
+    assert len(rows) == 2 and "pass" in rows[0] and "FAIL" in rows[1], table
+    assert 'id="migration-chart"' in text
 
 
 # ------------------------------------------------------------------ a real browser

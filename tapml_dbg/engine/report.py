@@ -23,6 +23,7 @@ from typing import Callable
 
 import numpy as np
 
+from tapml_dbg.engine.migrate import MigrateResult
 from tapml_dbg.engine.results import BisectResult, Culprit, StepResult
 from tapml_dbg.engine.stops import first_divergence
 from tapml_dbg.errors import TraceError
@@ -130,6 +131,13 @@ class MigrationPoint:
     label: str
     error: float | None
     passed: bool
+
+
+def migration_points(result: MigrateResult) -> list[MigrationPoint]:
+    """The report's migration curve from `Session.migrate`: per step, how many ops are on the target,
+    what the step adds, the output's error (None: not finite, or the run failed) and its verdict."""
+    return [MigrationPoint(len(step.offload), step.label, step.to_json()["error"], step.passed)
+            for step in result.steps]
 
 
 @dataclass

@@ -14,7 +14,7 @@ import sys
 from importlib import metadata
 
 from tapml_dbg.engine.mixed import parse_offload
-from tapml_dbg.engine.report import build_report
+from tapml_dbg.engine.report import build_report, migration_points
 from tapml_dbg.engine.session import Session
 from tapml_dbg.errors import TapmlError
 from tapml_dbg.record.recorder import record
@@ -194,6 +194,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "along the model, layers as bands, the culprit marked, its card and the trace's summary.")
     report.add_argument("trace", metavar="TRACE", help=TRACE_HELP)
     report.add_argument("-o", "--output", required=True, metavar="DIR", help="the folder to write index.html into")
+    report.add_argument("--migrate", action="store_true",
+                        help="also run `migrate` (one mixed run per top-level block) and chart the model output's "
+                             "error per step")
     _add_target_options(report)
     return parser
 
@@ -369,6 +372,9 @@ def _migrate(args, out, err) -> int:
 def _write_report(args, session, err, folder, bisect=None):
     with progress("report", err, show=_bar(args)) as report:
         data = build_report(session, bisect=bisect, progress=report)
+    if getattr(args, "migrate", False):
+        with progress("migrating", err, show=_bar(args)) as report:
+            data.migration = migration_points(session.migrate(progress=report))
     culprit = data.culprit
     dump = _command("dump", args.trace, "--op", str(culprit.index), "-o", DEFAULT_REPRO_DIR, args=args) if culprit else ""
     replay = (_command("replay", args.trace, args=args) + f' -c "compare {culprit.index}"') if culprit else ""

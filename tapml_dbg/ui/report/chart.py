@@ -4,7 +4,8 @@ Log scale (errors span 1e-8 to 1); isolated and propagated errors as two series 
 tolerance each was held to; layers as alternating bands; failing ops in red; the culprit as a
 vertical line. An exact result (error 0) has no place on a log axis: it sits on the bottom
 edge, marked as exact. A unit that did not run (compile error, crash, timeout) is a mark on the
-top edge. The noise floor ([8]) is drawn where the report holds one.
+top edge. The noise floor ([8]) is drawn where the report holds one. A second chart draws
+[9]'s migration curve: the model output's error per `migrate` step.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import io
 import math
 from dataclasses import dataclass
 
-from tapml_dbg.engine.report import ErrorReport
+from tapml_dbg.engine.report import ErrorReport, MigrationPoint
 from tapml_dbg.judge.verdict import ISOLATED, PROPAGATED
 
 FIGURE_INCHES = (12.0, 4.6)  # about the width of a laptop browser window at 96 dpi
@@ -27,6 +28,8 @@ BAND_LABEL_MIN_OPS = 3  # a band narrower than this many ops gets no label
 COLORS = {ISOLATED: "#1f77b4", PROPAGATED: "#ff7f0e", "fail": "#d62728", "culprit": "#d62728",
           "band": ("#e6ebf3", "#f4efe4"), "noise": "#7f7f7f", "failed_run": "#9467bd"}
 SVG_ID = "error-chart"  # the element the browser test looks for
+MIGRATION_SVG_ID = "migration-chart"
+MIGRATION_INCHES = (8.0, 3.0)
 
 
 @dataclass
@@ -66,6 +69,38 @@ def error_chart_svg(report: ErrorReport, first: int | None = None, last: int | N
     ax.grid(True, which="major", axis="y", color="#dddddd", linewidth=0.6)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     figure.legend(loc="outside lower center", fontsize=8, ncols=4, frameon=False)
+    buffer = io.StringIO()
+    with _svg_text_as_text():
+        figure.savefig(buffer, format="svg")
+    return _inline(buffer.getvalue(), element_id)
+
+
+def migration_chart_svg(points: list[MigrationPoint], element_id: str = MIGRATION_SVG_ID,
+                        inches: tuple[float, float] = MIGRATION_INCHES) -> str:
+    """[9]'s curve: the model output's error per migration step (log scale; a failing step in red, a
+    non-finite error drawn at the top), as an `<svg>` element with `element_id`."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    finite = [p.error for p in points if p.error is not None and p.error > 0]
+    floor = min(finite) / 2 if finite else 1e-8
+    top = max(finite) * 4 if finite else 1.0
+    figure = Figure(figsize=inches, layout="constrained")
+    ax = figure.add_subplot()
+    steps = list(range(1, len(points) + 1))
+    values = [top if p.error is None else max(p.error, floor) for p in points]
+    ax.plot(steps, values, color=COLORS[PROPAGATED], linewidth=1.2, zorder=2)
+    for step, value, point in zip(steps, values, points):
+        ax.scatter([step], [value], color=COLORS["culprit"] if not point.passed else COLORS[ISOLATED],
+                   marker="x" if point.error is None else "o", s=28, zorder=3)
+    ax.set_yscale("log")
+    ax.set_ylim(floor / 2, top * 2)
+    ax.set_xlim(0.5, len(points) + 0.5)
+    ax.set_xticks(steps, [str(step) for step in steps])
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("migration step (ops offloaded grow left to right; x: not finite)")
+    ax.set_ylabel("model output error")
+    ax.grid(True, which="major", axis="y", color="#dddddd", linewidth=0.6)
     buffer = io.StringIO()
     with _svg_text_as_text():
         figure.savefig(buffer, format="svg")

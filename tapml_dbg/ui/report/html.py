@@ -17,7 +17,7 @@ from tapml_dbg.errors import UsageError
 from tapml_dbg.judge.compare import Metrics
 from tapml_dbg.judge.verdict import ISOLATED, PROPAGATED, Status, Verdict
 from tapml_dbg.repro.files import human_bytes
-from tapml_dbg.ui.report.chart import ZOOM_INCHES, error_chart_svg, zoom_range
+from tapml_dbg.ui.report.chart import ZOOM_INCHES, error_chart_svg, migration_chart_svg, zoom_range
 
 INDEX_NAME = "index.html"
 NOISE_ROWS = (("source err vs float64", "source_err"), ("target err vs float64", "target_err"),
@@ -193,7 +193,10 @@ def _migration(report: ErrorReport) -> str:
     rows = "".join(f"<tr><td class=\"num\">{m.boundary}</td><td>{_e(m.label)}</td>"
                    f"<td class=\"num\">{'-' if m.error is None else f'{m.error:.3g}'}</td>"
                    f"<td>{'pass' if m.passed else '<span class=FAIL>FAIL</span>'}</td></tr>\n" for m in report.migration)
-    return (f'<h2>Migration</h2>\n<table id="migration">\n<tr><th>boundary</th><th>ops on the target</th>'
+    chart = (f"<figure>{migration_chart_svg(report.migration)}<figcaption>The model output's error against the "
+             "recording per step of `tapml-dbg migrate` (the offloaded part grows one block per step; red: the "
+             "output is past its tolerance).</figcaption></figure>\n") if report.migration else ""
+    return (f'<h2>Migration</h2>\n{chart}<table id="migration">\n<tr><th>ops on the target</th><th>step adds</th>'
             f"<th>output error</th><th>verdict</th></tr>\n{rows}</table>\n")
 
 
