@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import os
 import subprocess
 import sys
@@ -82,7 +84,10 @@ def _safe(name: str) -> str:
 
 
 class Traces:
-    """Records an example the first time a test asks for it."""
+    """Records an example the first time a test asks for it, once per run: under pytest-xdist the
+    workers share one folder, and a lock file per trace makes the first worker record it while the
+    others wait for it (each recording is seconds of CPU the two cores cannot spare twice). Tests
+    that damage a trace copy it first."""
 
     def __init__(self, folder: Path):
         self.folder = folder
@@ -91,16 +96,31 @@ class Traces:
     def get(self, example: str, *extra: str) -> Path:
         key = example + "".join(extra)
         if key not in self.paths:
-            path = self.folder / f"{example}{abs(hash(extra))}.h5"
-            result = run_cli("record", str(EXAMPLES / f"{example}.py"), "-o", str(path), *extra)
-            assert result.returncode == 0, result.stderr
+            digest = hashlib.sha256("\0".join(extra).encode()).hexdigest()[:12]
+            path = self.folder / f"{example}{digest}.h5"
+            with open(self.folder / f"{path.name}.lock", "w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+                if not path.exists():
+                    partial = path.with_suffix(f".part{os.getpid()}.h5")
+                    result = run_cli("record", str(EXAMPLES / f"{example}.py"), "-o", str(partial), *extra)
+                    assert result.returncode == 0, result.stderr
+                    os.replace(partial, path)
             self.paths[key] = path
         return self.paths[key]
 
 
+def run_folder(tmp_path_factory, name: str) -> Path:
+    """A folder every xdist worker of this run shares (the run's base temp), else this session's own."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    folder = shared / name
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
 @pytest.fixture(scope="session")
 def traces(tmp_path_factory) -> Traces:
-    return Traces(tmp_path_factory.mktemp("traces"))
+    return Traces(run_folder(tmp_path_factory, "shared-traces"))
 
 
 # ------------------------------------------------------------------ engine sessions several test files share
