@@ -133,3 +133,14 @@ def test_a_crash_in_one_lane_is_that_ops_verdict_only(traces, tmp_path):
         assert all(count > 0 for count in session.pool.units)
         session.invalidate_verdicts()  # the pool goes on: a crashed lane starts a fresh worker
         assert session.isolated(13).status == "crash" and session.isolated(12).passed
+
+
+def test_cli_bisect_over_a_tracker_names_the_planted_op(traces, farm, tmp_path):
+    """`bisect --tracker --key` from the command line, on the farm's two servers (this was a test in
+    tests/test_rpc.py that started its own tracker and servers)."""
+    tracker, _servers = farm
+    transform = fault_transform(tmp_path, "scale", "gelu_1")
+    result = run_cli("bisect", str(traces.get("mlp")), "--tracker", tracker.address, "--key", KEY,
+                     "--transform", transform, "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["op"]["name"] == "gelu_1"

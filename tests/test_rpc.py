@@ -7,7 +7,7 @@ import json
 import pytest
 
 from conftest import fault_transform, run_cli
-from rpc_helpers import Server, Tracker
+from rpc_helpers import Server
 from tapml_dbg.errors import TargetError
 from tapml_dbg.engine.session import Session
 
@@ -51,19 +51,3 @@ def test_unreachable_server_is_a_one_line_error(traces, server):
     result = run_cli("bisect", str(traces.get("mlp")), "--rpc", f"127.0.0.1:{port}")
     assert result.returncode == 1
     assert "Traceback" not in result.stderr and "error:" in result.stderr
-
-
-def test_tracker_with_two_servers(traces, tmp_path):
-    tracker = Tracker()
-    servers = [Server(tracker=tracker.address, key="cpu") for _ in range(2)]
-    try:
-        tracker.wait_for_servers("cpu", 2)
-        transform = fault_transform(tmp_path, "scale", "gelu_1")
-        result = run_cli("bisect", str(traces.get("mlp")), "--tracker", tracker.address, "--key", "cpu",
-                         "--transform", transform, "--json")
-        assert result.returncode == 0, result.stderr
-        assert json.loads(result.stdout)["op"]["name"] == "gelu_1"
-    finally:
-        for server in servers:
-            server.stop()
-        tracker.stop()
