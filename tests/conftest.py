@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import importlib.util
 import os
 import subprocess
 import sys
@@ -66,6 +67,16 @@ def run_cli(*args: str, env: dict | None = None, timeout: float = 600, cwd: str 
     full_env.update(env or {})
     return subprocess.run([sys.executable, "-m", "tapml_dbg", *args], capture_output=True, text=True,
                           env=full_env, timeout=timeout, cwd=cwd)
+
+
+def load_benchmark(name: str, module_name: str):
+    """`benchmarks/NAME.py` as a module (the benchmarks are scripts, not a package), so a test runs
+    the very code a benchmark runs."""
+    spec = importlib.util.spec_from_file_location(module_name, ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def fault_transform(folder: Path, kind: str, op: str, **settings) -> str:

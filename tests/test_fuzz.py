@@ -10,16 +10,14 @@ it, which fails it too; a hang is cut by an alarm.
 
 from __future__ import annotations
 
-import importlib.util
 import random
 import signal
-import sys
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from conftest import load_benchmark
+
 SEED = 1729
 VARIANTS = 200  # 20 of each kind
 DEEP_KINDS = ("tensor bit flip", "HDF5 edit")  # variants that still open, so the engine reads them
@@ -27,15 +25,7 @@ HANG_S = 30  # one in-process `info` takes milliseconds
 DEEP_HANG_S = 300  # a bisect compiles units: seconds
 
 
-def _fuzz():
-    spec = importlib.util.spec_from_file_location("tapml_fuzz", ROOT / "benchmarks" / "fuzz.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-fuzz = _fuzz()
+fuzz = load_benchmark("fuzz", "tapml_fuzz")
 
 
 class Hang(BaseException):

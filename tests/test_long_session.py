@@ -9,7 +9,6 @@ worker runs, TVM popen workers.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import signal
 import subprocess
@@ -20,22 +19,14 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from conftest import load_benchmark
 
 SHORT_LOOPS = 2  # the warm-up loop, then one that must end holding the same open files
 EXIT_INTERRUPTED = 130
 SUBSTITUTIONS = 300
 
 
-def _long_session():
-    spec = importlib.util.spec_from_file_location("tapml_long_session", ROOT / "benchmarks" / "long_session.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-long_session = _long_session()
+long_session = load_benchmark("long_session", "tapml_long_session")
 
 
 @pytest.fixture(scope="module")

@@ -9,24 +9,16 @@ planted-fault bisect).
 from __future__ import annotations
 
 import ast
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+
+from conftest import load_benchmark
 
 ROOT = Path(__file__).resolve().parent.parent
 ZOO_DIR = ROOT / "examples" / "zoo"
 CI_SUBSET = ("bert",)  # vision and CNN models: examples/cnn.py here, the whole zoo in benchmarks/
 CI_TIMEOUT_S = 300.0  # per architecture; each takes well under a minute on 2 cores
-
-
-def _coverage():
-    spec = importlib.util.spec_from_file_location("tapml_zoo_coverage", ROOT / "benchmarks" / "coverage.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def _registry_names() -> list[str]:
@@ -52,7 +44,7 @@ def test_every_zoo_entry_has_its_file_and_every_file_its_entry():
 
 
 def test_fast_subset_passes_every_column(tmp_path):
-    coverage = _coverage()
+    coverage = load_benchmark("coverage", "tapml_zoo_coverage")
     rows = coverage.run_all(list(CI_SUBSET), timeout_s=CI_TIMEOUT_S, work=tmp_path, jobs=len(CI_SUBSET))
     assert [row["name"] for row in rows] == list(CI_SUBSET)
     for row in rows:
@@ -69,7 +61,7 @@ def test_fast_subset_passes_every_column(tmp_path):
 
 def test_a_crashing_architecture_costs_one_row_not_the_table(tmp_path, monkeypatch):
     """The harness turns a child that dies into a failed cell with the reason."""
-    coverage = _coverage()
+    coverage = load_benchmark("coverage", "tapml_zoo_coverage")
     monkeypatch.setattr(coverage, "__file__", str(tmp_path / "dies.py"))
     (tmp_path / "dies.py").write_text("import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n")
     row = coverage._run_child("resnet", tmp_path, timeout_s=60, target="llvm")
@@ -78,7 +70,7 @@ def test_a_crashing_architecture_costs_one_row_not_the_table(tmp_path, monkeypat
 
 
 def test_a_hanging_architecture_times_out(tmp_path, monkeypatch):
-    coverage = _coverage()
+    coverage = load_benchmark("coverage", "tapml_zoo_coverage")
     monkeypatch.setattr(coverage, "__file__", str(tmp_path / "hangs.py"))
     (tmp_path / "hangs.py").write_text("import time\ntime.sleep(600)\n")
     row = coverage._run_child("resnet", tmp_path, timeout_s=2, target="llvm")

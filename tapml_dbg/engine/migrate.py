@@ -59,10 +59,15 @@ class MigrationStep:
     def passed(self) -> bool:
         return self.run.passed
 
+    @property
+    def error(self) -> float | None:
+        """The output's end-to-end error; None where it is not finite or the run failed."""
+        return _finite_or_none(self.run.error)
+
     def to_json(self) -> dict:
         worst = self.run.worst
         return {"step": self.number, "label": self.label, "offload": list(self.offload), "new": list(self.new),
-                "passed": self.passed, "error": _finite_or_none(self.run.error),
+                "passed": self.passed, "error": self.error,
                 "metrics": worst.metrics.to_json() if worst is not None and worst.metrics else {},
                 "top1_agreement": self.run.top1, "failure": self.run.failure or None,
                 "units": self.run.units, "compiled": self.run.compiled, "reused": self.run.reused,

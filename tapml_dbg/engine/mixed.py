@@ -185,6 +185,13 @@ class MixedRun:
         return _error(worst.metrics)
 
     @property
+    def not_finite(self) -> bool:
+        """The worst output has NaN or Inf where the recording has none (or the other way round)."""
+        worst = self.worst
+        return worst is not None and worst.metrics is not None and bool(
+            worst.metrics.nan_mismatch or worst.metrics.inf_mismatch)
+
+    @property
     def top1(self) -> float | None:
         shares = [check.top1 for check in self.outputs if check.top1 is not None]
         return min(shares) if shares else None

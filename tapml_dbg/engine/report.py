@@ -136,8 +136,7 @@ class MigrationPoint:
 def migration_points(result: MigrateResult) -> list[MigrationPoint]:
     """The report's migration curve from `Session.migrate`: per step, how many ops are on the target,
     what the step adds, the output's error (None: not finite, or the run failed) and its verdict."""
-    return [MigrationPoint(len(step.offload), step.label, step.to_json()["error"], step.passed)
-            for step in result.steps]
+    return [MigrationPoint(len(step.offload), step.label, step.error, step.passed) for step in result.steps]
 
 
 @dataclass

@@ -159,3 +159,20 @@ def flatten_ty(sinfo) -> list[TensorSpec] | None:
             specs.extend(sub)
         return specs
     return None
+
+
+def tuple_item_values(value, values: dict) -> list | None:
+    """The flat values of field `value.index` of a tuple var (a `TupleGetItem`), given `values`: every
+    var's flat list of tensors by name. None when the tuple is not a plain var of a tuple type."""
+    from tvm import relax
+
+    tup = value.tuple_value
+    if not isinstance(tup, relax.Var) or not isinstance(tup.ty, relax.TupleType):
+        return None
+    offset = 0
+    for index, field_ty in enumerate(tup.ty.fields):
+        size = len(flatten_ty(field_ty) or [])
+        if index == int(value.index):
+            return list(values[tup.name][offset:offset + size])
+        offset += size
+    return None

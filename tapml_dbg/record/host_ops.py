@@ -38,7 +38,7 @@ import numpy as np
 
 from tapml_dbg.errors import ModelError
 from tapml_dbg.model.graph import OpInfo
-from tapml_dbg.model.units import bindings_by_name, flatten_ty
+from tapml_dbg.model.units import bindings_by_name, tuple_item_values
 from tapml_dbg.record.tensors import to_numpy
 
 HOST_OPS_MODES = ("verify-first", "verify-all", "off")
@@ -120,7 +120,7 @@ class HostOps:
         if op.relax_op == "alias":
             return _checked(list(values[value.name]), op)
         if op.relax_op == "get_item":
-            return _checked(_get_item(value, values), op)
+            return _checked(tuple_item_values(value, values), op)
         if not isinstance(value, relax.Call):
             return None
         args = []
@@ -165,20 +165,6 @@ def _checked(arrays: list[np.ndarray] | None, op: OpInfo) -> list[np.ndarray] | 
             return None
     return arrays
 
-
-def _get_item(value, values) -> list[np.ndarray] | None:
-    from tvm import relax
-
-    tup = value.tuple_value
-    if not isinstance(tup, relax.Var) or not isinstance(tup.ty, relax.TupleType):
-        return None
-    offset = 0
-    for index, field_ty in enumerate(tup.ty.fields):
-        size = len(flatten_ty(field_ty) or [])
-        if index == int(value.index):
-            return list(values[tup.name][offset:offset + size])
-        offset += size
-    return None
 
 
 def _dtype(name: str) -> np.dtype:

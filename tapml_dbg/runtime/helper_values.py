@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tapml_dbg.model.units import flatten_ty
+from tapml_dbg.model.units import flatten_ty, tuple_item_values
 from tapml_dbg.runtime.low_precision import recompute_relax
 from tapml_dbg.runtime.torch_values import to_numpy, to_torch
 
@@ -41,7 +41,7 @@ def helper_value(binding, values: dict[str, list[np.ndarray]], low_precision: bo
         if isinstance(value, relax.Var):
             return None if low_precision else list(values[value.name])
         if isinstance(value, relax.TupleGetItem):
-            return None if low_precision else _get_item(value, values)
+            return None if low_precision else tuple_item_values(value, values)
         if not isinstance(value, relax.Call) or len(specs) != 1:
             return None
         op = getattr(value.op, "name", "")
@@ -115,17 +115,3 @@ def _compute(op: str, args: list[np.ndarray], attrs, spec) -> np.ndarray | None:
         return x.astype(spec.dtype) if x.dtype.kind != "f" or np.all(np.isfinite(x)) else None
     return None
 
-
-def _get_item(value, values) -> list[np.ndarray] | None:
-    from tvm import relax
-
-    tup = value.tuple_value
-    if not isinstance(tup, relax.Var) or not isinstance(tup.ty, relax.TupleType):
-        return None
-    offset = 0
-    for index, field_ty in enumerate(tup.ty.fields):
-        size = len(flatten_ty(field_ty) or [])
-        if index == int(value.index):
-            return list(values[tup.name][offset:offset + size])
-        offset += size
-    return None

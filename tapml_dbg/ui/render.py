@@ -890,10 +890,7 @@ def _(result: MigrateResult, console: Console) -> None:
         table.add_column(column, justify="right" if column in ("step", "output error", "top-1", "rank") else "left")
     rank = {number: position for position, number in enumerate(result.ranking, start=1)}
     for step in result.steps:
-        worst = step.run.worst
-        non_finite = worst is not None and worst.metrics is not None and (
-            worst.metrics.nan_mismatch or worst.metrics.inf_mismatch)
-        error = "nan/inf" if non_finite else "-" if step.run.error == float("inf") else f"{step.run.error:.1e}"
+        error = "nan/inf" if step.run.not_finite else "-" if step.error is None else f"{step.error:.1e}"
         top1 = f"{step.run.top1:.1%}" if step.run.top1 is not None else "-"
         status = "[green]pass[/]" if step.passed else f"[{verdict_style(Status.FAIL)}]FAIL[/]"
         if step.run.failure:
