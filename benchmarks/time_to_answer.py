@@ -13,10 +13,6 @@ In one run on one machine, for each model:
     `Session.bisect` with an empty compile cache (cold), the same again (warm), and after the
     transform changed to also rewrite every op of one kind (changed: the middle op's kind; the values
     stay the same, the units of that kind change), with what the compile cache built and reused;
-  - the same two cases for a per-op answer (a prototype of what the search could do, not what
-    `bisect` does): compile every distinct one-op unit (`Lanes.prepare`), run the whole model as
-    one chain of them on the target (`RequestBuilder.chain`: the propagated values), then the
-    isolated sweep up to the first propagated divergence, on the same kernels.
 Then one table, with the machine and the versions. Compare ratios taken in the same run.
 """
 
@@ -111,30 +107,8 @@ def answer(trace: str, target: str, transform: str, cache: str, expected: str) -
         culprit = result.culprit
         return {"found": bool(culprit and culprit.name == expected), "culprit": culprit.name if culprit else None,
                 "verdict": str(culprit.verdict) if culprit else None, "probes": result.probes,
-                "compiled": report.compiled, "reused": report.reused, "compile lanes": session.lanes.compile_lanes}
-
-
-def per_op_answer(trace: str, target: str, transform: str, cache: str, expected: str) -> dict:
-    """The prototype: every distinct op compiled once; propagated values from one chained run; the
-    lowest isolated failure up to the first propagated one (same kernels) is the culprit."""
-    from tapml_dbg.engine.session import Session
-    from tapml_dbg.judge.verdict import PROPAGATED
-
-    with Session.open(trace, target=target, transform=transform, cache_dir=cache) as session:
-        indices = [op.index for op in session.ops if op.outputs and op.index in session.recorded]
-        chain = session.requests.chain(indices)
-        session.lanes.prepare(chain.units)
-        result = session.lanes.run(chain)
-        first = next((i for i, outputs in zip(indices, result.outputs)
-                      if not session.judge(i, PROPAGATED, result, outputs).passed), None) if result.ok else None
-        if not result.ok:
-            first = session.by_name[result.failed_op].index
-        end = first + 1 if first is not None else len(session.ops)
-        earliest = session.isolated_verdicts.lowest_failing([i for i in indices if i < end])
-        culprit = session.ops[earliest.index].name if earliest else (session.ops[first].name if first else None)
-        report = session.lanes.cache
-        return {"found": culprit == expected, "culprit": culprit, "compiled": report.compiled,
-                "reused": report.reused, "compile lanes": session.lanes.compile_lanes}
+                "compiled": report.compiled, "reused": report.reused, "compile lanes": session.lanes.compile_lanes,
+                "search s": result.seconds}
 
 
 def _child(kind: str, *args: str) -> dict:
@@ -178,8 +152,6 @@ def run(models: list[str], target: str) -> None:
             for phase, transform in (("cold", fault), ("warm", fault),
                                      ("changed", f"{changed}:fault_and_touched_kind")):
                 row[phase] = _child("answer", str(trace), target, transform, str(cache), middle)
-            for phase, transform in (("per-op cold", fault), ("per-op changed", f"{changed}:fault_and_touched_kind")):
-                row[phase] = _child("per-op", str(trace), target, transform, str(work / f"per-op-{model}"), middle)
             rows.append(row)
             _print(rows, target)  # so far, in case a later model fails
     finally:
@@ -207,23 +179,21 @@ def _machine(target: str) -> str:
 def _print(rows: list[dict], target: str) -> None:
     print(_machine(target))
     print("| model | ops | fault at | anchor: import + compile + run s | bisect cold s (x anchor) | "
-          "warm s | changed s (x anchor) | built cold / changed | per-op cold s (x anchor) | "
-          "per-op changed s (x anchor) | per-op built cold / changed | found |")
-    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+          "warm s (x anchor) | changed s (x anchor) | built cold / changed | found |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---|")
     for row in rows:
         anchor_s = row["anchor s"]
-        runs = [row[phase] for phase in ("cold", "warm", "changed", "per-op cold", "per-op changed")]
-        cold, warm, changed, op_cold, op_changed = runs
+        runs = [row[phase] for phase in ("cold", "warm", "changed")]
+        cold, warm, changed = runs
         wrong = [f"{r['culprit']}" for r in runs if not r["found"]]
 
         def timed(r):
-            return f"{r['seconds']:.1f} ({r['seconds'] / anchor_s:.1f}x)"
+            return f"{r['seconds']:.1f} ({r['seconds'] / anchor_s:.2f}x)"
 
         print(f"| {row['model']} | {row['ops']} | {row['fault']} ({row['kind']}) | "
               f"{row['import s']:.1f} + {row['compile s']:.1f} + {row['run s']:.2f} = {anchor_s:.1f} | "
-              f"{timed(cold)} | {warm['seconds']:.1f} | {timed(changed)} | {cold['compiled']} / {changed['compiled']} | "
-              f"{timed(op_cold)} | {timed(op_changed)} | {op_cold['compiled']} / {op_changed['compiled']} | "
-              f"{'yes' if not wrong else 'NO: ' + ', '.join(wrong)} |")
+              f"{timed(cold)} | {timed(warm)} | {timed(changed)} | {cold['compiled']} / {changed['compiled']} | "
+              f"{'yes' if not wrong else 'NO: ' + ', '.join(wrong)} ({cold['verdict']}) |")
     print(f"(times are wall seconds of a fresh process each; the TVM import itself, "
           f"{rows[-1]['tvm import s']:.1f} s in the anchor's process, is in no column; record s: "
           + ", ".join(f"{r['model']} {r['record s']:.1f}" for r in rows) + ")", flush=True)
@@ -232,7 +202,7 @@ def _print(rows: list[dict], target: str) -> None:
 def main() -> None:
     if len(sys.argv) > 2 and sys.argv[1] == "--child":
         kind, args = sys.argv[2], sys.argv[3:]
-        result = {"anchor": anchor, "answer": answer, "per-op": per_op_answer}[kind](*args)
+        result = {"anchor": anchor, "answer": answer}[kind](*args)
         print(json.dumps(result))
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

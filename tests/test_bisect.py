@@ -73,13 +73,15 @@ def test_fault_that_shows_only_on_large_inputs(traces, tmp_path):
 
 def test_fault_that_washes_out_is_still_found(traces, tmp_path):
     op = "_native_batch_norm_legit_no_training"  # followed by a ReLU that erases the fault
-    result, _ = _bisect(traces.get("cnn"), tmp_path, "scale_negative", op)
-    assert result.search[0] == (result.ops - 1, False)  # the model's output is fine...
-    assert result.diverged and result.culprit.name == op  # ...yet the isolated sweep finds it
-    assert result.culprit.verdict == "isolated"
-    assert any("does not persist" in note for note in result.notes)
-    result, _ = _bisect(traces.get("cnn"), tmp_path, "scale_negative", op, sweep=False)
-    assert not result.diverged  # without the sweep a washed-out fault is invisible
+    path = traces.get("cnn")
+    transform = fault_transform(tmp_path, "scale_negative", op)
+    with Session.open(path, transform=transform) as session:
+        last = len(session.ops) - 1
+        assert session.propagated(last).passed  # the model's output is fine...
+        for sweep in (True, False):  # ...yet the op is found, by the chain that judges every value
+            result = session.bisect(sweep=sweep)
+            assert result.diverged and result.culprit.name == op
+            assert result.culprit.verdict == "isolated"
 
 
 def test_crashing_kernel_is_a_finding_and_the_session_survives(traces, tmp_path):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from tapml_dbg.errors import TraceError
+from tapml_dbg.judge.screen import ScreenRule
 from tapml_dbg.model.graph import OpInfo, TensorSpec
 from tapml_dbg.model.serialize import function_to_json
 from tapml_dbg.model.units import UnitSpec, build_unit
@@ -104,10 +105,12 @@ class RequestBuilder:
         func, spec = build_unit(self.main, names, outputs)
         return self.request(func, spec, target_values)
 
-    def chain(self, indices: list[int], keep: list[int] | None = None) -> ChainRequest:
+    def chain(self, indices: list[int], keep: list[int] | None = None, screen: ScreenRule | None = None,
+              accept: set[str] = frozenset(), unscreened: set[str] = frozenset(), suspects: int = 1) -> ChainRequest:
         """Ops `indices` (in order) each as its own one-op unit, chained on the target: an input that
         an earlier op of the chain computes is that op's target value, any other a recorded one.
-        `keep`: the ops whose values come back (default: all)."""
+        `keep`: the ops whose values come back (default: all); `screen`, `accept`, `unscreened`,
+        `suspects`: a screening chain, which stops at its `suspects`-th suspect (`ChainRequest`)."""
         units, names = [], []
         for index in indices:
             name = self.ops[index].name
@@ -117,18 +120,21 @@ class RequestBuilder:
             units.append(UnitRequest(unit_json=function_to_json(func), inputs=refs, outputs=spec.outputs))
             names.append(name)
         kept = names if keep is None else [self.ops[i].name for i in keep]
-        return ChainRequest(units, names, kept)
+        return ChainRequest(units, names, kept, screen, frozenset(accept), frozenset(unscreened), suspects)
 
-    def isolated(self, index: int) -> UnitRequest | str:
-        """Op `index` alone on recorded inputs, or why it cannot have one (raises nothing)."""
+    def isolated(self, index: int, screen: ScreenRule | None = None) -> UnitRequest | str:
+        """Op `index` alone on recorded inputs, or why it cannot have one (raises nothing).
+        `screen`: the worker sends no outputs back when they clearly pass (judge/screen.py)."""
         missing = self.missing(index)
         if missing:
             return missing
         name = self.ops[index].name
         try:
-            return self.ops_request([name], [name])
+            request = self.ops_request([name], [name])
         except TraceError as exc:
             return str(exc)
+        request.screen, request.screen_op = screen, name
+        return request
 
     def compile_only(self, index: int) -> UnitRequest:
         name = self.ops[index].name

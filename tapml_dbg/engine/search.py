@@ -3,18 +3,26 @@
 `first_failing` and `first_failing_speculative` know nothing but a pass/fail predicate over
 indices. `Bisection` is one bisect run over a session, as explicit phases whose state lives in
 the object, not on the session:
-1. search: binary search over prefixes [first, k] of the model run fused on the target, a probe
-   failing when any value it hands on (its frontier) diverges;
-2. confirm: the candidate's isolated verdict says whether its kernel is wrong (isolated) or the
-   error arrives from upstream (propagated, as seen by the probe that ended at it);
-3. sweep: isolated verdicts of every op below the candidate, so that a fault which washes out
-   before the model's output is still found (the lowest failing op wins);
-4. types: an op whose import declares another dtype or shape than the source computed is a
+1. chain: every op compiled alone (once per distinct op) and chained on the target, each value
+   screened as it is computed; the first op whose value is wrong, isolated or propagated, is
+   the candidate (`engine.chain`). Both verdicts come from executions of shared kernels, so the
+   search costs about one run of the model plus one compile per distinct op.
+2. fused: only when the per-op chain finds nothing, the range is run once compiled as one unit,
+   the way TVM builds the model; when that probe fails, a binary search over fused prefixes
+   [first, k] (a probe failing when any value it hands on, its frontier, diverges) finds where
+   (a fusion bug: every op is right alone and chained). A chain that dies without saying where
+   (a kernel that kills the worker) is searched this way too;
+3. confirm: a fused candidate's isolated verdict says whether its kernel is wrong (isolated) or
+   the error arrives from upstream (propagated, as seen by the probe that ended at it);
+4. sweep: isolated verdicts of every op below the candidate, so that an op wrong alone by less
+   than its propagated bound (or one that washes out before the model's output) is still found
+   (the lowest failing op wins); the screen clears most ops without a verdict;
+5. types: an op whose import declares another dtype or shape than the source computed is a
    divergence of its own (a type verdict), known from the trace without running anything; the
    lowest one below the candidate wins too, even when no value downstream differs;
-5. fused: only when the culprit is still the search's propagated candidate (its isolated verdict
-   passes and the probe just before it passed, so every input it reads is right), the op is
-   told from a fusion bug (`engine.fused`); nothing runs in this phase otherwise.
+6. fused diagnosis: only when the culprit is still the fused search's propagated candidate (its
+   isolated verdict passes and the probe just before it passed, so every input it reads is
+   right), the op is told from a fusion bug (`engine.fused`); nothing runs in this phase otherwise.
 The culprit's failing verdict is then judged once more with a second run of its unit
 (`Session.explain`), so a nondeterministic kernel is told from a wrong one; it carries its class.
 """
@@ -27,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from tapml_dbg.engine import fused
+from tapml_dbg.engine.chain import ChainFinding, ChainSearch
 from tapml_dbg.engine.results import BisectResult, Culprit, StepResult
 from tapml_dbg.judge.verdict import FUSED, ISOLATED, PROPAGATED, Mode, Status, Verdict, WrongClass
 from tapml_dbg.model.analysis import frontier
@@ -153,6 +162,7 @@ class Bisection:
         self.probe_results: dict[int, UnitResult] = {}  # prefix end k -> the probe's result
         self.parallel = session.lanes.size > 1
         self.explain_units = 0  # units run to classify the culprit (Session.explain), not to find it
+        self.chain = ChainFinding()  # what the per-op chain found (phase 1)
 
     # -- the run ---------------------------------------------------------------------------
     def run(self) -> BisectResult:
@@ -162,13 +172,16 @@ class Bisection:
         candidate = self.search()
         end = candidate if candidate is not None else self.last + 1
         earliest = None
+        screen = session.screen_rule(ISOLATED)
         if self.sweep_enabled and self.parallel:  # the sweep's batches and the candidate's unit side by side
             earliest = session.isolated_verdicts.lowest_failing(
-                list(range(self.first, end)), self.progress, also=[candidate] if candidate is not None else [])
+                list(range(self.first, end)), self.progress, also=[candidate] if candidate is not None else [],
+                screen=screen)
         culprit = self.confirm(candidate) if candidate is not None else None
         if self.sweep_enabled:
             if not self.parallel:
-                earliest = session.isolated_verdicts.lowest_failing(list(range(self.first, end)), self.progress)
+                earliest = session.isolated_verdicts.lowest_failing(list(range(self.first, end)), self.progress,
+                                                                    screen=screen)
             if earliest is not None:
                 if culprit is None:
                     self.notes.append(TYPE_NOTE if earliest.wrong == WrongClass.TYPE else WASHED_OUT_NOTE)
@@ -178,7 +191,8 @@ class Bisection:
             if culprit is None:
                 self.notes.append(TYPE_NOTE)
             culprit = self._culprit(typed[0], session.isolated(typed[0]), ISOLATED)
-        if culprit is not None and culprit.verdict == PROPAGATED and culprit.index == candidate:
+        if culprit is not None and culprit.verdict == PROPAGATED and culprit.index == candidate \
+                and candidate != self.chain.index:
             culprit = self.fused_phase(candidate) or culprit
         # the search's own units: the neighbourhood is display, the culprit's second run classification
         probes = session.lanes.units - units_before - self.explain_units
@@ -189,11 +203,21 @@ class Bisection:
                             seconds=time.perf_counter() - started, target=session.target, culprit=culprit,
                             neighbourhood=neighbourhood, search=self.search_trace.probes, notes=self.notes)
 
-    # -- phase 1: search -------------------------------------------------------------------
+    # -- phases 1 and 2: search --------------------------------------------------------------
     def search(self) -> int | None:
-        """The first prefix end k whose probe fails (None: no prefix fails)."""
+        """The first op whose value is wrong on the per-op chain, else the first prefix end k whose
+        fused probe fails (None: neither)."""
         if self.last < self.first:
             return None
+        self.progress(0, None, f"chain ops {self.first}..{self.last}")
+        self.chain = ChainSearch(self.session, self.first, self.last).run()
+        self.search_trace.probes.extend(self.chain.probes)
+        if self.chain.index is not None:
+            return self.chain.index
+        return self.fused_search()
+
+    def fused_search(self) -> int | None:
+        """The first prefix end k whose fused probe fails (None: no prefix fails)."""
         if self.parallel:  # same answer and path as first_failing, ~1.5x fewer rounds with 2 lanes
             return first_failing_speculative(self.first, self.last, self._prefixes_fail, self.session.lanes.size,
                                              self.search_trace)
@@ -240,6 +264,11 @@ class Bisection:
     # -- phase 2: confirm ------------------------------------------------------------------
     def confirm(self, candidate: int) -> Culprit:
         """The candidate as a culprit: isolated when its kernel is wrong, else propagated."""
+        if candidate == self.chain.index:  # judged by the chain already, isolated first
+            verdict = self.chain.verdict
+            if verdict.mode == ISOLATED:
+                return self._culprit(candidate, verdict, ISOLATED)
+            return self._culprit(candidate, verdict, PROPAGATED, upstream=self.chain.upstream)
         verdict = self.session.isolated(candidate)
         if verdict.failed:
             return self._culprit(candidate, verdict, ISOLATED)
@@ -307,10 +336,10 @@ class Bisection:
             last += 1
         return last
 
-    def _culprit(self, index: int, verdict: Verdict, mode: Mode) -> Culprit:
+    def _culprit(self, index: int, verdict: Verdict, mode: Mode, upstream: dict | None = None) -> Culprit:
         op = self.session.ops[index]
         before = self.session.lanes.units
-        verdict = self.session.explain(verdict)
+        verdict = self.session.explain(verdict, upstream)
         self.explain_units += self.session.lanes.units - before
         kind = mode if verdict.status.judged else verdict.status
         wrong, evidence = verdict.wrong, verdict.evidence

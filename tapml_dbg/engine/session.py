@@ -27,6 +27,7 @@ from tapml_dbg.errors import TraceError, UsageError
 from tapml_dbg.judge.compare import TolerancePolicy
 from tapml_dbg.judge.classify import Evidence, Facts
 from tapml_dbg.judge.judge import failed_run, judge_outputs
+from tapml_dbg.judge.screen import ScreenRule, rule_for
 from tapml_dbg.judge.verdict import ISOLATED, PROPAGATED, Mode, Status, Verdict, WrongClass
 from tapml_dbg.model.analysis import consumers_of, dead_tuple_fields
 from tapml_dbg.model.graph import OpInfo
@@ -199,6 +200,18 @@ class Session:
             self._inherit_class(verdict)
         return verdict
 
+    def screen_rule(self, mode: Mode) -> ScreenRule:
+        """What a search checks values against before it asks for a verdict (judge/screen.py)."""
+        return rule_for(self.policy, mode == PROPAGATED)
+
+    def unscreened(self) -> set[str]:
+        """Ops only a full verdict can judge: a per-op tolerance, uninitialised elements, a value the
+        recorder cast (its tolerance is its source dtype's)."""
+        names = set(self.policy.by_op)
+        names.update(self.ops[i].name for i in self.reference.undefined_masks())
+        names.update(self.ops[i].name for i in self.recorded if self.tolerance_dtype(i))
+        return names
+
     def _inherit_class(self, verdict: Verdict) -> None:
         """A propagated failure of an op that is right alone (its isolated verdict passed) is the kind of
         wrong of the upstream op it comes from: the nearest ancestor whose isolated verdict failed. One
@@ -226,17 +239,21 @@ class Session:
             frontier.extend(upstream.inputs)
         verdict.evidence = f"the op alone passes (isolated); the error arrives from upstream. {verdict.evidence}"
 
-    def explain(self, verdict: Verdict) -> Verdict:
+    def explain(self, verdict: Verdict, upstream: dict[str, list[np.ndarray]] | None = None) -> Verdict:
         """A failing verdict judged again with a second run of its unit on the target, so that a
-        nondeterministic kernel (an out-of-bounds read, a race) is told from a wrong one."""
+        nondeterministic kernel (an out-of-bounds read, a race) is told from a wrong one.
+        `upstream`: the target values that fed a propagated verdict (a search's chain), run again
+        as they are instead of the session's propagated replay."""
         if verdict.status != Status.FAIL or verdict.wrong == WrongClass.TYPE:
             return verdict
         index = verdict.index
+        fed = None
         try:
-            if verdict.mode == ISOLATED:
+            if verdict.mode == ISOLATED or upstream is not None:
                 name = self.ops[index].name
-                runs = [self.lanes.run(self.requests.ops_request([name], [name])) for _ in range(2)]
+                runs = [self.lanes.run(self.requests.ops_request([name], [name], upstream)) for _ in range(2)]
                 outputs = [run.outputs[0] if run.ok else None for run in runs]
+                fed = set(upstream) if upstream is not None else None
             else:  # the first run computes the target's upstream values; the next two are the same unit
                 runs = [self._propagated_values(index) for _ in range(3)][1:]
                 outputs = [run[1] for run in runs]
@@ -245,7 +262,7 @@ class Session:
             return verdict
         if not runs[0].ok or outputs[0] is None or outputs[1] is None:
             return verdict
-        explained = self.judge(index, verdict.mode, runs[0], outputs[0], rerun=outputs[1])
+        explained = self.judge(index, verdict.mode, runs[0], outputs[0], rerun=outputs[1], fed_by_target=fed)
         if verdict.mode == ISOLATED:
             self.isolated_verdicts.cache[index] = explained
         return explained

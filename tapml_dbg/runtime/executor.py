@@ -127,7 +127,9 @@ class TargetExecutor:
         return UnitResult(
             status=UnitStatus(reply["status"]), outputs=reply.get("outputs", []), message=reply.get("message", ""),
             cached=reply.get("cached", False), seconds=time.perf_counter() - started, key=reply.get("key", ""),
-            library=reply.get("library", ""), failed_op=reply.get("failed_op", ""))
+            library=reply.get("library", ""), failed_op=reply.get("failed_op", ""),
+            screened=reply.get("screened", False), suspects=reply.get("suspects", []),
+            upstream=reply.get("upstream", {}))
 
     def _ensure_started(self) -> None:
         if self._process is not None and self._process.is_alive():

@@ -8,6 +8,7 @@ from enum import StrEnum
 
 import numpy as np
 
+from tapml_dbg.judge.screen import ScreenRule
 from tapml_dbg.runtime.target import TargetSpec
 
 
@@ -48,6 +49,8 @@ class UnitRequest:
     `compile_only`: generate code, no cache, no device (`tapml-dbg compile`). `prepare`: compile
     into the cache and say where the library is, without running (what a compile lane does).
     `library`: the unit's library, already in the cache: load and run it without compiling.
+    `screen`: the worker checks the outputs against op `screen_op`'s recorded value and sends
+    none back when they clearly pass (judge/screen.py; the result says `screened`).
     """
 
     unit_json: dict
@@ -56,6 +59,8 @@ class UnitRequest:
     compile_only: bool = False
     prepare: bool = False
     library: str = ""
+    screen: ScreenRule | None = None
+    screen_op: str = ""
 
     def prepared(self) -> "UnitRequest":
         """This unit for a compile lane: compile it into the cache, send no inputs."""
@@ -74,11 +79,21 @@ class ChainRequest:
 
     The result holds the flat outputs of the ops named in `keep`, in that order; a unit that fails
     ends the chain, and the result's message names its op (`failed_op`).
+
+    With `screen`, the chain is a search instead: each op's value is checked against its recorded
+    one (judge/screen.py) as it is computed; an op not in `accept` whose value does not clearly
+    pass (or that is in `unscreened`) is a suspect, and the chain stops at its `suspects`-th one.
+    The result's `suspects` name them in order, its outputs are theirs, and `upstream` holds, per
+    suspect, the target values of its chain-fed inputs. No suspect: every value clearly passed.
     """
 
     units: list[UnitRequest]
     names: list[str]  # the op each unit computes, in order
     keep: list[str] = field(default_factory=list)
+    screen: ScreenRule | None = None
+    accept: frozenset[str] = frozenset()  # never suspects (already judged, or judged elsewhere)
+    unscreened: frozenset[str] = frozenset()  # always suspects: only the full verdict can judge them
+    suspects: int = 1
 
 
 @dataclass
@@ -93,6 +108,9 @@ class UnitResult:
     key: str = ""  # the compile cache's key of the unit (empty when it did not compile)
     library: str = ""  # the compiled library's path in the cache
     failed_op: str = ""  # a chain's unit that did not compile or run
+    screened: bool = False  # the outputs clearly passed the screen in the worker (none came back)
+    suspects: list[str] = field(default_factory=list)  # a screening chain's suspects, in order
+    upstream: dict[str, dict[str, list[np.ndarray]]] = field(default_factory=dict)  # per suspect: its chain-fed inputs
 
     @property
     def ok(self) -> bool:

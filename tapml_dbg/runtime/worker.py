@@ -12,6 +12,7 @@ import traceback
 from pathlib import Path
 
 from tapml_dbg.errors import TapmlError, TraceError
+from tapml_dbg.judge.screen import clearly_passes
 from tapml_dbg.portable import PortableError, Runner, flatten, one_line
 from tapml_dbg.runtime.compile_cache import CompiledUnit, compile_only, compile_unit
 from tapml_dbg.runtime.messages import ChainRequest, UnitRequest, UnitStatus, WorkerConfig
@@ -65,27 +66,54 @@ class _WorkerState:
         return self._unit(request)
 
     def _chain(self, chain: ChainRequest) -> dict:
-        """Each unit in turn, fed the earlier units' outputs on the device; the kept ones come back."""
+        """Each unit in turn, fed the earlier units' outputs on the device; the kept ones come back
+        (a screening chain: it stops at the first suspect, see `ChainRequest`)."""
         started = time.perf_counter()
         self.chain_values = {}
         try:
             kept: dict[str, list] = {}
             wanted = set(chain.keep)
             built = 0  # units the chain compiled itself (none when they were prepared)
+            suspects: list[str] = []
+            upstream: dict[str, dict] = {}
             for name, unit in zip(chain.names, chain.units):
                 reply = self._unit(unit, keep_on_device=True)
                 if reply["status"] == UnitStatus.TRACE_ERROR:  # the trace's own one-line message
                     return reply
                 if reply["status"] != UnitStatus.OK:
-                    return reply | {"failed_op": name, "message": f"op {name}: {reply.get('message', '')}"}
+                    return reply | {"failed_op": name, "message": f"op {name}: {reply.get('message', '')}",
+                                    "outputs": [kept[s] for s in suspects], "suspects": suspects,
+                                    "upstream": upstream}
                 built += not reply["cached"]
                 self.chain_values[name] = reply["outputs"][0]
-                if name in wanted:
+                if chain.screen is not None and name not in chain.accept:
+                    values = [value.numpy() for value in reply["outputs"][0]]
+                    try:
+                        clear = name not in chain.unscreened and self._clear(name, values, chain.screen)
+                    except TraceError as exc:
+                        return {"status": UnitStatus.TRACE_ERROR, "message": str(exc)}
+                    if not clear:
+                        suspects.append(name)
+                        kept[name] = values
+                        upstream[name] = {ref[1]: [value.numpy() for value in self.chain_values[ref[1]]]
+                                          for ref in unit.inputs if ref[0] == "chain"}
+                        if len(suspects) >= chain.suspects:
+                            break
+                elif name in wanted:
                     kept[name] = [value.numpy() for value in reply["outputs"][0]]
-            return {"status": UnitStatus.OK, "outputs": [kept[name] for name in chain.keep],
-                    "cached": built == 0, "seconds": time.perf_counter() - started}
+            names = suspects if chain.screen is not None else [name for name in chain.keep if name in kept]
+            return {"status": UnitStatus.OK, "outputs": [kept[name] for name in names], "suspects": suspects,
+                    "upstream": upstream, "cached": built == 0, "seconds": time.perf_counter() - started}
         finally:
             self.chain_values = {}
+
+    def _clear(self, name: str, values: list, rule) -> bool:
+        """Whether op `name`'s target values clearly pass against its recorded ones (judge/screen.py)."""
+        reader = self._trace()
+        index = self.op_index.get(name)
+        if index is None or not reader.has_op(index):
+            return False
+        return clearly_passes(values, reader.op_outputs(index), rule)
 
     def _unit(self, request: UnitRequest, keep_on_device: bool = False) -> dict:
         spec = self.config.spec
@@ -127,6 +155,12 @@ class _WorkerState:
                         "message": f"lost the RPC connection to {spec.rpc or spec.tracker} ({one_line(exc)}); the "
                                    "next command reconnects once the server is back"}
             return {"status": UnitStatus.ERROR, "message": one_line(exc), "detail": traceback.format_exc()}
+        if request.screen is not None and not keep_on_device and outputs:
+            try:
+                if self._clear(request.screen_op, outputs[0], request.screen):
+                    return done | {"outputs": [], "screened": True, "run_seconds": time.perf_counter() - compiled_at}
+            except TraceError as exc:
+                return {"status": UnitStatus.TRACE_ERROR, "message": str(exc)}
         return done | {"outputs": outputs, "run_seconds": time.perf_counter() - compiled_at}
 
     def _compiled(self, request: UnitRequest, rebuild: bool = False) -> CompiledUnit:

@@ -1,0 +1,108 @@
+"""The per-op search: the first op whose value is wrong, from one chained run of per-op kernels.
+
+Every op of the searched range is compiled alone (the compile cache compiles each distinct op
+once: GPT-2 124M's 717 ops are 68 units) and the kernels run one after another on the target,
+each fed the target values of the ops before it. The worker checks each value against its
+recorded one as it is computed (judge/screen.py, a sound shortcut: a value it passes is one the
+full verdict passes) and stops at the first values it cannot clear, the suspects. Each suspect is
+judged in full, in order: its isolated verdict first (its kernel on recorded inputs; a wrong
+kernel ends the search at once), then its propagated verdict (the value the chain computed). The
+first suspect that fails is the answer; suspects that pass are accepted and the chain runs again.
+
+Ops whose import changed their type are not judged here (the type phase of `engine.search` finds
+them from the trace alone); their consumers are. A chain that does not come back (a kernel that
+kills the worker, a timeout) says so (`lost`), and the caller searches another way.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from tapml_dbg.judge.judge import failed_run
+from tapml_dbg.judge.verdict import PROPAGATED, Verdict
+
+CHAIN_SUSPECTS = 8  # suspects a chain collects before it stops: a passing one costs no second run
+OPS_PER_TIMEOUT = 100  # a chain may take the unit timeout once per this many ops
+
+
+@dataclass
+class ChainFinding:
+    """What a chained run found: the first wrong op with its verdict, or nothing."""
+
+    index: int | None = None
+    verdict: Verdict | None = None  # isolated when the op is wrong alone, else propagated (or a failed run)
+    upstream: dict = field(default_factory=dict)  # the chain's target values of the op's inputs
+    lost: bool = False  # the chain died without saying where (crash, timeout): nothing is known
+    message: str = ""
+    runs: int = 0  # chained runs made
+    probes: list[tuple[int, bool]] = field(default_factory=list)  # (k, ops first..k wrong?), as a search trace
+
+
+class ChainSearch:
+    """One per-op search over ops [first, last] of a session."""
+
+    def __init__(self, session, first: int, last: int):
+        self.session = session
+        self.first, self.last = first, last
+        self.indices = [i for i in range(first, last + 1) if session.ops[i].outputs]
+
+    def run(self) -> ChainFinding:
+        session = self.session
+        finding = ChainFinding()
+        if not self.indices:
+            return finding
+        typed = {session.ops[i].name for i in session.type_changed_ops()}
+        accept, unscreened = set(typed), session.unscreened() - typed
+        screen = session.screen_rule(PROPAGATED)
+        timeout = session.lanes.pool.timeout_s * max(1, math.ceil(len(self.indices) / OPS_PER_TIMEOUT))
+        self._prepare()
+        while True:
+            request = session.requests.chain(self.indices, screen=screen, accept=accept, unscreened=unscreened,
+                                             suspects=CHAIN_SUSPECTS)
+            result = session.lanes.run(request, timeout)
+            finding.runs += 1
+            for name, values in zip(result.suspects, result.outputs):
+                index = session.by_name[name].index
+                verdict = self._wrong(index, result, values, result.upstream.get(name, {}))
+                if verdict is not None:
+                    return self._found(finding, index, verdict, result.upstream.get(name, {}))
+                accept.add(name)
+            if not result.ok:
+                if not result.failed_op:  # the worker died mid-chain: which op killed it is unknown
+                    finding.lost, finding.message = True, result.message
+                    return finding
+                index = session.by_name[result.failed_op].index
+                isolated = session.isolated(index)
+                verdict = isolated if isolated.failed else failed_run(index, result.failed_op, PROPAGATED,
+                                                                      result.status, result.message)
+                return self._found(finding, index, verdict, {})
+            if len(result.suspects) < CHAIN_SUSPECTS:  # it ran to the end
+                finding.probes.append((self.last, False))
+                return finding
+
+    def _wrong(self, index: int, result, values: list, upstream: dict) -> Verdict | None:
+        """The failing verdict of a suspect (None: it passes both ways)."""
+        session = self.session
+        isolated = session.isolated(index)
+        if isolated.failed:
+            return isolated
+        fed = {session.ops[i].name for i in self.indices if i < index}
+        verdict = session.judge(index, PROPAGATED, result, values, fed_by_target=fed)
+        return verdict if verdict.failed else None
+
+    def _found(self, finding: ChainFinding, index: int, verdict: Verdict, upstream: dict) -> ChainFinding:
+        finding.index, finding.verdict, finding.upstream = index, verdict, upstream
+        if index > self.first:
+            finding.probes.append((index - 1, False))
+        finding.probes.append((index, True))
+        return finding
+
+    def _prepare(self) -> None:
+        """With compile lanes, every distinct unit is compiled side by side before the chain runs it."""
+        lanes = self.session.lanes
+        if lanes.compile_lanes < 2:
+            return
+        units = self.session.requests.chain(self.indices).units
+        distinct = {repr(unit.unit_json): unit for unit in units}
+        lanes.prepare(list(distinct.values()))
