@@ -46,28 +46,39 @@ class ChainSearch:
         self.session = session
         self.first, self.last = first, last
         self.indices = [i for i in range(first, last + 1) if session.ops[i].outputs]
+        typed = {session.ops[i].name for i in session.type_changed_ops()}
+        self.accept, self.unscreened = set(typed), session.unscreened() - typed
+        self.screen = session.screen_rule(PROPAGATED)
+        self.timeout = session.lanes.pool.timeout_s * max(1, math.ceil(len(self.indices) / OPS_PER_TIMEOUT))
 
-    def run(self) -> ChainFinding:
+    def request(self):
+        """The next chained run: every op, the ones judged so far accepted."""
+        return self.session.requests.chain(self.indices, screen=self.screen, accept=self.accept,
+                                           unscreened=self.unscreened, suspects=CHAIN_SUSPECTS)
+
+    def bound(self, result) -> int | None:
+        """The highest op a sweep beside this chain's run still needs (None: every op)."""
+        names = result.suspects or ([result.failed_op] if not result.ok and result.failed_op else [])
+        return self.session.by_name[names[0]].index if names else None
+
+    def run(self, first=None) -> ChainFinding:
+        """The search; `first`: the first chained run's result, when it ran beside a sweep."""
         session = self.session
         finding = ChainFinding()
         if not self.indices:
             return finding
-        typed = {session.ops[i].name for i in session.type_changed_ops()}
-        accept, unscreened = set(typed), session.unscreened() - typed
-        screen = session.screen_rule(PROPAGATED)
-        timeout = session.lanes.pool.timeout_s * max(1, math.ceil(len(self.indices) / OPS_PER_TIMEOUT))
-        self._prepare()
+        if first is None:
+            self.prepare()
         while True:
-            request = session.requests.chain(self.indices, screen=screen, accept=accept, unscreened=unscreened,
-                                             suspects=CHAIN_SUSPECTS)
-            result = session.lanes.run(request, timeout)
+            result = first if first is not None else session.lanes.run(self.request(), self.timeout)
+            first = None
             finding.runs += 1
             for name, values in zip(result.suspects, result.outputs):
                 index = session.by_name[name].index
-                verdict = self._wrong(index, result, values, result.upstream.get(name, {}))
+                verdict = self._wrong(index, result, values)
                 if verdict is not None:
                     return self._found(finding, index, verdict, result.upstream.get(name, {}))
-                accept.add(name)
+                self.accept.add(name)
             if not result.ok:
                 if not result.failed_op:  # the worker died mid-chain: which op killed it is unknown
                     finding.lost, finding.message = True, result.message
@@ -81,7 +92,7 @@ class ChainSearch:
                 finding.probes.append((self.last, False))
                 return finding
 
-    def _wrong(self, index: int, result, values: list, upstream: dict) -> Verdict | None:
+    def _wrong(self, index: int, result, values: list) -> Verdict | None:
         """The failing verdict of a suspect (None: it passes both ways)."""
         session = self.session
         isolated = session.isolated(index)
@@ -98,10 +109,10 @@ class ChainSearch:
         finding.probes.append((index, True))
         return finding
 
-    def _prepare(self) -> None:
+    def prepare(self) -> None:
         """With compile lanes, every distinct unit is compiled side by side before the chain runs it."""
         lanes = self.session.lanes
-        if lanes.compile_lanes < 2:
+        if lanes.compile_lanes < 2 or not self.indices:
             return
         units = self.session.requests.chain(self.indices).units
         distinct = {repr(unit.unit_json): unit for unit in units}

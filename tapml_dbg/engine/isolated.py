@@ -81,11 +81,13 @@ class IsolatedVerdicts:
         return None
 
     def fill(self, indices: list[int], progress: Progress = _noop, stop_at_failure: bool = False,
-             also: list[int] = (), screen: ScreenRule | None = None) -> None:
+             also: list[int] = (), screen: ScreenRule | None = None,
+             bound: Callable[[], int | None] | None = None) -> None:
         """Fill the cache for `indices`: one unit per op, lowest first, over all lanes.
 
         With `stop_at_failure`, units above the first failing op are not started: the lowest
-        failing op is then the one a sequential sweep finds, whatever the lane count.
+        failing op is then the one a sequential sweep finds, whatever the lane count. `bound`,
+        asked after each unit: the highest op still wanted, once it is known (None: all of them).
         """
         first = [i for i in dict.fromkeys(also) if i not in self.cache]
         known = self.screened if screen is not None else set()
@@ -104,6 +106,9 @@ class IsolatedVerdicts:
                     progress(finished, len(todo), f"isolated sweep op {index}")
                 if stop_at_failure and verdict is not None and verdict.failed and index in wanted:
                     work.cancel_above(index)
+                limit = bound() if bound is not None else None
+                if limit is not None:
+                    work.cancel_above(limit)
 
     def fill_window(self, indices: list[int]) -> None:
         """Verdicts of a few ops side by side, one unit each (the neighbourhood of a culprit)."""

@@ -30,6 +30,7 @@ The culprit's failing verdict is then judged once more with a second run of its 
 from __future__ import annotations
 
 import math
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -210,11 +211,37 @@ class Bisection:
         if self.last < self.first:
             return None
         self.progress(0, None, f"chain ops {self.first}..{self.last}")
-        self.chain = ChainSearch(self.session, self.first, self.last).run()
+        chain = ChainSearch(self.session, self.first, self.last)
+        beside = self._chain_beside_sweep(chain) if self.sweep_enabled and self.session.lanes.has_side else None
+        self.chain = chain.run(beside)
         self.search_trace.probes.extend(self.chain.probes)
         if self.chain.index is not None:
             return self.chain.index
         return self.fused_search()
+
+    def _chain_beside_sweep(self, chain: ChainSearch):
+        """The chain's first run on a worker of its own while the lanes sweep isolated verdicts from
+        `first` up (two cores at work); the sweep stops at the chain's first suspect once it is
+        known, or at a failing op. The result, counted."""
+        session = self.session
+        chain.prepare()
+        request, box = chain.request(), {}
+
+        def run_chain() -> None:
+            try:
+                box["result"] = session.lanes.run_beside(request, chain.timeout)
+            except BaseException as exc:  # noqa: BLE001 - raised again in the session's thread
+                box["error"] = exc
+
+        thread = threading.Thread(target=run_chain, name="tapml-chain", daemon=True)
+        thread.start()
+        session.isolated_verdicts.fill(list(range(self.first, self.last + 1)), self.progress, stop_at_failure=True,
+                                       screen=session.screen_rule(ISOLATED),
+                                       bound=lambda: chain.bound(box["result"]) if "result" in box else None)
+        thread.join()
+        if "error" in box:
+            raise box["error"]
+        return session.lanes.counted(box["result"])
 
     def fused_search(self) -> int | None:
         """The first prefix end k whose fused probe fails (None: no prefix fails)."""

@@ -76,8 +76,11 @@ def _clear(target: np.ndarray, source: np.ndarray, rule: ScreenRule) -> bool:
                 return True
         elif not np.isfinite(t).all():
             return False
-        d = float(np.max(np.abs(t - s))) * (1 + MARGIN) + TINY
+        exact = float(np.max(np.abs(t - s)))
         scale = float(np.max(np.abs(s))) * (1 - MARGIN)
+    if exact == 0.0:  # the source's own value: its own error is within the noise floor's bound
+        return not rule.floors or rule.source_factor >= 1.0
+    d = exact * (1 + MARGIN) + TINY
     rtol, atol = rule.fixed[dtype]
     if d > atol + rtol * scale:
         return False

@@ -129,7 +129,7 @@ class TargetExecutor:
             cached=reply.get("cached", False), seconds=time.perf_counter() - started, key=reply.get("key", ""),
             library=reply.get("library", ""), failed_op=reply.get("failed_op", ""),
             screened=reply.get("screened", False), suspects=reply.get("suspects", []),
-            upstream=reply.get("upstream", {}))
+            upstream=reply.get("upstream", {}), unit_keys=reply.get("unit_keys", []))
 
     def _ensure_started(self) -> None:
         if self._process is not None and self._process.is_alive():

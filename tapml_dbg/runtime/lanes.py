@@ -11,6 +11,10 @@ number, 0 turns them off): worker processes that only compile, on this host, int
 cache. A dispatch of enough units hands each to them first and to a run lane once its library is
 built, so the device runs while the host compiles; over RPC only the run lanes touch the remote
 device. They start on first use (a worker costs a TVM import, ~3 s of CPU).
+
+On a local target one more worker may run beside the lanes (`run_beside`): a search's chain runs
+there while the lanes sweep isolated verdicts, so the two use two cores (`$TAPML_SIDE_LANE=0`: no
+side worker).
 """
 
 from __future__ import annotations
@@ -21,10 +25,12 @@ from typing import Protocol
 
 from tapml_dbg.errors import TargetError, TraceError, UsageError
 from tapml_dbg.runtime.messages import ChainRequest, UnitRequest, UnitResult, UnitStatus, WorkerConfig
+from tapml_dbg.runtime.executor import TargetExecutor
 from tapml_dbg.runtime.pool import Deferred, Dispatch, ExecutorPool, LanePlan, Pipeline, plan_lanes
 from tapml_dbg.runtime.target import TargetSpec
 
 COMPILE_LANES_ENV = "TAPML_COMPILE_LANES"
+SIDE_LANE_ENV = "TAPML_SIDE_LANE"  # 0: no second worker beside the lanes (a search then runs its chain in lane 0)
 COMPILE_LANES_CAP = 16  # compile lanes by default: one per core but one, at most this many
 UNITS_PER_COMPILE_LANE = 48  # a dispatch starts one compile lane per this many units ...
 MIN_COMPILE_LANES = 2  # ... and none unless it would start this many (one would only move the compiles)
@@ -54,14 +60,14 @@ class CacheReport:
     keys: set[str] = field(default_factory=set)  # every distinct key a unit had
 
     def add(self, result: UnitResult) -> None:
-        if not result.key:  # did not compile (or compile-only: nothing stored)
-            return
-        self.keys.add(result.key)
-        if result.cached:
-            self.reused += 1
-        else:
-            self.compiled += 1
-            self.compiled_keys.append(result.key)
+        units = result.unit_keys or ([(result.key, result.cached)] if result.key else [])  # a chain: its units
+        for key, cached in units:  # (a unit without a key did not compile, or was compile-only)
+            self.keys.add(key)
+            if cached:
+                self.reused += 1
+            else:
+                self.compiled += 1
+                self.compiled_keys.append(key)
 
 
 class UnitRunner(Protocol):
@@ -85,6 +91,7 @@ class Lanes:
         self.units = 0  # units that ran (probes, verdicts, compiles)
         self.cache = CacheReport()
         self._replan = False
+        self._side: TargetExecutor | None = None
 
     @property
     def compile_lanes(self) -> int:
@@ -98,6 +105,20 @@ class Lanes:
         """One unit (or one chain of units) on lane 0 (sequential work)."""
         self._ready()
         return self.counted(self.pool.run(request, timeout_s))
+
+    @property
+    def has_side(self) -> bool:
+        """A local target on a machine with a core to spare: a second worker may run beside the lanes."""
+        return self.spec.rpc is None and self.spec.tracker is None and (os.cpu_count() or 1) > 1 \
+            and os.environ.get(SIDE_LANE_ENV, "1") != "0"
+
+    def run_beside(self, request: UnitRequest | ChainRequest, timeout_s: float | None = None) -> UnitResult:
+        """One long request (a search's chain) on a worker of its own, while the lanes do other work
+        from another thread: its own process, so nothing it does crosses a lane's pipe. Pass the
+        result to `counted` from the thread that owns the lanes."""
+        if self._side is None:
+            self._side = TargetExecutor(self.pool.config)
+        return self._side.run(request, timeout_s)
 
     def prepare(self, requests: list[UnitRequest]) -> None:
         """Compile units into the cache without running them (a chain's, before it runs): side by
@@ -146,5 +167,7 @@ class Lanes:
 
     def close(self) -> None:
         self.pool.close()
+        if self._side is not None:
+            self._side.close()
         if self.compile_pool is not None:
             self.compile_pool.close()

@@ -111,6 +111,7 @@ class UnitResult:
     screened: bool = False  # the outputs clearly passed the screen in the worker (none came back)
     suspects: list[str] = field(default_factory=list)  # a screening chain's suspects, in order
     upstream: dict[str, dict[str, list[np.ndarray]]] = field(default_factory=dict)  # per suspect: its chain-fed inputs
+    unit_keys: list[tuple[str, bool]] = field(default_factory=list)  # a chain's units: (cache key, from the cache)
 
     @property
     def ok(self) -> bool:

@@ -76,6 +76,7 @@ class _WorkerState:
             built = 0  # units the chain compiled itself (none when they were prepared)
             suspects: list[str] = []
             upstream: dict[str, dict] = {}
+            keys: list[tuple[str, bool]] = []  # each unit's cache key, and whether it came from the cache
             for name, unit in zip(chain.names, chain.units):
                 reply = self._unit(unit, keep_on_device=True)
                 if reply["status"] == UnitStatus.TRACE_ERROR:  # the trace's own one-line message
@@ -83,8 +84,9 @@ class _WorkerState:
                 if reply["status"] != UnitStatus.OK:
                     return reply | {"failed_op": name, "message": f"op {name}: {reply.get('message', '')}",
                                     "outputs": [kept[s] for s in suspects], "suspects": suspects,
-                                    "upstream": upstream}
+                                    "upstream": upstream, "unit_keys": keys}
                 built += not reply["cached"]
+                keys.append((reply["key"], reply["cached"]))
                 self.chain_values[name] = reply["outputs"][0]
                 if chain.screen is not None and name not in chain.accept:
                     values = [value.numpy() for value in reply["outputs"][0]]
@@ -103,7 +105,8 @@ class _WorkerState:
                     kept[name] = [value.numpy() for value in reply["outputs"][0]]
             names = suspects if chain.screen is not None else [name for name in chain.keep if name in kept]
             return {"status": UnitStatus.OK, "outputs": [kept[name] for name in names], "suspects": suspects,
-                    "upstream": upstream, "cached": built == 0, "seconds": time.perf_counter() - started}
+                    "upstream": upstream, "unit_keys": keys, "cached": built == 0,
+                    "seconds": time.perf_counter() - started}
         finally:
             self.chain_values = {}
 
