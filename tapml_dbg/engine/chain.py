@@ -51,10 +51,15 @@ class ChainSearch:
         self.screen = session.screen_rule(PROPAGATED)
         self.timeout = session.lanes.pool.timeout_s * max(1, math.ceil(len(self.indices) / OPS_PER_TIMEOUT))
 
-    def request(self):
-        """The next chained run: every op, the ones judged so far accepted."""
+    def request(self, runs: int = 0):
+        """The next chained run: every op, the ones judged so far accepted; each run collects twice
+        the suspects of the one before, so a model of many passing suspects costs O(log N) runs."""
         return self.session.requests.chain(self.indices, screen=self.screen, accept=self.accept,
-                                           unscreened=self.unscreened, suspects=CHAIN_SUSPECTS)
+                                           unscreened=self.unscreened, suspects=self._suspects(runs))
+
+    @staticmethod
+    def _suspects(runs: int) -> int:
+        return CHAIN_SUSPECTS * 2 ** min(runs, 16)
 
     def bound(self, result) -> int | None:
         """The highest op a sweep beside this chain's run still needs (None: every op)."""
@@ -70,8 +75,9 @@ class ChainSearch:
         if first is None:
             self.prepare()
         while True:
-            result = first if first is not None else session.lanes.run(self.request(), self.timeout)
+            result = first if first is not None else session.lanes.run(self.request(finding.runs), self.timeout)
             first = None
+            wanted = self._suspects(finding.runs)
             finding.runs += 1
             for name, values in zip(result.suspects, result.outputs):
                 index = session.by_name[name].index
@@ -88,7 +94,7 @@ class ChainSearch:
                 verdict = isolated if isolated.failed else failed_run(index, result.failed_op, PROPAGATED,
                                                                       result.status, result.message)
                 return self._found(finding, index, verdict, {})
-            if len(result.suspects) < CHAIN_SUSPECTS:  # it ran to the end
+            if len(result.suspects) < wanted:  # it ran to the end
                 finding.probes.append((self.last, False))
                 return finding
 
