@@ -11,6 +11,7 @@ imported inside functions, so that comparing arrays does not load it.
   codec       arrays <-> npz without pickle (raw bits for bfloat16/float8)
   comparison  the compare rule and its wording
   noise       the noise-floor figures (the engine's default rule), for the judge and repros
+  screen      the search's sound pass test: values surely within both rules (run in the worker)
   loader      FILE.py[:FUNC] -> the user's function (transforms, model build functions)
   runner      targets, devices (local or RPC), build with the device-code check, Runner
   repro       a repro directory: meta, data, check_op, repro_main

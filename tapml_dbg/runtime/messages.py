@@ -8,7 +8,7 @@ from enum import StrEnum
 
 import numpy as np
 
-from tapml_dbg.judge.screen import ScreenRule
+from tapml_dbg.portable.screen import ScreenRule
 from tapml_dbg.runtime.target import TargetSpec
 
 

@@ -25,7 +25,7 @@ import traceback
 from pathlib import Path
 
 from tapml_dbg.errors import TapmlError, TraceError
-from tapml_dbg.judge.screen import clearly_passes
+from tapml_dbg.portable.screen import clearly_passes
 from tapml_dbg.portable import PortableError, Runner, flatten, one_line
 from tapml_dbg.runtime.compile_cache import CompiledUnit, compile_only, compile_unit
 from tapml_dbg.runtime.messages import ChainRequest, UnitRequest, UnitStatus, WorkerConfig
