@@ -1,0 +1,45 @@
+"""The per-op chain search (engine/chain.py) on planted faults: suspects that pass are accepted and
+the chain runs again; an op that is right alone but wrong on the target's values is a propagated
+culprit, told from the chain's own values."""
+
+from __future__ import annotations
+
+from conftest import fault_transform
+from tapml_dbg.engine.search import Bisection
+from tapml_dbg.engine.session import Session
+from tapml_dbg.judge.compare import Tolerance, TolerancePolicy
+from tapml_dbg.judge.noise_floor import NoiseFloor
+
+
+def test_suspects_that_pass_are_accepted_and_the_chain_runs_again(traces, tmp_path):
+    """Ops with a per-op tolerance are always suspects (only the full verdict knows their rule):
+    ten of them before a planted fault make the first chain stop at eight passing suspects."""
+    path = traces.get("mlp")
+    with Session.open(path) as session:
+        early = [op.name for op in session.ops[:12] if op.outputs]
+    policy = TolerancePolicy(by_op={name: Tolerance(rtol=1e-4, atol=1e-6) for name in early})
+    transform = fault_transform(tmp_path, "scale", "gelu_1")
+    with Session.open(path, transform=transform, policy=policy) as session:
+        assert set(early) <= session.unscreened()
+        bisection = Bisection(session)
+        result = bisection.run()
+    assert (result.culprit.name, result.culprit.verdict) == ("gelu_1", "isolated")
+    assert bisection.chain.runs == 2  # 8 suspects, all passing, then the rest in a second run
+    assert result.search[-2:] == [(12, False), (13, True)]
+
+
+def test_an_op_right_alone_but_wrong_on_target_values_is_a_propagated_culprit(traces, tmp_path):
+    """A x(1 + 1e-5) fault is inside the isolated bound; with a propagated bound made 50x stricter
+    than the isolated one it fails on the chain's values: the chain names it, propagated, and the
+    second run that tells a nondeterministic kernel from a wrong one reruns it on those values."""
+    path = traces.get("mlp")
+    policy = TolerancePolicy(noise=NoiseFloor(propagated_factor=0.02))
+    transform = fault_transform(tmp_path, "scale", "addmm", scale="1.00001")
+    with Session.open(path, transform=transform, policy=policy) as session:
+        assert session.isolated(2).passed  # right alone
+        bisection = Bisection(session)
+        result = bisection.run()
+        assert bisection.chain.index == 2 and set(bisection.chain.upstream) == {"addmm_p0"}
+    culprit = result.culprit
+    assert (culprit.index, culprit.name, culprit.verdict) == (2, "addmm", "propagated")
+    assert culprit.wrong is not None and culprit.wrong != "nondeterministic"
