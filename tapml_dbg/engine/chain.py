@@ -24,6 +24,7 @@ from tapml_dbg.judge.verdict import PROPAGATED, Verdict
 
 CHAIN_SUSPECTS = 8  # suspects a chain collects before it stops: a passing one costs no second run
 OPS_PER_TIMEOUT = 100  # a chain may take the unit timeout once per this many ops
+PREPARE_UNITS_PER_LANE = 4  # a prepare step starts a compile lane per this many units to build
 
 
 @dataclass
@@ -67,7 +68,7 @@ class ChainSearch:
         return self.session.by_name[names[0]].index if names else None
 
     def run(self, first=None) -> ChainFinding:
-        """The search; `first`: the first chained run's result, when it ran beside a sweep."""
+        """The search; `first`: the first chained run (request, result), when it ran beside a sweep."""
         session = self.session
         finding = ChainFinding()
         if not self.indices:
@@ -75,8 +76,10 @@ class ChainSearch:
         if first is None:
             self.prepare()
         while True:
-            result = first if first is not None else session.lanes.run(self.request(finding.runs), self.timeout)
+            request = self.request(finding.runs) if first is None else first[0]
+            result = first[1] if first is not None else session.lanes.run(request, self.timeout)
             first = None
+            self.remember(request, result)
             wanted = self._suspects(finding.runs)
             finding.runs += 1
             for name, values in zip(result.suspects, result.outputs):
@@ -116,10 +119,19 @@ class ChainSearch:
         return finding
 
     def prepare(self) -> None:
-        """With compile lanes, every distinct unit is compiled side by side before the chain runs it."""
+        """With compile lanes, every distinct unit the cache does not hold yet (as far as its index
+        knows) is compiled side by side before the chain runs it, one lane per few units."""
         lanes = self.session.lanes
         if lanes.compile_lanes < 2 or not self.indices:
             return
         units = self.session.requests.chain(self.indices).units
-        distinct = {repr(unit.unit_json): unit for unit in units}
-        lanes.prepare(list(distinct.values()))
+        distinct = {lanes.index.unit_id(unit.unit_json): unit for unit in units}
+        todo = [unit for unit in distinct.values() if not lanes.index.cached(unit.unit_json)]
+        if todo:
+            lanes.prepare(todo, per_lane=PREPARE_UNITS_PER_LANE)
+
+    def remember(self, request, result) -> None:
+        """Tell the cache's index the key of every unit the chain ran (for the next prepare)."""
+        if result.unit_keys:
+            self.session.lanes.index.record((unit.unit_json, key) for unit, (key, _cached)
+                                            in zip(request.units, result.unit_keys))

@@ -222,7 +222,7 @@ class Bisection:
     def _chain_beside_sweep(self, chain: ChainSearch):
         """The chain's first run on a worker of its own while the lanes sweep isolated verdicts from
         `first` up (two cores at work); the sweep stops at the chain's first suspect once it is
-        known, or at a failing op. The result, counted."""
+        known, or at a failing op. The request and its result, counted."""
         session = self.session
         chain.prepare()
         request, box = chain.request(), {}
@@ -241,7 +241,7 @@ class Bisection:
         thread.join()
         if "error" in box:
             raise box["error"]
-        return session.lanes.counted(box["result"])
+        return request, session.lanes.counted(box["result"])
 
     def fused_search(self) -> int | None:
         """The first prefix end k whose fused probe fails (None: no prefix fails)."""

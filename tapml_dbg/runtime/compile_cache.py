@@ -36,6 +36,7 @@ DEFAULT_CACHE_DIR = Path(os.environ.get("TAPML_CACHE_DIR", Path.home() / ".cache
 KEY_CHARS = 32
 BUILD_RECIPE = 2  # bump when portable.build's pipeline changes what the library of a key holds
 LOCK_FOLDER = "locks"
+INDEX_FOLDER = "index"  # UnitIndex files: one per (target, TVM, transform file)
 LOCK_STRIPES = 256  # keys share this many lock files (a key's lock: its first two hex digits)
 ENTRY_META_SUFFIX = ".json"
 HASH_BLOCK_BYTES = 1 << 20
@@ -116,6 +117,71 @@ class CacheEntry:
 
     def locked(self):
         return _KeyLock(self.folder / LOCK_FOLDER / f"{int(self.key[:2], 16) % LOCK_STRIPES:02x}.lock")
+
+
+class UnitIndex:
+    """What the cache holds for units as the engine builds them, known before any transform runs:
+    the key each unit had the last time it ran under the same target, TVM and transform file.
+
+    The session cannot compute a key itself (that means running the user's transform, which
+    belongs in a worker), so a prepare step would have to start compile workers just to find out
+    that everything is cached. The index is a hint only: a transform that imports another file may
+    change without its own text changing, and the worker computes the real key whenever it compiles
+    or runs a unit; the hint only decides which units are compiled ahead, side by side.
+    """
+
+    def __init__(self, cache_dir: Path, target: str, transform: str | None):
+        import tvm
+
+        self.folder = Path(cache_dir)
+        identity = json.dumps({"target": target, "transform": _transform_identity(transform),
+                               "tvm": tvm.__version__, "recipe": BUILD_RECIPE}, sort_keys=True)
+        self.path = self.folder / INDEX_FOLDER / f"{hashlib.sha256(identity.encode()).hexdigest()[:KEY_CHARS]}.json"
+        self.entries: dict[str, str] | None = None
+
+    @staticmethod
+    def unit_id(unit_json: dict) -> str:
+        return hashlib.sha256(json.dumps(unit_json, sort_keys=True).encode()).hexdigest()[:KEY_CHARS]
+
+    def cached(self, unit_json: dict) -> bool:
+        """Whether the unit's library, as of the last run, is in the cache and intact."""
+        key = self._entries().get(self.unit_id(unit_json))
+        return bool(key) and CacheEntry(self.folder, key).valid()
+
+    def record(self, pairs) -> None:
+        """Remember (unit_json, key) pairs: written whole under a temporary name, renamed into place."""
+        entries = dict(self._entries())
+        entries.update((self.unit_id(unit), key) for unit, key in pairs if key)
+        if entries == self.entries:
+            return
+        self.entries = entries
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(f".tmp{os.getpid()}")
+            tmp.write_text(json.dumps(entries))
+            os.replace(tmp, self.path)
+        except OSError:
+            pass  # a read-only cache: no hint next time, nothing else lost
+
+    def _entries(self) -> dict[str, str]:
+        if self.entries is None:
+            try:
+                data = json.loads(self.path.read_text())
+                self.entries = {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
+            except (OSError, ValueError):
+                self.entries = {}
+        return self.entries
+
+
+def _transform_identity(spec: str | None) -> str:
+    """The transform as the index knows it: its function and its file's bytes (a missing file: its spec)."""
+    if not spec:
+        return ""
+    path, func = portable.split_spec(spec)
+    try:
+        return f"{func}:{hashlib.sha256(Path(path).read_bytes()).hexdigest()}"
+    except OSError:
+        return spec
 
 
 class _KeyLock:

@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 from tapml_dbg.errors import TargetError, TraceError, UsageError
+from tapml_dbg.runtime.compile_cache import UnitIndex
 from tapml_dbg.runtime.messages import ChainRequest, UnitRequest, UnitResult, UnitStatus, WorkerConfig
 from tapml_dbg.runtime.executor import TargetExecutor
 from tapml_dbg.runtime.pool import Deferred, Dispatch, ExecutorPool, LanePlan, Pipeline, plan_lanes
@@ -92,6 +94,7 @@ class Lanes:
         self.cache = CacheReport()
         self._replan = False
         self._side: TargetExecutor | None = None
+        self._index: UnitIndex | None = None
 
     @property
     def compile_lanes(self) -> int:
@@ -120,11 +123,19 @@ class Lanes:
             self._side = TargetExecutor(self.pool.config)
         return self._side.run(request, timeout_s)
 
-    def prepare(self, requests: list[UnitRequest]) -> None:
+    @property
+    def index(self) -> UnitIndex:
+        """The compile cache's index of units already built under this target and transform."""
+        if self._index is None:
+            self._index = UnitIndex(Path(self.pool.config.cache_dir), self.spec.target, self.spec.transform)
+        return self._index
+
+    def prepare(self, requests: list[UnitRequest], per_lane: int | None = None) -> None:
         """Compile units into the cache without running them (a chain's, before it runs): side by
-        side on the compile lanes when there are enough, else on the run lanes. A unit that fails
-        to compile is left for its run to report."""
-        with self.dispatch() as work:
+        side on the compile lanes when there are enough (one per `per_lane` units, default
+        UNITS_PER_COMPILE_LANE), else on the run lanes. A unit that fails to compile is left for its run to report."""
+        self._ready()
+        with Deferred(lambda units: self._dispatch_for(units, per_lane)) as work:
             for number, request in enumerate(requests):
                 work.submit(number, number, request.prepared())
             for _number, result in work:
@@ -136,9 +147,9 @@ class Lanes:
         self._ready()
         return Deferred(self._dispatch_for)
 
-    def _dispatch_for(self, units: int) -> Dispatch | Pipeline:
-        """One compile lane per UNITS_PER_COMPILE_LANE units, if that makes MIN_COMPILE_LANES or more."""
-        wanted = min(self.compile_lanes, units // UNITS_PER_COMPILE_LANE)
+    def _dispatch_for(self, units: int, per_lane: int | None = None) -> Dispatch | Pipeline:
+        """One compile lane per `per_lane` units (UNITS_PER_COMPILE_LANE), if that makes MIN_COMPILE_LANES or more."""
+        wanted = min(self.compile_lanes, units // max(1, per_lane or UNITS_PER_COMPILE_LANE))
         if wanted < MIN_COMPILE_LANES:
             return self.pool.dispatch()
         return self.pool.pipeline(self.compile_pool, compile_lanes=wanted)
