@@ -66,14 +66,15 @@ class IsolatedVerdicts:
         return verdict
 
     def lowest_failing(self, indices: list[int], progress: Progress = _noop, also: list[int] = (),
-                       screen: ScreenRule | None = None) -> Verdict | None:
+                       screen: ScreenRule | None = None, compiled: bool = False) -> Verdict | None:
         """The sweep: verdicts for `indices` until the lowest failing one is known; that verdict, if any.
 
         `also`: ops whose verdict is wanted anyway (the bisect candidate); their units go first and
         are never cancelled. `screen`: ops whose outputs clearly pass it get no verdict, only the
         knowledge that they pass (judge/screen.py): what a search needs, at a fraction of the cost.
+        `compiled`: the units' libraries are cached already (`Lanes.dispatch`).
         """
-        self.fill(indices, progress, stop_at_failure=True, also=also, screen=screen)
+        self.fill(indices, progress, stop_at_failure=True, also=also, screen=screen, compiled=compiled)
         for index in indices:
             verdict = self.cache.get(index)
             if verdict is not None and verdict.failed:
@@ -82,7 +83,7 @@ class IsolatedVerdicts:
 
     def fill(self, indices: list[int], progress: Progress = _noop, stop_at_failure: bool = False,
              also: list[int] = (), screen: ScreenRule | None = None,
-             bound: Callable[[], int | None] | None = None) -> None:
+             bound: Callable[[], int | None] | None = None, compiled: bool = False) -> None:
         """Fill the cache for `indices`: one unit per op, lowest first, over all lanes.
 
         With `stop_at_failure`, units above the first failing op are not started: the lowest
@@ -94,7 +95,7 @@ class IsolatedVerdicts:
         todo = [i for i in dict.fromkeys(indices)
                 if i not in self.cache and i not in known and i not in first and self.ops[i].outputs]
         wanted, swept, finished = set(indices), set(todo), 0
-        with self.lanes.dispatch() as work:
+        with self.lanes.dispatch(compiled) as work:
             for index in first:  # first, and never cancelled
                 self._submit(work, -1, index)
             for index in todo:

@@ -177,12 +177,12 @@ class Bisection:
         if self.sweep_enabled and self.parallel:  # the sweep's batches and the candidate's unit side by side
             earliest = session.isolated_verdicts.lowest_failing(
                 list(range(self.first, end)), self.progress, also=[candidate] if candidate is not None else [],
-                screen=screen)
+                screen=screen, compiled=True)
         culprit = self.confirm(candidate) if candidate is not None else None
         if self.sweep_enabled:
             if not self.parallel:
                 earliest = session.isolated_verdicts.lowest_failing(list(range(self.first, end)), self.progress,
-                                                                    screen=screen)
+                                                                    screen=screen, compiled=True)
             if earliest is not None:
                 if culprit is None:
                     self.notes.append(TYPE_NOTE if earliest.wrong == WrongClass.TYPE else WASHED_OUT_NOTE)
@@ -237,7 +237,8 @@ class Bisection:
         thread.start()
         session.isolated_verdicts.fill(list(range(self.first, self.last + 1)), self.progress, stop_at_failure=True,
                                        screen=session.screen_rule(ISOLATED),
-                                       bound=lambda: chain.bound(box["result"]) if "result" in box else None)
+                                       bound=lambda: chain.bound(box["result"]) if "result" in box else None,
+                                       compiled=True)  # prepared ahead, or built by a run lane itself
         thread.join()
         if "error" in box:
             raise box["error"]

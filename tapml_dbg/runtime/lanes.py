@@ -141,10 +141,14 @@ class Lanes:
             for _number, result in work:
                 self.counted(result)
 
-    def dispatch(self) -> Deferred:
+    def dispatch(self, compiled: bool = False) -> Deferred:
         """Independent units for all lanes, compiled on the compile lanes first when there are
-        enough of them (see `ExecutorPool.dispatch`, `Pipeline`); pass results to `counted`."""
+        enough of them (see `ExecutorPool.dispatch`, `Pipeline`); pass results to `counted`.
+        `compiled`: their libraries are in the cache already (a search's chain built them): straight
+        to the run lanes, no hop through a compile lane per unit."""
         self._ready()
+        if compiled:
+            return Deferred(lambda _units: self.pool.dispatch())
         return Deferred(self._dispatch_for)
 
     def _dispatch_for(self, units: int, per_lane: int | None = None) -> Dispatch | Pipeline:
