@@ -16,7 +16,9 @@ from tapml_dbg.portable.screen import ScreenRule
 from tapml_dbg.judge.verdict import ISOLATED, Status, Verdict
 from tapml_dbg.model.graph import OpInfo
 from tapml_dbg.runtime.lanes import Lanes
-from tapml_dbg.runtime.messages import UnitRequest, UnitResult
+from tapml_dbg.runtime.messages import UnitRequest, UnitResult, UnitStatus
+
+SWEEP_BATCH = 16  # screened isolated runs per request: one round trip instead of sixteen
 
 Judge = Callable[[int, str, UnitResult, list], Verdict]  # (index, mode, result, outputs) -> verdict
 Progress = Callable[..., None]
@@ -50,31 +52,30 @@ class IsolatedVerdicts:
             return request
         return self.done(index, self.lanes.run(request))
 
-    def request(self, index: int, screen: ScreenRule | None = None) -> UnitRequest | Verdict:
-        request = self.requests.isolated(index, screen)
+    def request(self, index: int) -> UnitRequest | Verdict:
+        request = self.requests.isolated(index)
         if isinstance(request, str):  # nothing to feed it or to compare with: say so without compiling
             return Verdict(index, self.ops[index].name, ISOLATED, Status.MISSING, message=request)
         return request
 
-    def done(self, index: int, result: UnitResult) -> Verdict | None:
-        """The verdict of a unit that ran (None: its outputs clearly passed the screen in the worker)."""
-        if result.screened:
-            self.screened.add(index)
-            return None
+    def done(self, index: int, result: UnitResult) -> Verdict:
         verdict = self.judge(index, ISOLATED, result, result.outputs[0] if result.ok else None)
         self.cache[index] = verdict
         return verdict
 
     def lowest_failing(self, indices: list[int], progress: Progress = _noop, also: list[int] = (),
-                       screen: ScreenRule | None = None, compiled: bool = False) -> Verdict | None:
+                       screen: ScreenRule | None = None, compiled: bool = False,
+                       unscreened: set[str] = frozenset()) -> Verdict | None:
         """The sweep: verdicts for `indices` until the lowest failing one is known; that verdict, if any.
 
         `also`: ops whose verdict is wanted anyway (the bisect candidate); their units go first and
         are never cancelled. `screen`: ops whose outputs clearly pass it get no verdict, only the
-        knowledge that they pass (judge/screen.py): what a search needs, at a fraction of the cost.
-        `compiled`: the units' libraries are cached already (`Lanes.dispatch`).
+        knowledge that they pass (judge/screen.py): what a search needs, at a fraction of the cost;
+        the ops are then run SWEEP_BATCH to a request. `compiled`: the units' libraries are cached
+        already (`Lanes.dispatch`). `unscreened`: ops only a full verdict may judge.
         """
-        self.fill(indices, progress, stop_at_failure=True, also=also, screen=screen, compiled=compiled)
+        self.fill(indices, progress, stop_at_failure=True, also=also, screen=screen, compiled=compiled,
+                  unscreened=unscreened)
         for index in indices:
             verdict = self.cache.get(index)
             if verdict is not None and verdict.failed:
@@ -83,12 +84,16 @@ class IsolatedVerdicts:
 
     def fill(self, indices: list[int], progress: Progress = _noop, stop_at_failure: bool = False,
              also: list[int] = (), screen: ScreenRule | None = None,
-             bound: Callable[[], int | None] | None = None, compiled: bool = False) -> None:
-        """Fill the cache for `indices`: one unit per op, lowest first, over all lanes.
+             bound: Callable[[], int | None] | None = None, compiled: bool = False,
+             unscreened: set[str] = frozenset()) -> None:
+        """Fill the cache for `indices`: one unit per op (a batch of them per request when
+        screened), lowest first, over all lanes.
 
         With `stop_at_failure`, units above the first failing op are not started: the lowest
         failing op is then the one a sequential sweep finds, whatever the lane count. `bound`,
-        asked after each unit: the highest op still wanted, once it is known (None: all of them).
+        asked after each result: the highest op still wanted, once it is known (None: all of them).
+        A batch that fails part-way runs its remaining ops one unit each, so that a crash is one
+        op's verdict.
         """
         first = [i for i in dict.fromkeys(also) if i not in self.cache]
         known = self.screened if screen is not None else set()
@@ -98,18 +103,42 @@ class IsolatedVerdicts:
         with self.lanes.dispatch(compiled) as work:
             for index in first:  # first, and never cancelled
                 self._submit(work, -1, index)
-            for index in todo:
-                self._submit(work, index, index, screen)
-            for index, result in work:
-                verdict = self.done(index, self.lanes.counted(result))
-                if index in swept:
-                    finished += 1
-                    progress(finished, len(todo), f"isolated sweep op {index}")
-                if stop_at_failure and verdict is not None and verdict.failed and index in wanted:
-                    work.cancel_above(index)
+            if screen is not None:
+                for batch in chunks(todo, SWEEP_BATCH):
+                    request, held = self.requests.isolated_batch(batch, screen, unscreened)
+                    if held:
+                        work.submit(held[0], ("batch", tuple(held)), request)
+            else:
+                for index in todo:
+                    self._submit(work, index, index)
+            for tag, result in work:
+                for index, verdict in self._results(tag, self.lanes.counted(result), work):
+                    if index in swept:
+                        finished += 1
+                        progress(finished, len(todo), f"isolated sweep op {index}")
+                    if stop_at_failure and verdict is not None and verdict.failed and index in wanted:
+                        work.cancel_above(index)
                 limit = bound() if bound is not None else None
                 if limit is not None:
                     work.cancel_above(limit)
+
+    def _results(self, tag, result: UnitResult, work):
+        """(op, verdict) of each op a result settles (verdict None: cleared by the screen)."""
+        if not (isinstance(tag, tuple) and tag[0] == "batch"):
+            yield tag, self.done(tag, result)
+            return
+        batch = list(tag[1])
+        names = [self.ops[i].name for i in batch]
+        suspects = dict(zip(result.suspects, result.outputs))
+        ran = len(batch) if result.ok else (names.index(result.failed_op) if result.failed_op in names else 0)
+        for index, name in zip(batch[:ran], names[:ran]):
+            if name in suspects:
+                yield index, self.done(index, UnitResult(UnitStatus.OK, outputs=[suspects[name]]))
+            else:
+                self.screened.add(index)
+                yield index, None
+        for index in batch[ran:]:  # one unit each from the op that did not run: its own verdict
+            self._submit(work, index, index)
 
     def fill_window(self, indices: list[int]) -> None:
         """Verdicts of a few ops side by side, one unit each (the neighbourhood of a culprit)."""
@@ -122,7 +151,12 @@ class IsolatedVerdicts:
             for i, result in work:
                 self.done(i, self.lanes.counted(result))
 
-    def _submit(self, work, key, index: int, screen: ScreenRule | None = None) -> None:
-        request = self.request(index, screen)
+    def _submit(self, work, key, index: int) -> None:
+        request = self.request(index)
         if isinstance(request, UnitRequest):  # else `get` says why it has no verdict, without compiling
             work.submit(key, index, request)
+
+
+def chunks(indices: list[int], size: int) -> list[list[int]]:
+    """Split indices into runs of at most `size`, for batched isolated sweeps."""
+    return [indices[start:start + size] for start in range(0, len(indices), max(size, 1))]

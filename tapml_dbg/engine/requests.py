@@ -122,19 +122,31 @@ class RequestBuilder:
         kept = names if keep is None else [self.ops[i].name for i in keep]
         return ChainRequest(units, names, kept, screen, frozenset(accept), frozenset(unscreened), suspects)
 
-    def isolated(self, index: int, screen: ScreenRule | None = None) -> UnitRequest | str:
-        """Op `index` alone on recorded inputs, or why it cannot have one (raises nothing).
-        `screen`: the worker sends no outputs back when they clearly pass (judge/screen.py)."""
+    def isolated_batch(self, indices: list[int], screen: ScreenRule,
+                       unscreened: set[str] = frozenset()) -> tuple[ChainRequest, list[int]]:
+        """Isolated runs of `indices` as one request (screened in the worker: only values it cannot
+        clear come back), and the ops it holds (an op the trace cannot feed is left out)."""
+        units, names, held = [], [], []
+        for index in indices:
+            request = self.isolated(index)
+            if isinstance(request, str):
+                continue
+            units.append(request)
+            names.append(self.ops[index].name)
+            held.append(index)
+        return ChainRequest(units, names, [], screen, frozenset(), frozenset(unscreened), len(units) + 1,
+                            independent=True), held
+
+    def isolated(self, index: int) -> UnitRequest | str:
+        """Op `index` alone on recorded inputs, or why it cannot have one (raises nothing)."""
         missing = self.missing(index)
         if missing:
             return missing
         name = self.ops[index].name
         try:
-            request = self.ops_request([name], [name])
+            return self.ops_request([name], [name])
         except TraceError as exc:
             return str(exc)
-        request.screen, request.screen_op = screen, name
-        return request
 
     def compile_only(self, index: int) -> UnitRequest:
         name = self.ops[index].name

@@ -81,11 +81,6 @@ def first_failing(lo: int, hi: int, failed: Callable[[int], bool], trace: Search
     return bad
 
 
-def chunks(indices: list[int], size: int) -> list[list[int]]:
-    """Split indices into runs of at most `size`, for batched isolated sweeps."""
-    return [indices[start:start + size] for start in range(0, len(indices), max(size, 1))]
-
-
 def first_failing_speculative(lo: int, hi: int, failed_many: Callable[[list[int]], list[bool]], width: int,
                               trace: SearchTrace | None = None) -> int | None:
     """`first_failing`'s answer and probe path, probing up to `width` points per round.
@@ -177,12 +172,13 @@ class Bisection:
         if self.sweep_enabled and self.parallel:  # the sweep's batches and the candidate's unit side by side
             earliest = session.isolated_verdicts.lowest_failing(
                 list(range(self.first, end)), self.progress, also=[candidate] if candidate is not None else [],
-                screen=screen, compiled=True)
+                screen=screen, compiled=True, unscreened=session.unscreened())
         culprit = self.confirm(candidate) if candidate is not None else None
         if self.sweep_enabled:
             if not self.parallel:
-                earliest = session.isolated_verdicts.lowest_failing(list(range(self.first, end)), self.progress,
-                                                                    screen=screen, compiled=True)
+                earliest = session.isolated_verdicts.lowest_failing(
+                    list(range(self.first, end)), self.progress, screen=screen, compiled=True,
+                    unscreened=session.unscreened())
             if earliest is not None:
                 if culprit is None:
                     self.notes.append(TYPE_NOTE if earliest.wrong == WrongClass.TYPE else WASHED_OUT_NOTE)
@@ -238,7 +234,8 @@ class Bisection:
         session.isolated_verdicts.fill(list(range(self.first, self.last + 1)), self.progress, stop_at_failure=True,
                                        screen=session.screen_rule(ISOLATED),
                                        bound=lambda: chain.bound(box["result"]) if "result" in box else None,
-                                       compiled=True)  # prepared ahead, or built by a run lane itself
+                                       compiled=True,  # prepared ahead, or built by a run lane itself
+                                       unscreened=session.unscreened())
         thread.join()
         if "error" in box:
             raise box["error"]

@@ -128,7 +128,7 @@ class TargetExecutor:
             status=UnitStatus(reply["status"]), outputs=reply.get("outputs", []), message=reply.get("message", ""),
             cached=reply.get("cached", False), seconds=time.perf_counter() - started, key=reply.get("key", ""),
             library=reply.get("library", ""), failed_op=reply.get("failed_op", ""),
-            screened=reply.get("screened", False), suspects=reply.get("suspects", []),
+            suspects=reply.get("suspects", []),
             upstream=reply.get("upstream", {}), unit_keys=reply.get("unit_keys", []))
 
     def _ensure_started(self) -> None:

@@ -49,8 +49,6 @@ class UnitRequest:
     `compile_only`: generate code, no cache, no device (`tapml-dbg compile`). `prepare`: compile
     into the cache and say where the library is, without running (what a compile lane does).
     `library`: the unit's library, already in the cache: load and run it without compiling.
-    `screen`: the worker checks the outputs against op `screen_op`'s recorded value and sends
-    none back when they clearly pass (judge/screen.py; the result says `screened`).
     """
 
     unit_json: dict
@@ -59,8 +57,6 @@ class UnitRequest:
     compile_only: bool = False
     prepare: bool = False
     library: str = ""
-    screen: ScreenRule | None = None
-    screen_op: str = ""
 
     def prepared(self) -> "UnitRequest":
         """This unit for a compile lane: compile it into the cache, send no inputs."""
@@ -85,6 +81,7 @@ class ChainRequest:
     pass (or that is in `unscreened`) is a suspect, and the chain stops at its `suspects`-th one.
     The result's `suspects` name them in order, its outputs are theirs, and `upstream` holds, per
     suspect, the target values of its chain-fed inputs. No suspect: every value clearly passed.
+    `independent`: the units read recorded values only (isolated runs batched into one request).
     """
 
     units: list[UnitRequest]
@@ -94,6 +91,7 @@ class ChainRequest:
     accept: frozenset[str] = frozenset()  # never suspects (already judged, or judged elsewhere)
     unscreened: frozenset[str] = frozenset()  # always suspects: only the full verdict can judge them
     suspects: int = 1
+    independent: bool = False  # units fed recorded values only (a batch of isolated runs): nothing is kept
 
 
 @dataclass
@@ -108,7 +106,6 @@ class UnitResult:
     key: str = ""  # the compile cache's key of the unit (empty when it did not compile)
     library: str = ""  # the compiled library's path in the cache
     failed_op: str = ""  # a chain's unit that did not compile or run
-    screened: bool = False  # the outputs clearly passed the screen in the worker (none came back)
     suspects: list[str] = field(default_factory=list)  # a screening chain's suspects, in order
     upstream: dict[str, dict[str, list[np.ndarray]]] = field(default_factory=dict)  # per suspect: its chain-fed inputs
     unit_keys: list[tuple[str, bool]] = field(default_factory=list)  # a chain's units: (cache key, from the cache)

@@ -100,7 +100,8 @@ class _WorkerState:
                                     "upstream": upstream, "unit_keys": keys}
                 built += not reply["cached"]
                 keys.append((reply["key"], reply["cached"]))
-                self.chain_values[name] = reply["outputs"][0]
+                if not chain.independent:
+                    self.chain_values[name] = reply["outputs"][0]
                 if chain.screen is not None and name not in chain.accept:
                     values = [value.numpy() for value in reply["outputs"][0]]
                     try:
@@ -171,12 +172,6 @@ class _WorkerState:
                         "message": f"lost the RPC connection to {spec.rpc or spec.tracker} ({one_line(exc)}); the "
                                    "next command reconnects once the server is back"}
             return {"status": UnitStatus.ERROR, "message": one_line(exc), "detail": traceback.format_exc()}
-        if request.screen is not None and not keep_on_device and outputs:
-            try:
-                if self._clear(request.screen_op, outputs[0], request.screen):
-                    return done | {"outputs": [], "screened": True, "run_seconds": time.perf_counter() - compiled_at}
-            except TraceError as exc:
-                return {"status": UnitStatus.TRACE_ERROR, "message": str(exc)}
         return done | {"outputs": outputs, "run_seconds": time.perf_counter() - compiled_at}
 
     def _compiled(self, request: UnitRequest, rebuild: bool = False) -> CompiledUnit:
