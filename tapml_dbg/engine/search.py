@@ -231,15 +231,24 @@ class Bisection:
 
         thread = threading.Thread(target=run_chain, name="tapml-chain", daemon=True)
         thread.start()
+        try:
+            self._sweep_beside(chain, box)
+        except BaseException:  # Ctrl-C, a lost target: the chain's worker must not outlive the search
+            session.lanes.stop_beside()
+            thread.join()
+            raise
+        thread.join()
+        if "error" in box:
+            raise box["error"]
+        return request, session.lanes.counted(box["result"])
+
+    def _sweep_beside(self, chain: ChainSearch, box: dict) -> None:
+        session = self.session
         session.isolated_verdicts.fill(list(range(self.first, self.last + 1)), self.progress, stop_at_failure=True,
                                        screen=session.screen_rule(ISOLATED),
                                        bound=lambda: chain.bound(box["result"]) if "result" in box else None,
                                        compiled=True,  # prepared ahead, or built by a run lane itself
                                        unscreened=session.unscreened())
-        thread.join()
-        if "error" in box:
-            raise box["error"]
-        return request, session.lanes.counted(box["result"])
 
     def fused_search(self) -> int | None:
         """The first prefix end k whose fused probe fails (None: no prefix fails)."""

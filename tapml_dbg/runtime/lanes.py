@@ -130,6 +130,12 @@ class Lanes:
             self._index = UnitIndex(Path(self.pool.config.cache_dir), self.spec.target, self.spec.transform)
         return self._index
 
+    def stop_beside(self) -> None:
+        """Kill the side worker (a search interrupted while its chain runs): the waiting thread
+        gets a crash result, and the next request starts a fresh worker."""
+        if self._side is not None:
+            self._side.stop(kill=True)
+
     def prepare(self, requests: list[UnitRequest], per_lane: int | None = None) -> None:
         """Compile units into the cache without running them (a chain's, before it runs): side by
         side on the compile lanes when there are enough (one per `per_lane` units, default

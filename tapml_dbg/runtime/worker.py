@@ -90,7 +90,8 @@ class _WorkerState:
             suspects: list[str] = []
             upstream: dict[str, dict] = {}
             keys: list[tuple[str, bool]] = []  # each unit's cache key, and whether it came from the cache
-            for name, unit in zip(chain.names, chain.units):
+            last_use = _last_uses(chain)
+            for position, (name, unit) in enumerate(zip(chain.names, chain.units)):
                 reply = self._unit(unit, keep_on_device=True)
                 if reply["status"] == UnitStatus.TRACE_ERROR:  # the trace's own one-line message
                     return reply
@@ -117,6 +118,8 @@ class _WorkerState:
                             break
                 elif name in wanted:
                     kept[name] = [value.numpy() for value in reply["outputs"][0]]
+                for done in last_use.pop(position, ()):  # no later unit reads it: free the device memory
+                    self.chain_values.pop(done, None)
             names = suspects if chain.screen is not None else [name for name in chain.keep if name in kept]
             return {"status": UnitStatus.OK, "outputs": [kept[name] for name in names], "suspects": suspects,
                     "upstream": upstream, "unit_keys": keys, "cached": built == 0,
@@ -229,6 +232,20 @@ class _WorkerState:
 
 # what TVM's RPC errors say when the other side is gone (the worker also asks the server, to be sure)
 _LOST_CONNECTION_MARKERS = ("RPCCode", "kShutdown", "Socket", "socket", "Connection", "connection", "Broken pipe")
+
+
+def _last_uses(chain: ChainRequest) -> dict[int, list[str]]:
+    """Unit position -> the chain values no unit after it reads (freed once it has run), so that a
+    chain holds the model's live values, not all of them."""
+    last: dict[str, int] = {name: position for position, name in enumerate(chain.names)}
+    for position, unit in enumerate(chain.units):
+        for ref in unit.inputs:
+            if ref[0] == "chain":
+                last[ref[1]] = max(last.get(ref[1], position), position)
+    by_position: dict[int, list[str]] = {}
+    for name, position in last.items():
+        by_position.setdefault(position, []).append(name)
+    return by_position
 
 
 def on_device(value) -> list:
