@@ -133,10 +133,11 @@ def anchor(model: str, target: str) -> dict:
 
 
 def answer(trace: str, target: str, transform: str, cache: str, expected: str) -> dict:
-    """tapml-dbg's bisect in this fresh process: session, workers, search, sweep, culprit."""
+    """tapml-dbg's bisect in this fresh process, opened as `tapml-dbg bisect` opens it: session,
+    workers, search, sweep, culprit."""
     from tapml_dbg.engine.session import Session
 
-    with Session.open(trace, target=target, transform=transform, cache_dir=cache) as session:
+    with Session.open(trace, target=target, transform=transform, cache_dir=cache, start_workers=True) as session:
         result = session.bisect()
         report = session.lanes.cache
         culprit = result.culprit

@@ -51,9 +51,23 @@ class Session:
     """One replay of one trace on one target."""
 
     def __init__(self, reader: TraceReader, spec: TargetSpec | None = None, *,
-                 cache_dir: str | Path = DEFAULT_CACHE_DIR, policy: TolerancePolicy | None = None):
+                 cache_dir: str | Path = DEFAULT_CACHE_DIR, policy: TolerancePolicy | None = None,
+                 start_workers: bool = False):
+        """`start_workers`: start the target worker processes now, so that they import TVM while
+        this process does (what a command that will run units wants: the CLI, the REPL)."""
         self.reader = reader
         self.spec = spec or TargetSpec()
+        early = Lanes(str(reader.path), self.spec, str(cache_dir)) if start_workers else None
+        if early is not None:
+            early.start()
+        try:
+            self._build(reader, cache_dir, policy, early)
+        except BaseException:
+            if early is not None:
+                early.close()
+            raise
+
+    def _build(self, reader: TraceReader, cache_dir, policy: TolerancePolicy | None, lanes: Lanes | None) -> None:
         parse_target(self.spec.target)  # fail early on a bad target string ...
         load_transform(self.spec.transform)  # ... and on a bad FILE.py:FUNC
         self.main = function_from_json(reader.graph())
@@ -67,18 +81,19 @@ class Session:
         self.reference = SourceReference(reader, self.ops, self.main, load_source_graph(reader))
         self.requests = RequestBuilder(reader, self.main, self.ops, self.reference.replay_casts())
         # one lane per free tracker server (or --parallel N); lane 0 also does the sequential work
-        self.lanes = Lanes(str(reader.path), self.spec, str(cache_dir))
+        self.lanes = lanes or Lanes(str(reader.path), self.spec, str(cache_dir))
         self.isolated_verdicts = IsolatedVerdicts(self.ops, self.requests, self.lanes, self.judge)
         self._mixed_runner: MixedRunner | None = None
         self.reset()
 
     @classmethod
     def open(cls, path: str | Path, spec: TargetSpec | None = None, *, cache_dir: str | Path = DEFAULT_CACHE_DIR,
-             policy: TolerancePolicy | None = None, **target_options) -> "Session":
+             policy: TolerancePolicy | None = None, start_workers: bool = False, **target_options) -> "Session":
         """Open a trace; `target_options` (target=, rpc=, transform= ...) build the TargetSpec when none is given."""
         if spec is not None and target_options:
             raise TypeError("give a TargetSpec or its fields, not both")
-        return cls(TraceReader(path), spec or TargetSpec(**target_options), cache_dir=cache_dir, policy=policy)
+        return cls(TraceReader(path), spec or TargetSpec(**target_options), cache_dir=cache_dir, policy=policy,
+                   start_workers=start_workers)
 
     def __enter__(self) -> "Session":
         return self

@@ -68,6 +68,10 @@ class TargetExecutor:
                   and not line.strip().startswith("File ")]
         return " | ".join(line[:LOG_LINE_CHARS] for line in useful[-lines:])
 
+    def start(self) -> None:
+        """Start the worker process now (it loads TVM on its own), not at the first request."""
+        self._ensure_started()
+
     def run(self, request: UnitRequest | ChainRequest, timeout_s: float | None = None) -> UnitResult:
         """Run one request; never raises for failures inside TVM."""
         started = time.perf_counter()

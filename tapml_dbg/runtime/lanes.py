@@ -109,6 +109,11 @@ class Lanes:
         self._ready()
         return self.counted(self.pool.run(request, timeout_s))
 
+    def start(self) -> None:
+        """Start lane 0's worker without waiting for it: it imports TVM while the caller does its
+        own start-up. (The side worker starts with a search's chain, while lane 0 sweeps.)"""
+        self.pool.lanes[0].start()
+
     @property
     def has_side(self) -> bool:
         """A local target on a machine with a core to spare: a second worker may run beside the lanes."""

@@ -319,7 +319,7 @@ def _finite(value):
 
 def _open_session(args):
     """The session of a subcommand's trace and target options: one TargetSpec, nothing dropped."""
-    return Session.open(args.trace, TargetSpec.from_args(args))
+    return Session.open(args.trace, TargetSpec.from_args(args), start_workers=True)
 
 
 def _bisect(args, out, err) -> int:

@@ -244,7 +244,7 @@ def run_replay(args) -> int:
     out, err = make_console(sys.stdout), make_console(sys.stderr)
     status = err.status("opening the trace…") if err.is_terminal else contextlib.nullcontext()
     with status:
-        session = Session.open(args.trace, spec)
+        session = Session.open(args.trace, spec, start_workers=True)
     launch = {"trace": args.trace}  # the path as typed, for the commands `dump` suggests
     with session:
         repl = Repl(session, out, err, launch=launch)
