@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import EXAMPLES, fault_transform, run_cli
+from tapml_dbg.engine.search import LOST_CHAIN_NOTE
 from tapml_dbg.engine.session import Session
 
 
@@ -89,6 +90,7 @@ def test_crashing_kernel_is_a_finding_and_the_session_survives(traces, tmp_path)
     assert result.diverged and result.culprit.name == "gelu_1"
     assert result.culprit.verdict == "crash"
     assert "SIGSEGV" in result.culprit.message
+    assert any(note.startswith(LOST_CHAIN_NOTE) for note in result.notes)  # the chain died with it
 
 
 def test_hanging_compile_times_out(traces, tmp_path):

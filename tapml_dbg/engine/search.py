@@ -46,6 +46,7 @@ NEIGHBOURHOOD_RADIUS = 2  # ops shown on each side of a culprit
 WASHED_OUT_NOTE = ("the divergence does not persist to the model's output (it washes out or is masked "
                    "downstream)")
 TYPE_NOTE = "found by its type alone: the values the model computes downstream agree"
+LOST_CHAIN_NOTE = "the per-op chain's worker died without naming an op; searched fused prefixes instead"
 
 
 @dataclass
@@ -213,6 +214,8 @@ class Bisection:
         self.search_trace.probes.extend(self.chain.probes)
         if self.chain.index is not None:
             return self.chain.index
+        if self.chain.lost:
+            self.notes.append(f"{LOST_CHAIN_NOTE} ({self.chain.message})")
         return self.fused_search()
 
     def _chain_beside_sweep(self, chain: ChainSearch):
