@@ -67,7 +67,7 @@ def test_a_one_percent_fault_is_never_cleared():
 
 
 def test_a_clean_bisect_clears_its_ops_without_verdicts_and_every_full_verdict_agrees(traces):
-    with Session.open(traces.get("tiny_gpt2")) as session:
+    with Session.open(traces.get("mlp")) as session:
         result = session.bisect()
         assert not result.diverged
         with_outputs = [op.index for op in session.ops if op.outputs]
