@@ -43,12 +43,13 @@ class ChainFinding:
 class ChainSearch:
     """One per-op search over ops [first, last] of a session."""
 
-    def __init__(self, session, first: int, last: int):
+    def __init__(self, session, first: int, last: int, unscreened: set[str]):
+        """`unscreened`: the ops only a full verdict may judge (`Session.unscreened`)."""
         self.session = session
         self.first, self.last = first, last
         self.indices = [i for i in range(first, last + 1) if session.ops[i].outputs]
         typed = {session.ops[i].name for i in session.type_changed_ops()}
-        self.accept, self.unscreened = set(typed), session.unscreened() - typed
+        self.accept, self.unscreened = set(typed), unscreened - typed
         self.screen = session.screen_rule(PROPAGATED)
         self.timeout = session.lanes.pool.timeout_s * max(1, math.ceil(len(self.indices) / OPS_PER_TIMEOUT))
 
@@ -118,12 +119,17 @@ class ChainSearch:
         finding.probes.append((index, True))
         return finding
 
+    @property
+    def _compiles_ahead(self) -> bool:
+        """Compile lanes to build units ahead of the chain (the unit index is only kept for them)."""
+        return self.session.lanes.compile_lanes >= 2 and bool(self.indices)
+
     def prepare(self) -> None:
         """With compile lanes, every distinct unit the cache does not hold yet (as far as its index
         knows) is compiled side by side before the chain runs it, one lane per few units."""
-        lanes = self.session.lanes
-        if lanes.compile_lanes < 2 or not self.indices:
+        if not self._compiles_ahead:
             return
+        lanes = self.session.lanes
         units = self.session.requests.chain(self.indices).units
         distinct = {lanes.index.unit_id(unit.unit_json): unit for unit in units}
         todo = [unit for unit in distinct.values() if not lanes.index.cached(unit.unit_json)]
@@ -132,6 +138,6 @@ class ChainSearch:
 
     def remember(self, request, result) -> None:
         """Tell the cache's index the key of every unit the chain ran (for the next prepare)."""
-        if result.unit_keys:
+        if self._compiles_ahead and result.unit_keys:
             self.session.lanes.index.record((unit.unit_json, key) for unit, (key, _cached)
                                             in zip(request.units, result.unit_keys))

@@ -12,9 +12,9 @@ from __future__ import annotations
 from typing import Callable
 
 from tapml_dbg.engine.requests import RequestBuilder
-from tapml_dbg.portable.screen import ScreenRule
 from tapml_dbg.judge.verdict import ISOLATED, Status, Verdict
 from tapml_dbg.model.graph import OpInfo
+from tapml_dbg.portable.screen import ScreenRule
 from tapml_dbg.runtime.lanes import Lanes
 from tapml_dbg.runtime.messages import UnitRequest, UnitResult, UnitStatus
 

@@ -14,10 +14,10 @@ from __future__ import annotations
 import numpy as np
 
 from tapml_dbg.errors import TraceError
-from tapml_dbg.portable.screen import ScreenRule
 from tapml_dbg.model.graph import OpInfo, TensorSpec
 from tapml_dbg.model.serialize import function_to_json
 from tapml_dbg.model.units import UnitSpec, build_unit
+from tapml_dbg.portable.screen import ScreenRule
 from tapml_dbg.runtime.messages import ChainRequest, UnitRequest
 from tapml_dbg.trace import TraceReader
 

@@ -160,6 +160,8 @@ class Bisection:
         self.parallel = session.lanes.size > 1
         self.explain_units = 0  # units run to classify the culprit (Session.explain), not to find it
         self.chain = ChainFinding()  # what the per-op chain found (phase 1)
+        self.screen = session.screen_rule(ISOLATED)  # the sweep's
+        self.unscreened = session.unscreened()  # ops only a full verdict may judge, in the chain and the sweep
 
     # -- the run ---------------------------------------------------------------------------
     def run(self) -> BisectResult:
@@ -169,17 +171,16 @@ class Bisection:
         candidate = self.search()
         end = candidate if candidate is not None else self.last + 1
         earliest = None
-        screen = session.screen_rule(ISOLATED)
         if self.sweep_enabled and self.parallel:  # the sweep's batches and the candidate's unit side by side
             earliest = session.isolated_verdicts.lowest_failing(
                 list(range(self.first, end)), self.progress, also=[candidate] if candidate is not None else [],
-                screen=screen, compiled=True, unscreened=session.unscreened())
+                screen=self.screen, compiled=True, unscreened=self.unscreened)
         culprit = self.confirm(candidate) if candidate is not None else None
         if self.sweep_enabled:
             if not self.parallel:
                 earliest = session.isolated_verdicts.lowest_failing(
-                    list(range(self.first, end)), self.progress, screen=screen, compiled=True,
-                    unscreened=session.unscreened())
+                    list(range(self.first, end)), self.progress, screen=self.screen, compiled=True,
+                    unscreened=self.unscreened)
             if earliest is not None:
                 if culprit is None:
                     self.notes.append(TYPE_NOTE if earliest.wrong == WrongClass.TYPE else WASHED_OUT_NOTE)
@@ -208,7 +209,7 @@ class Bisection:
         if self.last < self.first:
             return None
         self.progress(0, None, f"chain ops {self.first}..{self.last}")
-        chain = ChainSearch(self.session, self.first, self.last)
+        chain = ChainSearch(self.session, self.first, self.last, self.unscreened)
         beside = self._chain_beside_sweep(chain) if self.sweep_enabled and self.session.lanes.has_side else None
         self.chain = chain.run(beside)
         self.search_trace.probes.extend(self.chain.probes)
@@ -246,12 +247,11 @@ class Bisection:
         return request, session.lanes.counted(box["result"])
 
     def _sweep_beside(self, chain: ChainSearch, box: dict) -> None:
-        session = self.session
-        session.isolated_verdicts.fill(list(range(self.first, self.last + 1)), self.progress, stop_at_failure=True,
-                                       screen=session.screen_rule(ISOLATED),
-                                       bound=lambda: chain.bound(box["result"]) if "result" in box else None,
-                                       compiled=True,  # prepared ahead, or built by a run lane itself
-                                       unscreened=session.unscreened())
+        self.session.isolated_verdicts.fill(
+            list(range(self.first, self.last + 1)), self.progress, stop_at_failure=True, screen=self.screen,
+            bound=lambda: chain.bound(box["result"]) if "result" in box else None,
+            compiled=True,  # prepared ahead, or built by a run lane itself
+            unscreened=self.unscreened)
 
     def fused_search(self) -> int | None:
         """The first prefix end k whose fused probe fails (None: no prefix fails)."""

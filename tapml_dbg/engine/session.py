@@ -57,17 +57,17 @@ class Session:
         this process does (what a command that will run units wants: the CLI, the REPL)."""
         self.reader = reader
         self.spec = spec or TargetSpec()
-        early = Lanes(str(reader.path), self.spec, str(cache_dir)) if start_workers else None
-        if early is not None:
-            early.start()
+        # one lane per free tracker server (or --parallel N); lane 0 also does the sequential work
+        self.lanes = Lanes(str(reader.path), self.spec, str(cache_dir))
+        if start_workers:
+            self.lanes.start()
         try:
-            self._build(reader, cache_dir, policy, early)
+            self._build(reader, policy)
         except BaseException:
-            if early is not None:
-                early.close()
+            self.lanes.close()
             raise
 
-    def _build(self, reader: TraceReader, cache_dir, policy: TolerancePolicy | None, lanes: Lanes | None) -> None:
+    def _build(self, reader: TraceReader, policy: TolerancePolicy | None) -> None:
         parse_target(self.spec.target)  # fail early on a bad target string ...
         load_transform(self.spec.transform)  # ... and on a bad FILE.py:FUNC
         self.main = function_from_json(reader.graph())
@@ -80,8 +80,6 @@ class Session:
         # the live source reference: float64 references, undefined values, type changes (engine/references.py)
         self.reference = SourceReference(reader, self.ops, self.main, load_source_graph(reader))
         self.requests = RequestBuilder(reader, self.main, self.ops, self.reference.replay_casts())
-        # one lane per free tracker server (or --parallel N); lane 0 also does the sequential work
-        self.lanes = lanes or Lanes(str(reader.path), self.spec, str(cache_dir))
         self.isolated_verdicts = IsolatedVerdicts(self.ops, self.requests, self.lanes, self.judge)
         self._mixed_runner: MixedRunner | None = None
         self.reset()

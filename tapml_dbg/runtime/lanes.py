@@ -26,8 +26,8 @@ from typing import Protocol
 
 from tapml_dbg.errors import TargetError, TraceError, UsageError
 from tapml_dbg.runtime.compile_cache import UnitIndex
-from tapml_dbg.runtime.messages import ChainRequest, UnitRequest, UnitResult, UnitStatus, WorkerConfig
 from tapml_dbg.runtime.executor import TargetExecutor
+from tapml_dbg.runtime.messages import ChainRequest, UnitRequest, UnitResult, UnitStatus, WorkerConfig
 from tapml_dbg.runtime.pool import Deferred, Dispatch, ExecutorPool, LanePlan, Pipeline, plan_lanes
 from tapml_dbg.runtime.target import TargetSpec
 
@@ -144,23 +144,23 @@ class Lanes:
     def prepare(self, requests: list[UnitRequest], per_lane: int | None = None) -> None:
         """Compile units into the cache without running them (a chain's, before it runs): side by
         side on the compile lanes when there are enough (one per `per_lane` units, default
-        UNITS_PER_COMPILE_LANE), else on the run lanes. A unit that fails to compile is left for its run to report."""
-        self._ready()
-        with Deferred(lambda units: self._dispatch_for(units, per_lane)) as work:
+        UNITS_PER_COMPILE_LANE), else on the run lanes. A unit that fails to compile is left for
+        its run to report."""
+        with self.dispatch(per_lane=per_lane) as work:
             for number, request in enumerate(requests):
                 work.submit(number, number, request.prepared())
             for _number, result in work:
                 self.counted(result)
 
-    def dispatch(self, compiled: bool = False) -> Deferred:
+    def dispatch(self, compiled: bool = False, per_lane: int | None = None) -> Deferred:
         """Independent units for all lanes, compiled on the compile lanes first when there are
-        enough of them (see `ExecutorPool.dispatch`, `Pipeline`); pass results to `counted`.
-        `compiled`: their libraries are in the cache already (a search's chain built them): straight
-        to the run lanes, no hop through a compile lane per unit."""
+        enough of them (one per `per_lane` units; see `ExecutorPool.dispatch`, `Pipeline`); pass
+        results to `counted`. `compiled`: their libraries are in the cache already (a search's
+        chain built them): straight to the run lanes, no hop through a compile lane per unit."""
         self._ready()
         if compiled:
             return Deferred(lambda _units: self.pool.dispatch())
-        return Deferred(self._dispatch_for)
+        return Deferred(lambda units: self._dispatch_for(units, per_lane))
 
     def _dispatch_for(self, units: int, per_lane: int | None = None) -> Dispatch | Pipeline:
         """One compile lane per `per_lane` units (UNITS_PER_COMPILE_LANE), if that makes MIN_COMPILE_LANES or more."""

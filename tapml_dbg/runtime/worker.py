@@ -25,8 +25,8 @@ import traceback
 from pathlib import Path
 
 from tapml_dbg.errors import TapmlError, TraceError
-from tapml_dbg.portable.screen import clearly_passes
 from tapml_dbg.portable import PortableError, Runner, flatten, one_line
+from tapml_dbg.portable.screen import clearly_passes
 from tapml_dbg.runtime.compile_cache import CompiledUnit, compile_only, compile_unit
 from tapml_dbg.runtime.messages import ChainRequest, UnitRequest, UnitStatus, WorkerConfig
 from tapml_dbg.runtime.target import NO_DEVICE_HINT
@@ -86,7 +86,6 @@ class _WorkerState:
         try:
             kept: dict[str, list] = {}
             wanted = set(chain.keep)
-            built = 0  # units the chain compiled itself (none when they were prepared)
             suspects: list[str] = []
             upstream: dict[str, dict] = {}
             keys: list[tuple[str, bool]] = []  # each unit's cache key, and whether it came from the cache
@@ -99,17 +98,12 @@ class _WorkerState:
                     return reply | {"failed_op": name, "message": f"op {name}: {reply.get('message', '')}",
                                     "outputs": [kept[s] for s in suspects], "suspects": suspects,
                                     "upstream": upstream, "unit_keys": keys}
-                built += not reply["cached"]
                 keys.append((reply["key"], reply["cached"]))
                 if not chain.independent:
                     self.chain_values[name] = reply["outputs"][0]
                 if chain.screen is not None and name not in chain.accept:
                     values = [value.numpy() for value in reply["outputs"][0]]
-                    try:
-                        clear = name not in chain.unscreened and self._clear(name, values, chain.screen)
-                    except TraceError as exc:
-                        return {"status": UnitStatus.TRACE_ERROR, "message": str(exc)}
-                    if not clear:
+                    if name in chain.unscreened or not self._clear(name, values, chain.screen):
                         suspects.append(name)
                         kept[name] = values
                         upstream[name] = {ref[1]: [value.numpy() for value in self.chain_values[ref[1]]]
@@ -122,8 +116,10 @@ class _WorkerState:
                     self.chain_values.pop(done, None)
             names = suspects if chain.screen is not None else [name for name in chain.keep if name in kept]
             return {"status": UnitStatus.OK, "outputs": [kept[name] for name in names], "suspects": suspects,
-                    "upstream": upstream, "unit_keys": keys, "cached": built == 0,
+                    "upstream": upstream, "unit_keys": keys, "cached": all(cached for _key, cached in keys),
                     "seconds": time.perf_counter() - started}
+        except TraceError as exc:  # a corrupt recorded value the screen read: the trace's own message
+            return {"status": UnitStatus.TRACE_ERROR, "message": str(exc)}
         finally:
             self.chain_values = {}
 
