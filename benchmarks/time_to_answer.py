@@ -56,11 +56,7 @@ def fault_and_touched_kind(mod):
                 value = relax.op.multiply(inner, relax.const(1.0, inner.ty.dtype))
             self.set_var_remap(binding.var, self.builder_.emit(value, binding.var.name))
 
-    toucher = Touch(mod)
-    for gvar, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            toucher.builder_.update_func(gvar, toucher.visit_expr(func))
-    return toucher.builder_.get()
+    return _mutated(Touch, mod)
 '''
 
 
@@ -83,11 +79,7 @@ def _square_pow(mod):
                     return relax.op.multiply(value, base) if exponent == 3.0 else value
             return call
 
-    fixer = Fix(mod)
-    for gvar, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            fixer.builder_.update_func(gvar, fixer.visit_expr(func))
-    return fixer.builder_.get()
+    return _mutated(Fix, mod)
 
 
 def fault_fixed(mod):

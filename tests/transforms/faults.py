@@ -32,11 +32,16 @@ def _rewrite(mod, make_value):
             new_var = self.builder_.emit(value, binding.var.name)
             self.set_var_remap(binding.var, new_var)
 
-    planter = Planter(mod)
+    return _mutated(Planter, mod)
+
+
+def _mutated(mutator_class, mod):
+    """`mod` with every Relax function rewritten by a `relax.PyExprMutator` subclass."""
+    mutator = mutator_class(mod)
     for gvar, func in mod.functions_items():
         if isinstance(func, relax.Function):
-            planter.builder_.update_func(gvar, planter.visit_expr(func))
-    return planter.builder_.get()
+            mutator.builder_.update_func(gvar, mutator.visit_expr(func))
+    return mutator.builder_.get()
 
 
 def scale(mod):
