@@ -47,16 +47,17 @@ def test_an_op_right_alone_but_wrong_on_target_values_is_a_propagated_culprit(tr
 
 def test_prepare_compiles_ahead_only_what_the_cache_lacks(traces, tmp_path, monkeypatch):
     """With compile lanes, the chain's distinct units are compiled side by side first; the cache's
-    index (unit as built -> key, per target and transform file) lets the next session skip that."""
+    index (unit as built -> key, per target and transform file) lets the next session skip that,
+    also for the units after the fault that the first chain, stopped there, never ran."""
     monkeypatch.setenv("TAPML_COMPILE_LANES", "2")
     path, cache = traces.get("mlp"), tmp_path / "cache"
-    transform = fault_transform(tmp_path, "scale", "gelu_1")
+    transform = fault_transform(tmp_path, "scale", "addmm")  # op 2: most units come after it
     runs = []
     for _ in range(2):
         with Session.open(path, transform=transform, cache_dir=cache) as session:
             result = session.bisect()
             runs.append((sum(session.lanes.compile_pool.units), session.lanes.cache.compiled))
-        assert (result.culprit.name, result.culprit.verdict) == ("gelu_1", "isolated")
+        assert (result.culprit.name, result.culprit.verdict) == ("addmm", "isolated")
     (first_lanes, first_built), (second_lanes, second_built) = runs
     assert first_lanes > 0 and first_built > 0  # compiled ahead on the compile lanes
     assert second_lanes == 0 and second_built == 0  # all known to be cached: no compile lane started

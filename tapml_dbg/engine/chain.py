@@ -133,8 +133,9 @@ class ChainSearch:
         units = self.session.requests.chain(self.indices).units
         distinct = {lanes.index.unit_id(unit.unit_json): unit for unit in units}
         todo = [unit for unit in distinct.values() if not lanes.index.cached(unit.unit_json)]
-        if todo:
-            lanes.prepare(todo, per_lane=PREPARE_UNITS_PER_LANE)
+        if todo:  # their keys go in the index now: a chain that stops early does not run them all
+            results = lanes.prepare(todo, per_lane=PREPARE_UNITS_PER_LANE)
+            lanes.index.record((unit.unit_json, result.key) for unit, result in zip(todo, results) if result.ok)
 
     def remember(self, request, result) -> None:
         """Tell the cache's index the key of every unit the chain ran (for the next prepare)."""

@@ -9,6 +9,7 @@ as they are built; a crash is that op's verdict only.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Callable
 
 from tapml_dbg.engine.requests import RequestBuilder
@@ -19,6 +20,7 @@ from tapml_dbg.runtime.lanes import Lanes
 from tapml_dbg.runtime.messages import UnitRequest, UnitResult, UnitStatus
 
 SWEEP_BATCH = 16  # screened isolated runs per request: one round trip instead of sixteen
+KEPT_FAILED_RUNS = 4  # failing ops whose outputs are kept for their second run (Session.explain)
 
 Judge = Callable[[int, str, UnitResult, list], Verdict]  # (index, mode, result, outputs) -> verdict
 Progress = Callable[..., None]
@@ -38,10 +40,17 @@ class IsolatedVerdicts:
         self.judge = judge
         self.cache: dict[int, Verdict] = {}
         self.screened: set[int] = set()  # ops whose isolated run clearly passed the screen (no verdict kept)
+        self.failed_runs: OrderedDict[int, UnitResult] = OrderedDict()  # the last few failing ops' runs
 
     def clear(self) -> None:
         self.cache.clear()
         self.screened.clear()
+        self.failed_runs.clear()
+
+    def failed_run(self, index: int) -> UnitResult | None:
+        """The run a failing isolated verdict was judged from (one of the last KEPT_FAILED_RUNS):
+        explaining a culprit needs a second run only, not two."""
+        return self.failed_runs.get(index)
 
     def get(self, index: int) -> Verdict:
         """One op's isolated verdict (a `missing` one, not cached, when the trace lacks its values)."""
@@ -61,6 +70,10 @@ class IsolatedVerdicts:
     def done(self, index: int, result: UnitResult) -> Verdict:
         verdict = self.judge(index, ISOLATED, result, result.outputs[0] if result.ok else None)
         self.cache[index] = verdict
+        if verdict.failed and result.ok:
+            self.failed_runs[index] = result
+            while len(self.failed_runs) > KEPT_FAILED_RUNS:
+                self.failed_runs.popitem(last=False)
         return verdict
 
     def lowest_failing(self, indices: list[int], progress: Progress = _noop, also: list[int] = (),

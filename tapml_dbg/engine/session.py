@@ -37,6 +37,7 @@ from tapml_dbg.runtime.compile_cache import DEFAULT_CACHE_DIR, load_transform
 from tapml_dbg.runtime.lanes import Lanes
 from tapml_dbg.runtime.messages import UnitResult
 from tapml_dbg.runtime.target import TargetSpec, parse_target
+from tapml_dbg.runtime.tvm_import import import_tvm_without_torch, warm_up_torch
 from tapml_dbg.trace import TraceReader
 from tapml_dbg.trace.schema import CAST_NOTE_PREFIX
 
@@ -57,6 +58,7 @@ class Session:
         this process does (what a command that will run units wants: the CLI, the REPL)."""
         self.reader = reader
         self.spec = spec or TargetSpec()
+        self._torch_import = None  # torch imported in a thread while a search runs (bisect)
         # one lane per free tracker server (or --parallel N); lane 0 also does the sequential work
         self.lanes = Lanes(str(reader.path), self.spec, str(cache_dir))
         if start_workers:
@@ -68,6 +70,7 @@ class Session:
             raise
 
     def _build(self, reader: TraceReader, policy: TolerancePolicy | None) -> None:
+        import_tvm_without_torch()  # torch comes when a verdict needs it (runtime/tvm_import.py)
         parse_target(self.spec.target)  # fail early on a bad target string ...
         load_transform(self.spec.transform)  # ... and on a bad FILE.py:FUNC
         self.main = function_from_json(reader.graph())
@@ -102,6 +105,8 @@ class Session:
     def close(self) -> None:
         self.lanes.close()
         self.reader.close()
+        if self._torch_import is not None:
+            self._torch_import.join()  # an import cut short by the interpreter's exit can crash it
 
     @property
     def target(self) -> str:
@@ -264,7 +269,9 @@ class Session:
         try:
             if verdict.mode == ISOLATED or upstream is not None:
                 name = self.ops[index].name
-                runs = [self.lanes.run(self.requests.ops_request([name], [name], upstream)) for _ in range(2)]
+                kept = self.isolated_verdicts.failed_run(index) if verdict.mode == ISOLATED and upstream is None else None
+                runs = ([kept] if kept is not None else []) + [
+                    self.lanes.run(self.requests.ops_request([name], [name], upstream)) for _ in range(2 - bool(kept))]
                 outputs = [run.outputs[0] if run.ok else None for run in runs]
                 fed = set(upstream) if upstream is not None else None
             else:  # the first run computes the target's upstream values; the next two are the same unit
@@ -366,6 +373,8 @@ class Session:
 
     def bisect(self, sweep: bool = True, progress: Progress = _noop) -> BisectResult:
         """Find the first divergent op (the phases: `engine.search.Bisection`)."""
+        if self.reference.available and self._torch_import is None:
+            self._torch_import = warm_up_torch()  # for the full verdicts, while the chain runs
         return Bisection(self, sweep, progress).run()
 
     def run_mixed(self, offload: list[int] | None = None, verdicts: bool = True,

@@ -52,6 +52,7 @@ class TargetExecutor:
         self._conn = None
         self._scratch: str | None = None  # the running worker's TMPDIR
         self._baseline_rss: int | None = None  # the running worker's RSS after its first unit
+        self._stop_asked = False  # the running worker was told to exit
         self.growth_limit = int(WORKER_GROWTH_MIB * MIB)
         self.restarts = 0  # workers that died (crash, timeout, Ctrl-C) and were started again
         self.recycled = 0  # workers replaced because they had grown past `growth_limit`
@@ -164,6 +165,18 @@ class TargetExecutor:
         self._conn = None
         self._scratch = None
         self._baseline_rss = None
+        self._stop_asked = False
+
+    def ask_to_stop(self) -> None:
+        """Tell the worker to exit, without waiting: a session closing many workers asks them all
+        first, so they exit side by side (each takes a few tenths of a second), then `stop`s each."""
+        if self._process is None or self._stop_asked:
+            return
+        self._stop_asked = True
+        try:
+            self._conn.send(None)
+        except OSError:
+            pass
 
     def stop(self, kill: bool = False) -> None:
         if self._process is None:
@@ -171,10 +184,7 @@ class TargetExecutor:
         if kill:
             self._process.kill()
         else:
-            try:
-                self._conn.send(None)
-            except OSError:
-                pass
+            self.ask_to_stop()
             self._process.join(timeout=REAP_TIMEOUT_S)
             if self._process.is_alive():
                 self._process.kill()

@@ -141,16 +141,18 @@ class Lanes:
         if self._side is not None:
             self._side.stop(kill=True)
 
-    def prepare(self, requests: list[UnitRequest], per_lane: int | None = None) -> None:
+    def prepare(self, requests: list[UnitRequest], per_lane: int | None = None) -> list[UnitResult]:
         """Compile units into the cache without running them (a chain's, before it runs): side by
         side on the compile lanes when there are enough (one per `per_lane` units, default
         UNITS_PER_COMPILE_LANE), else on the run lanes. A unit that fails to compile is left for
-        its run to report."""
+        its run to report. The results in the requests' order (each with its cache key)."""
+        results: list[UnitResult | None] = [None] * len(requests)
         with self.dispatch(per_lane=per_lane) as work:
             for number, request in enumerate(requests):
                 work.submit(number, number, request.prepared())
-            for _number, result in work:
-                self.counted(result)
+            for number, result in work:
+                results[number] = self.counted(result)
+        return results
 
     def dispatch(self, compiled: bool = False, per_lane: int | None = None) -> Deferred:
         """Independent units for all lanes, compiled on the compile lanes first when there are
@@ -192,8 +194,11 @@ class Lanes:
         self.pool.resize(self.plan.lanes)
 
     def close(self) -> None:
-        self.pool.close()
-        if self._side is not None:
-            self._side.close()
-        if self.compile_pool is not None:
-            self.compile_pool.close()
+        """Stop every worker: all are told first, so they exit side by side (16 workers one after
+        another took 2.8 s on the H200 host)."""
+        workers = self.pool.lanes + ([self._side] if self._side is not None else []) \
+            + (self.compile_pool.lanes if self.compile_pool is not None else [])
+        for worker in workers:
+            worker.ask_to_stop()
+        for worker in workers:
+            worker.close()

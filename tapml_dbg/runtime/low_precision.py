@@ -11,6 +11,7 @@ Ops without a recipe, and reductions longer than `MAX_SEQUENTIAL`, give None: no
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 
 MAX_SEQUENTIAL = 1 << 16  # terms of one sequential sum; longer ones are not recomputed (too slow)
 LOW_PRECISION_DTYPES = ("float16", "bfloat16", "float32")
@@ -22,7 +23,8 @@ def recompute_aten(name: str, args: list, kwargs: dict):
     if recipe is None:
         return None
     try:
-        return recipe(*args, **kwargs)
+        with _one_thread():
+            return recipe(*args, **kwargs)
     except (TypeError, ValueError, IndexError, RuntimeError):
         return None
 
@@ -30,8 +32,24 @@ def recompute_aten(name: str, args: list, kwargs: dict):
 def recompute_relax(op: str, args: list):
     """A Relax helper binding (`relax.matmul`) on `args` (torch tensors), summing in its dtype; None without a recipe."""
     if op == "relax.matmul" and len(args) == 2:
-        return _matmul(args[0], args[1])
+        with _one_thread():
+            return _matmul(args[0], args[1])
     return None
+
+
+@contextmanager
+def _one_thread():
+    """torch on one thread for these term-by-term loops: each step is a small elementwise op, and
+    splitting it over threads brings nothing on idle cores and costs a lot on busy ones (GPT-2's
+    addmm took 2.5 s on the 16-core H200 host while its compile workers ran)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _low(tensor) -> bool:

@@ -7,18 +7,10 @@ the device (local or over RPC), loading and running are portable's `Runner`: wha
 
 from __future__ import annotations
 
-import sys
+from tapml_dbg.runtime.tvm_import import import_tvm_without_torch
 
-if __name__ == "__main__" and "torch" not in sys.modules:  # a worker process, before TVM loads
-    # tvm_ffi imports torch first thing, for a symbol clash seen on Windows only; a worker never uses
-    # torch, and skipping it makes a worker start in ~0.8 s instead of ~2.4. Later imports of torch
-    # (a user's transform) work as usual.
-    sys.modules["torch"] = None
-    try:
-        import tvm  # noqa: F401
-        import tvm.relax  # noqa: F401
-    finally:
-        del sys.modules["torch"]
+if __name__ == "__main__":  # a worker process: it never uses torch (starts in ~0.8 s instead of ~2.4)
+    import_tvm_without_torch()
 
 import time
 import traceback
