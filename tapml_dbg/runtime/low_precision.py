@@ -13,6 +13,8 @@ from __future__ import annotations
 import math
 from contextlib import contextmanager
 
+import numpy as np
+
 MAX_SEQUENTIAL = 1 << 16  # terms of one sequential sum; longer ones are not recomputed (too slow)
 LOW_PRECISION_DTYPES = ("float16", "bfloat16", "float32")
 
@@ -40,8 +42,9 @@ def recompute_relax(op: str, args: list):
 @contextmanager
 def _one_thread():
     """torch on one thread for these term-by-term loops: each step is a small elementwise op, and
-    splitting it over threads brings nothing on idle cores and costs a lot on busy ones (GPT-2's
-    addmm took 2.5 s on the 16-core H200 host while its compile workers ran)."""
+    splitting it over threads costs more than it brings while the target workers keep the cores
+    busy, as they do during a search (GPT-2's addmm on two busy cores: 0.05-0.10 s on one thread,
+    0.16-0.29 s on two; on 16 idle cores one thread is 0.11 s, sixteen 0.03 s)."""
     import torch
 
     threads = torch.get_num_threads()
@@ -124,7 +127,9 @@ def _matmul(a, b):
     k = a.shape[-1]
     if k > MAX_SEQUENTIAL:
         return None
-    acc = torch.zeros(torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1]), dtype=a.dtype)
+    # numpy's broadcast_shapes: torch's imports sympy on first use (0.6 s here, 2.3 s on the H200 host)
+    batch = tuple(np.broadcast_shapes(tuple(a.shape[:-2]), tuple(b.shape[:-2])))
+    acc = torch.zeros(batch + (a.shape[-2], b.shape[-1]), dtype=a.dtype)
     for i in range(k):
         acc = acc + a[..., :, i:i + 1] * b[..., i:i + 1, :]
     return acc
