@@ -13,6 +13,8 @@ In one run on one machine, for each model:
     `Session.bisect` with an empty compile cache (cold), the same again (warm), and after the
     transform changed to also rewrite every op of one kind (changed: the middle op's kind; the values
     stay the same, the units of that kind change), with what the compile cache built and reused;
+  - the same edit made in a live session (the REPL's loop: bisect, edit the pass in place, bisect
+    again; the second bisect timed, its units of that kind new ones);
 Then one table, with the machine and the versions. Compare ratios taken in the same run.
 """
 
@@ -38,25 +40,40 @@ DEFAULT_MODELS = ["tiny_llama", "gpt2_124m", "cnn"]
 CHILD_TIMEOUT_S = 3600
 
 # appended to a copy of faults.py: the planted fault, plus a rewrite of every op of one kind that
-# keeps its values (x * 1.0 after the op): what editing a pass that touches one op kind does to units
+# keeps its values (x * 1.0 after the op; x + 0.0 for the live session's edit, so that its units are
+# new ones too): what editing a pass that touches one op kind does to units
 TOUCH_KIND = '''
 
 TOUCHED_KIND = {kind!r}
 
 
-def fault_and_touched_kind(mod):
-    mod = scale(mod)
-
+def _touched(mod, touch, value):
     @relax.expr_functor.mutator
     class Touch(relax.PyExprMutator):
         def visit_var_binding_(self, binding):
-            value = self.visit_expr(binding.value)
-            if isinstance(value, relax.Call) and getattr(value.op, "name", "") == TOUCHED_KIND:
-                inner = self.builder_.emit(value)
-                value = relax.op.multiply(inner, relax.const(1.0, inner.ty.dtype))
-            self.set_var_remap(binding.var, self.builder_.emit(value, binding.var.name))
+            value_ = self.visit_expr(binding.value)
+            if isinstance(value_, relax.Call) and getattr(value_.op, "name", "") == TOUCHED_KIND:
+                inner = self.builder_.emit(value_)
+                value_ = touch(inner, relax.const(value, inner.ty.dtype))
+            self.set_var_remap(binding.var, self.builder_.emit(value_, binding.var.name))
 
     return _mutated(Touch, mod)
+
+
+def _fix(mod):
+    return mod
+
+
+def planted(mod):
+    return scale(_fix(mod))
+
+
+def fault_and_touched_kind(mod):
+    return _touched(planted(mod), relax.op.multiply, 1.0)
+
+
+def fault_and_retouched_kind(mod):
+    return _touched(planted(mod), relax.op.add, 0.0)
 '''
 
 
@@ -66,7 +83,7 @@ def fault_and_touched_kind(mod):
 FIX_POW = '''
 
 
-def _square_pow(mod):
+def _fix(mod):
     @relax.expr_functor.mutator
     class Fix(relax.PyExprMutator):
         def visit_call_(self, call):
@@ -80,14 +97,14 @@ def _square_pow(mod):
             return call
 
     return _mutated(Fix, mod)
+'''
+
+# the live session's transform: one function whose body the benchmark edits between two bisects
+LIVE = '''
 
 
-def fault_fixed(mod):
-    return scale(_square_pow(mod))
-
-
-def changed_fixed(mod):
-    return fault_and_touched_kind(_square_pow(mod))
+def live(mod):
+    return {function}(mod)
 '''
 
 
@@ -139,6 +156,24 @@ def answer(trace: str, target: str, transform: str, cache: str, expected: str) -
                 "search s": result.seconds}
 
 
+def live(trace: str, target: str, transform: str, cache: str, expected: str, edited: str) -> dict:
+    """One session, as the REPL keeps it: a bisect, then the transform's file rewritten with
+    `edited` (the pass touched again: units of one kind are new), then the second bisect, timed."""
+    from tapml_dbg.engine.session import Session
+
+    with Session.open(trace, target=target, transform=transform, cache_dir=cache, start_workers=True) as session:
+        first = session.bisect()
+        Path(transform.rpartition(":")[0]).write_text(Path(edited).read_text())
+        built = session.lanes.cache.compiled
+        started = time.perf_counter()
+        result = session.bisect()
+        seconds = time.perf_counter() - started
+        culprit = result.culprit
+        return {"found": bool(culprit and culprit.name == expected and first.culprit.name == expected),
+                "culprit": culprit.name if culprit else None, "compiled": session.lanes.cache.compiled - built,
+                "noticed": any("changed since" in note for note in result.notes), "live s": seconds}
+
+
 def _child(kind: str, *args: str) -> dict:
     """Run `kind` in a fresh interpreter; its wall time from process start to its answer."""
     started = time.perf_counter()
@@ -174,14 +209,17 @@ def run(models: list[str], target: str, fix_pow: bool = False) -> None:
             row.update(ops=recorded.ops, fault=f"#{op.index} {middle}", kind=op.relax_op)
             fault = fault_transform(work, "scale", middle)
             changed = Path(fault.rpartition(":")[0]).with_name(f"changed_{model}.py")
-            changed.write_text(Path(fault.rpartition(":")[0]).read_text() + TOUCH_KIND.format(kind=op.relax_op)
-                               + (FIX_POW if fix_pow else ""))
+            text = Path(fault.rpartition(":")[0]).read_text() + TOUCH_KIND.format(kind=op.relax_op) \
+                + (FIX_POW if fix_pow else "")
+            changed.write_text(text)
             cache = work / f"cache-{model}"
             shutil.rmtree(cache, ignore_errors=True)
-            planted, touched = (f"{changed}:fault_fixed", f"{changed}:changed_fixed") if fix_pow else \
-                (fault, f"{changed}:fault_and_touched_kind")
-            for phase, transform in (("cold", planted), ("warm", planted), ("changed", touched)):
-                row[phase] = _child("answer", str(trace), target, transform, str(cache), middle)
+            for phase, function in (("cold", "planted"), ("warm", "planted"), ("changed", "fault_and_touched_kind")):
+                row[phase] = _child("answer", str(trace), target, f"{changed}:{function}", str(cache), middle)
+            live_file, edited = work / f"live_{model}.py", work / f"edited_{model}.py"
+            live_file.write_text(text + LIVE.format(function="planted"))
+            edited.write_text(text + LIVE.format(function="fault_and_retouched_kind"))
+            row["live"] = _child("live", str(trace), target, f"{live_file}:live", str(cache), middle, str(edited))
             rows.append(row)
             _print(rows, target)  # so far, in case a later model fails
     finally:
@@ -209,30 +247,35 @@ def _machine(target: str) -> str:
 def _print(rows: list[dict], target: str) -> None:
     print(_machine(target))
     print("| model | ops | fault at | anchor: import + compile + run s | bisect cold s (x anchor) | "
-          "warm s (x anchor) | changed s (x anchor) | built cold / changed | found |")
-    print("|---|---:|---|---:|---:|---:|---:|---:|---|")
+          "warm s (x anchor) | changed s (x anchor) | changed, live session s (x anchor) | "
+          "built cold / changed / live | found |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---|")
     for row in rows:
         anchor_s = row["anchor s"]
-        runs = [row[phase] for phase in ("cold", "warm", "changed")]
-        cold, warm, changed = runs
-        wrong = [f"{r['culprit']}" for r in runs if not r["found"]]
+        cold, warm, changed, live_run = (row[phase] for phase in ("cold", "warm", "changed", "live"))
+        wrong = [f"{r['culprit']}" for r in (cold, warm, changed, live_run) if not r["found"]]
+        if not live_run["noticed"]:
+            wrong.append("the live session did not notice the edit")
 
-        def timed(r):
-            return f"{r['seconds']:.1f} ({r['seconds'] / anchor_s:.2f}x)"
+        def timed(seconds):
+            return f"{seconds:.1f} ({seconds / anchor_s:.2f}x)"
 
         print(f"| {row['model']} | {row['ops']} | {row['fault']} ({row['kind']}) | "
               f"{row['import s']:.1f} + {row['compile s']:.1f} + {row['run s']:.2f} = {anchor_s:.1f} | "
-              f"{timed(cold)} | {timed(warm)} | {timed(changed)} | {cold['compiled']} / {changed['compiled']} | "
+              f"{timed(cold['seconds'])} | {timed(warm['seconds'])} | {timed(changed['seconds'])} | "
+              f"{timed(live_run['live s'])} | {cold['compiled']} / {changed['compiled']} / {live_run['compiled']} | "
               f"{'yes' if not wrong else 'NO: ' + ', '.join(wrong)} ({cold['verdict']}) |")
-    print(f"(times are wall seconds of a fresh process each; the TVM import itself, "
-          f"{rows[-1]['tvm import s']:.1f} s in the anchor's process, is in no column; record s: "
+    print(f"(cold, warm, changed: wall seconds of a fresh process each, start-up included; changed, live "
+          f"session: the second bisect of one session, after the pass was edited in place (the REPL's "
+          f"edit-and-rerun loop); the TVM import itself, {rows[-1]['tvm import s']:.1f} s in the anchor's "
+          "process, is in no column; record s: "
           + ", ".join(f"{r['model']} {r['record s']:.1f}" for r in rows) + ")", flush=True)
 
 
 def main() -> None:
     if len(sys.argv) > 2 and sys.argv[1] == "--child":
         kind, args = sys.argv[2], sys.argv[3:]
-        result = {"anchor": anchor, "answer": answer}[kind](*args)
+        result = {"anchor": anchor, "answer": answer, "live": live}[kind](*args)
         print(json.dumps(result))
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -4,6 +4,8 @@ culprit, told from the chain's own values."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from conftest import fault_transform
 from tapml_dbg.engine.search import Bisection
 from tapml_dbg.engine.session import Session
@@ -62,3 +64,20 @@ def test_prepare_compiles_ahead_only_what_the_cache_lacks(traces, tmp_path, monk
     assert first_lanes > 0 and first_built > 0  # compiled ahead on the compile lanes
     assert second_lanes == 0 and second_built == 0  # all known to be cached: no compile lane started
     assert list((cache / "index").glob("*.json"))
+
+
+def test_an_edited_transform_is_noticed_between_two_searches(traces, tmp_path):
+    """A pass edited in place between two bisects of one session (the REPL's edit-and-rerun loop):
+    the second search runs under the new text, without the first one's verdicts. (Kept, the
+    cached failing verdict of the old fault's op would be named again.)"""
+    early = fault_transform(tmp_path, "scale", "addmm")  # op 2
+    late = fault_transform(tmp_path, "scale", "gelu_1")  # op 13
+    path = early.rpartition(":")[0]
+    with Session.open(traces.get("mlp"), transform=early) as session:
+        first = session.bisect()
+        assert first.culprit.name == "addmm" and not any("changed since" in n for n in first.notes)
+        Path(path).write_text(Path(late.rpartition(":")[0]).read_text())
+        second = session.bisect()
+        assert (second.culprit.name, second.culprit.verdict) == ("gelu_1", "isolated")
+        assert "changed since the last command" in second.notes[0]
+        assert session.notice_transform_edit() == ""  # noticed once

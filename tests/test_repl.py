@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PLANTED_OP, fresh
+from conftest import PLANTED_OP, fault_transform, fresh
+from tapml_dbg.engine.session import Session
 from tapml_dbg.ui.repl import commands as C
 from tapml_dbg.ui.repl.app import Repl, make_console
 from tapml_dbg.ui.repl.completion import suggest
@@ -287,6 +288,22 @@ def test_tolerance_changes_verdicts(t):
     assert "RTOL must be a number" in out and "FACTOR must be a finite positive number" in out
     assert "expected a dtype" in out and "tolerances back to the defaults" in out
     assert verdict_rows(out) == [["verdict", "FAIL", "FAIL"]]
+
+
+def test_a_pass_edited_between_commands_is_noticed(trace, tmp_path):
+    """The engineer fixes the pass between two commands: the REPL says so, and the verdicts come
+    from the new text (kept, the first compare's cached isolated FAIL would be shown again)."""
+    planted = fault_transform(tmp_path, "scale", FAULT_OP)
+    file = Path(planted.rpartition(":")[0])
+    with Session.open(trace, transform=planted) as session:
+        t = Transcript(session)
+        out = t.run(f"compare {FAULT_OP}")
+        assert verdict_rows(out) == [["verdict", "FAIL", "FAIL"]] and "changed since" not in out
+        file.write_text(file.read_text() + "\nSETTINGS = {'op': 'no_such_op'}  # the fix\n")
+        out = t.run(f"compare {FAULT_OP}")
+        assert "changed since the last command" in out
+        assert verdict_rows(out) == [["verdict", "pass", "pass"]]
+        assert "changed since" not in t.run(f"compare {FAULT_OP}")
 
 
 def test_ops_layers_info_offload(t):

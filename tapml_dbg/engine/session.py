@@ -33,7 +33,7 @@ from tapml_dbg.model.analysis import consumers_of, dead_tuple_fields
 from tapml_dbg.model.graph import OpInfo
 from tapml_dbg.model.select import OpTable
 from tapml_dbg.model.serialize import function_from_json
-from tapml_dbg.runtime.compile_cache import DEFAULT_CACHE_DIR, load_transform
+from tapml_dbg.runtime.compile_cache import DEFAULT_CACHE_DIR, load_transform, transform_identity
 from tapml_dbg.runtime.lanes import Lanes
 from tapml_dbg.runtime.messages import UnitResult
 from tapml_dbg.runtime.target import TargetSpec, parse_target
@@ -59,6 +59,7 @@ class Session:
         self.reader = reader
         self.spec = spec or TargetSpec()
         self._torch_import = None  # torch imported in a thread while a search runs (bisect)
+        self._transform_identity = transform_identity(self.spec.transform)  # to notice an edited pass
         # one lane per free tracker server (or --parallel N); lane 0 also does the sequential work
         self.lanes = Lanes(str(reader.path), self.spec, str(cache_dir))
         if start_workers:
@@ -139,6 +140,21 @@ class Session:
         return self.lanes.units
 
     # ---------------------------------------------------------------- state
+    def notice_transform_edit(self) -> str:
+        """When the transform's file was edited since the session last looked (a compiler engineer
+        fixing a pass between two commands): forget what was computed under the old text (verdicts,
+        target values, the compile cache's index) and say so; "" when it is unchanged. Workers load
+        the new text by themselves (portable's loader keys a module by its file's text)."""
+        identity = transform_identity(self.spec.transform)
+        if identity == self._transform_identity:
+            return ""
+        self._transform_identity = identity
+        self.isolated_verdicts.clear()
+        self.target_values = {}
+        self.lanes.forget_index()
+        return (f"{self.spec.transform} changed since the last command: verdicts and target values "
+                "are recomputed under its new text (the compile cache rebuilds only the units it changes)")
+
     def reset(self) -> None:
         """Back to op 0 with every op offloaded and no target values."""
         self.position = 0
@@ -373,9 +389,13 @@ class Session:
 
     def bisect(self, sweep: bool = True, progress: Progress = _noop) -> BisectResult:
         """Find the first divergent op (the phases: `engine.search.Bisection`)."""
+        edited = self.notice_transform_edit()
         if self.reference.available and self._torch_import is None:
             self._torch_import = warm_up_torch()  # for the full verdicts, while the chain runs
-        return Bisection(self, sweep, progress).run()
+        result = Bisection(self, sweep, progress).run()
+        if edited:
+            result.notes.insert(0, edited)
+        return result
 
     def run_mixed(self, offload: list[int] | None = None, verdicts: bool = True,
                   progress: Progress = _noop) -> MixedRun:

@@ -134,7 +134,7 @@ class UnitIndex:
         import tvm
 
         self.folder = Path(cache_dir)
-        identity = json.dumps({"target": target, "transform": _transform_identity(transform),
+        identity = json.dumps({"target": target, "transform": transform_identity(transform),
                                "tvm": tvm.__version__, "recipe": BUILD_RECIPE}, sort_keys=True)
         self.path = self.folder / INDEX_FOLDER / f"{hashlib.sha256(identity.encode()).hexdigest()[:KEY_CHARS]}.json"
         self.entries: dict[str, str] | None = None
@@ -173,8 +173,9 @@ class UnitIndex:
         return self.entries
 
 
-def _transform_identity(spec: str | None) -> str:
-    """The transform as the index knows it: its function and its file's bytes (a missing file: its spec)."""
+def transform_identity(spec: str | None) -> str:
+    """The transform as the index (and a session watching for edits) knows it: its function and its
+    file's bytes (a missing file: its spec)."""
     if not spec:
         return ""
     path, func = portable.split_spec(spec)

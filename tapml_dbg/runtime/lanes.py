@@ -135,6 +135,10 @@ class Lanes:
             self._index = UnitIndex(Path(self.pool.config.cache_dir), self.spec.target, self.spec.transform)
         return self._index
 
+    def forget_index(self) -> None:
+        """The transform file was edited: the next `index` is the one of its new text."""
+        self._index = None
+
     def stop_beside(self) -> None:
         """Kill the side worker (a search interrupted while its chain runs): the waiting thread
         gets a crash result, and the next request starts a fresh worker."""

@@ -216,7 +216,11 @@ def eager_diff_text(diff: float | None) -> str:
 
 def _print_notes(notes: list[str], console: Console) -> None:
     for note in notes:
-        console.print(f"  note: {escape(note)}")
+        print_note(note, console)
+
+
+def print_note(note: str, console: Console) -> None:
+    console.print(f"  note: {escape(note)}")
 
 
 @singledispatch

@@ -30,7 +30,7 @@ from tapml_dbg.runtime.target import TargetSpec
 from tapml_dbg.ui.repl.commands import Context, UnknownCommand, lookup
 from tapml_dbg.ui.repl.parsing import ArgError, split_commands, tokenize
 from tapml_dbg.ui.console import error_line, make_console, progress
-from tapml_dbg.ui.render import render
+from tapml_dbg.ui.render import print_note, render
 from tapml_dbg.ui.repl.completion import make_completer
 from tapml_dbg.ui.repl.results import Quit
 
@@ -88,6 +88,9 @@ class Repl:
             if not words:
                 return Outcome()
             command = lookup(words[0])
+            edited = self.session.notice_transform_edit()  # a pass edited between two commands
+            if edited:
+                print_note(edited, self.out)
             result = command.handler(self.ctx, words[1:])
             render(result, self.out)
         except UnknownCommand as exc:
