@@ -146,7 +146,8 @@ def answer(trace: str, target: str, transform: str, cache: str, expected: str) -
     workers, search, sweep, culprit."""
     from tapml_dbg.engine.session import Session
 
-    with Session.open(trace, target=target, transform=transform, cache_dir=cache, start_workers=True) as session:
+    with Session.open(trace, target=target, transform=transform, cache_dir=cache, start_workers=True,
+                      searching=True) as session:
         result = session.bisect()
         report = session.lanes.cache
         culprit = result.culprit

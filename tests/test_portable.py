@@ -185,3 +185,20 @@ def test_host_targets_need_no_device_module(tmp_path):
     out = io.StringIO()
     assert portable.repro_main(str(tmp_path), [], out=out) == portable.EXIT_OK, out.getvalue()
     assert "on llvm: pass" in out.getvalue()
+
+
+def test_an_exception_without_a_message_says_where_it_was_raised(tmp_path):
+    """TVM 0.27's CUDA schedule rules fail some units with a bare `assert`: the one-line wording
+    names the statement and its file:line instead of an empty `AssertionError:`."""
+    from tapml_dbg.portable.errors import one_line
+
+    rule = tmp_path / "rule.py"
+    rule.write_text("def apply(loops):\n    assert len(loops) == 3\n")
+    namespace: dict = {}
+    exec(compile(rule.read_text(), str(rule), "exec"), namespace)
+    try:
+        namespace["apply"]([1, 2])
+    except AssertionError as exc:
+        text = one_line(exc)
+    assert text.startswith("AssertionError: `assert len(loops) == 3` at ") and text.endswith("rule.py:2 (no message)")
+    assert one_line(ValueError("first\nthe cause")) == "ValueError: the cause"

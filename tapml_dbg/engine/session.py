@@ -53,9 +53,10 @@ class Session:
 
     def __init__(self, reader: TraceReader, spec: TargetSpec | None = None, *,
                  cache_dir: str | Path = DEFAULT_CACHE_DIR, policy: TolerancePolicy | None = None,
-                 start_workers: bool = False):
+                 start_workers: bool = False, searching: bool = False):
         """`start_workers`: start the target worker processes now, so that they import TVM while
-        this process does (what a command that will run units wants: the CLI, the REPL)."""
+        this process does (what a command that will run units wants: the CLI, the REPL);
+        `searching`: a bisect comes first, start the worker its chain runs on too."""
         self.reader = reader
         self.spec = spec or TargetSpec()
         self._torch_import = None  # torch imported in a thread while a search runs (bisect)
@@ -63,7 +64,7 @@ class Session:
         # one lane per free tracker server (or --parallel N); lane 0 also does the sequential work
         self.lanes = Lanes(str(reader.path), self.spec, str(cache_dir))
         if start_workers:
-            self.lanes.start()
+            self.lanes.start(beside=searching)
         try:
             self._build(reader, policy)
         except BaseException:
@@ -90,12 +91,13 @@ class Session:
 
     @classmethod
     def open(cls, path: str | Path, spec: TargetSpec | None = None, *, cache_dir: str | Path = DEFAULT_CACHE_DIR,
-             policy: TolerancePolicy | None = None, start_workers: bool = False, **target_options) -> "Session":
+             policy: TolerancePolicy | None = None, start_workers: bool = False, searching: bool = False,
+             **target_options) -> "Session":
         """Open a trace; `target_options` (target=, rpc=, transform= ...) build the TargetSpec when none is given."""
         if spec is not None and target_options:
             raise TypeError("give a TargetSpec or its fields, not both")
         return cls(TraceReader(path), spec or TargetSpec(**target_options), cache_dir=cache_dir, policy=policy,
-                   start_workers=start_workers)
+                   start_workers=start_workers, searching=searching)
 
     def __enter__(self) -> "Session":
         return self

@@ -15,6 +15,21 @@ class PortableError(Exception):
 
 
 def one_line(exc: BaseException) -> str:
-    """`Type: last non-empty line of the message`, cut to MESSAGE_LIMIT (TVM errors end with the cause)."""
+    """`Type: last non-empty line of the message`, cut to MESSAGE_LIMIT (TVM errors end with the cause).
+    Without a message (a bare `assert` inside TVM's schedule rules), where it was raised instead:
+    the statement and its file:line, so a report says more than `AssertionError:`."""
     lines = [line for line in str(exc).strip().splitlines() if line.strip()]
-    return f"{type(exc).__name__}: {lines[-1] if lines else ''}"[:MESSAGE_LIMIT]
+    return f"{type(exc).__name__}: {lines[-1] if lines else _raised_at(exc)}"[:MESSAGE_LIMIT]
+
+
+def _raised_at(exc: BaseException) -> str:
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__) if exc.__traceback__ is not None else []
+    if not frames:
+        return ""
+    frame = frames[-1]
+    parts = frame.filename.replace("\\", "/").split("/")
+    short = "/".join(parts[parts.index("site-packages") + 1:] if "site-packages" in parts else parts[-3:])
+    statement = f"`{frame.line.strip()}` " if frame.line else ""
+    return f"{statement}at {short}:{frame.lineno} (no message)"

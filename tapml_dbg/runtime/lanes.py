@@ -109,10 +109,13 @@ class Lanes:
         self._ready()
         return self.counted(self.pool.run(request, timeout_s))
 
-    def start(self) -> None:
+    def start(self, beside: bool = False) -> None:
         """Start lane 0's worker without waiting for it: it imports TVM while the caller does its
-        own start-up. (The side worker starts with a search's chain, while lane 0 sweeps.)"""
+        own start-up. `beside`: a search comes first (`bisect`), start its side worker too (else
+        it starts with the search's chain, which then waits for its TVM import)."""
         self.pool.lanes[0].start()
+        if beside and self.has_side:
+            self._side_worker().start()
 
     @property
     def has_side(self) -> bool:
@@ -124,9 +127,12 @@ class Lanes:
         """One long request (a search's chain) on a worker of its own, while the lanes do other work
         from another thread: its own process, so nothing it does crosses a lane's pipe. Pass the
         result to `counted` from the thread that owns the lanes."""
+        return self._side_worker().run(request, timeout_s)
+
+    def _side_worker(self) -> TargetExecutor:
         if self._side is None:
             self._side = TargetExecutor(self.pool.config)
-        return self._side.run(request, timeout_s)
+        return self._side
 
     @property
     def index(self) -> UnitIndex:

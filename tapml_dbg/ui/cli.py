@@ -317,14 +317,14 @@ def _finite(value):
     return value
 
 
-def _open_session(args):
+def _open_session(args, searching: bool = False):
     """The session of a subcommand's trace and target options: one TargetSpec, nothing dropped."""
-    return Session.open(args.trace, TargetSpec.from_args(args), start_workers=True)
+    return Session.open(args.trace, TargetSpec.from_args(args), start_workers=True, searching=searching)
 
 
 def _bisect(args, out, err) -> int:
     folder = prepare_folder(args.report) if args.report else None  # a bad folder fails before the search
-    with _open_session(args) as session:
+    with _open_session(args, searching=not args.no_sweep) as session:
         with progress("bisecting", err, show=_bar(args)) as report:
             result = session.bisect(sweep=not args.no_sweep, progress=report)
         written = _write_report(args, session, err, folder, result) if folder is not None else None
