@@ -36,6 +36,7 @@ SIDE_LANE_ENV = "TAPML_SIDE_LANE"  # 0: no second worker beside the lanes (a sea
 COMPILE_LANES_CAP = 16  # compile lanes by default: one per core but one, at most this many
 UNITS_PER_COMPILE_LANE = 48  # a dispatch starts one compile lane per this many units ...
 MIN_COMPILE_LANES = 2  # ... and none unless it would start this many (one would only move the compiles)
+EARLY_SIDE_MIN_CORES = 4  # cores a machine needs for a search's side worker to start with the session
 
 
 def default_compile_lanes() -> int:
@@ -112,9 +113,11 @@ class Lanes:
     def start(self, beside: bool = False) -> None:
         """Start lane 0's worker without waiting for it: it imports TVM while the caller does its
         own start-up. `beside`: a search comes first (`bisect`), start its side worker too (else
-        it starts with the search's chain, which then waits for its TVM import)."""
+        it starts with the search's chain, which then waits for its TVM import), where there are
+        cores for three imports at once (on two cores it made a warm GPT-2 bisect 0.7 s slower:
+        the kernels keep both cores busy anyway, and the session's own start-up came later)."""
         self.pool.lanes[0].start()
-        if beside and self.has_side:
+        if beside and self.has_side and (os.cpu_count() or 1) >= EARLY_SIDE_MIN_CORES:
             self._side_worker().start()
 
     @property
