@@ -8,6 +8,8 @@ never by timing. One mlp trace (examples/mlp.py: three identical blocks) serves 
 
 from __future__ import annotations
 
+import hashlib
+import json
 import threading
 
 import numpy as np
@@ -183,3 +185,22 @@ def test_a_chain_of_one_op_units_gives_the_fused_runs_values(mlp, cache, tmp_pat
         failing = [i for i, outputs in zip(indices, result.outputs)
                    if not session.judge(i, PROPAGATED, result, outputs).passed]
         assert failing and failing[0] == session.by_name["gelu_1"].index
+
+
+def test_the_unit_index_is_found_without_tvm_and_keeps_its_version_inside(tmp_path):
+    """The index's file is named by target and transform text only (a session checks `exists` at
+    open, before importing TVM); an index written under another TVM or recipe reads as empty."""
+    CacheEntry, UnitIndex = compile_cache.CacheEntry, compile_cache.UnitIndex
+    library = tmp_path / "k1.so"
+    library.write_bytes(b"lib")
+    (tmp_path / "k1.json").write_text(json.dumps({"size": 3, "sha256": hashlib.sha256(b"lib").hexdigest()}))
+    assert CacheEntry(tmp_path, "k1").valid()
+    unit = {"name": "add", "body": [1, 2]}
+    index = UnitIndex(tmp_path, "llvm", None)
+    assert not index.exists() and not index.cached(unit)
+    index.record([(unit, "k1")])
+    assert index.exists() and UnitIndex(tmp_path, "llvm", None).cached(unit)
+    assert not UnitIndex(tmp_path, "cuda", None).exists()  # another target: another file
+    data = json.loads(index.path.read_text())
+    index.path.write_text(json.dumps({**data, "version": "tvm 0.1, recipe 1"}))
+    assert not UnitIndex(tmp_path, "llvm", None).cached(unit)

@@ -17,8 +17,10 @@ kills the worker, a timeout) says so (`lost`), and the caller searches another w
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass, field
 
+from tapml_dbg.errors import TapmlError
 from tapml_dbg.judge.judge import failed_run
 from tapml_dbg.judge.verdict import PROPAGATED, Verdict
 
@@ -124,18 +126,34 @@ class ChainSearch:
         """Compile lanes to build units ahead of the chain (the unit index is only kept for them)."""
         return self.session.lanes.compile_lanes >= 2 and bool(self.indices)
 
-    def prepare(self) -> None:
+    def prepare(self, wait: bool = True) -> threading.Thread | None:
         """With compile lanes, every distinct unit the cache does not hold yet (as far as its index
-        knows) is compiled side by side before the chain runs it, one lane per few units."""
+        knows) is compiled side by side, one lane per few units. `wait=False`: in a thread, while
+        the chain runs (returned: join it before `remember`), when the compile lanes do it all; the
+        chain then takes each unit it reaches from the cache, waiting on the unit's lock while a
+        compile lane builds it, or builds it itself when no lane has got to it yet."""
         if not self._compiles_ahead:
-            return
+            return None
         lanes = self.session.lanes
         units = self.session.requests.chain(self.indices).units
         distinct = {lanes.index.unit_id(unit.unit_json): unit for unit in units}
         todo = [unit for unit in distinct.values() if not lanes.index.cached(unit.unit_json)]
-        if todo:  # their keys go in the index now: a chain that stops early does not run them all
-            results = lanes.prepare(todo, per_lane=PREPARE_UNITS_PER_LANE)
+        if not todo:
+            return None
+
+        def build() -> None:  # their keys go in the index: a chain that stops early does not run them all
+            try:
+                results = lanes.prepare(todo, per_lane=PREPARE_UNITS_PER_LANE)
+            except TapmlError:  # a hint only: the chain builds what is missing itself
+                return
             lanes.index.record((unit.unit_json, result.key) for unit, result in zip(todo, results) if result.ok)
+
+        if wait or not lanes.prepares_on_compile_lanes(len(todo), PREPARE_UNITS_PER_LANE):
+            build()
+            return None
+        thread = threading.Thread(target=build, name="tapml-prepare", daemon=True)
+        thread.start()
+        return thread
 
     def remember(self, request, result) -> None:
         """Tell the cache's index the key of every unit the chain ran (for the next prepare)."""

@@ -224,7 +224,7 @@ class Bisection:
         `first` up (two cores at work); the sweep stops at the chain's first suspect once it is
         known, or at a failing op. The request and its result, counted."""
         session = self.session
-        chain.prepare()
+        preparing = chain.prepare(wait=False)  # compile lanes build ahead while the chain runs
         request, box = chain.request(), {}
 
         def run_chain() -> None:
@@ -242,6 +242,8 @@ class Bisection:
             thread.join()
             raise
         thread.join()
+        if preparing is not None:
+            preparing.join()  # its keys are in the index before the chain's own (ChainSearch.remember)
         if "error" in box:
             raise box["error"]
         return request, session.lanes.counted(box["result"])

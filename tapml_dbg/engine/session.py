@@ -65,6 +65,8 @@ class Session:
         self.lanes = Lanes(str(reader.path), self.spec, str(cache_dir))
         if start_workers:
             self.lanes.start(beside=searching)
+            if searching and not self.lanes.index.exists():  # new transform text or cache: it will compile ahead
+                self.lanes.start_compile_lanes()
         try:
             self._build(reader, policy)
         except BaseException:

@@ -121,27 +121,31 @@ class CacheEntry:
 
 class UnitIndex:
     """What the cache holds for units as the engine builds them, known before any transform runs:
-    the key each unit had the last time it ran under the same target, TVM and transform file.
+    the key each unit had the last time it ran under the same target and transform file.
 
     The session cannot compute a key itself (that means running the user's transform, which
     belongs in a worker), so a prepare step would have to start compile workers just to find out
     that everything is cached. The index is a hint only: a transform that imports another file may
     change without its own text changing, and the worker computes the real key whenever it compiles
-    or runs a unit; the hint only decides which units are compiled ahead, side by side.
+    or runs a unit; the hint only decides which units are compiled ahead, side by side. Its file is
+    named by the target and the transform alone (no TVM import needed to find it: `exists` tells a
+    session at open whether compile lanes will be wanted); the TVM version and the build recipe
+    are inside, and an index of another version reads as empty.
     """
 
     def __init__(self, cache_dir: Path, target: str, transform: str | None):
-        import tvm
-
         self.folder = Path(cache_dir)
-        identity = json.dumps({"target": target, "transform": transform_identity(transform),
-                               "tvm": tvm.__version__, "recipe": BUILD_RECIPE}, sort_keys=True)
+        identity = json.dumps({"target": target, "transform": transform_identity(transform)}, sort_keys=True)
         self.path = self.folder / INDEX_FOLDER / f"{hashlib.sha256(identity.encode()).hexdigest()[:KEY_CHARS]}.json"
         self.entries: dict[str, str] | None = None
 
     @staticmethod
     def unit_id(unit_json: dict) -> str:
         return hashlib.sha256(json.dumps(unit_json, sort_keys=True).encode()).hexdigest()[:KEY_CHARS]
+
+    def exists(self) -> bool:
+        """Whether units ran under this target and transform text before (with any TVM)."""
+        return self.path.is_file()
 
     def cached(self, unit_json: dict) -> bool:
         """Whether the unit's library, as of the last run, is in the cache and intact."""
@@ -158,7 +162,7 @@ class UnitIndex:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.path.with_suffix(f".tmp{os.getpid()}")
-            tmp.write_text(json.dumps(entries))
+            tmp.write_text(json.dumps({"version": _built_by(), "entries": entries}))
             os.replace(tmp, self.path)
         except OSError:
             pass  # a read-only cache: no hint next time, nothing else lost
@@ -167,10 +171,18 @@ class UnitIndex:
         if self.entries is None:
             try:
                 data = json.loads(self.path.read_text())
-                self.entries = {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
+                entries = data.get("entries") if isinstance(data, dict) and data.get("version") == _built_by() else None
+                self.entries = {str(k): str(v) for k, v in entries.items()} if isinstance(entries, dict) else {}
             except (OSError, ValueError):
                 self.entries = {}
         return self.entries
+
+
+def _built_by() -> str:
+    """The TVM version and build recipe an index's keys were made under."""
+    import tvm
+
+    return f"tvm {tvm.__version__}, recipe {BUILD_RECIPE}"
 
 
 def transform_identity(spec: str | None) -> str:

@@ -20,6 +20,7 @@ side worker).
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -96,6 +97,7 @@ class Lanes:
         self._replan = False
         self._side: TargetExecutor | None = None
         self._index: UnitIndex | None = None
+        self._counting = threading.Lock()
 
     @property
     def compile_lanes(self) -> int:
@@ -179,16 +181,32 @@ class Lanes:
 
     def _dispatch_for(self, units: int, per_lane: int | None = None) -> Dispatch | Pipeline:
         """One compile lane per `per_lane` units (UNITS_PER_COMPILE_LANE), if that makes MIN_COMPILE_LANES or more."""
-        wanted = min(self.compile_lanes, units // max(1, per_lane or UNITS_PER_COMPILE_LANE))
+        wanted = self._compile_lanes_for(units, per_lane)
         if wanted < MIN_COMPILE_LANES:
             return self.pool.dispatch()
         return self.pool.pipeline(self.compile_pool, compile_lanes=wanted)
 
+    def _compile_lanes_for(self, units: int, per_lane: int | None = None) -> int:
+        return min(self.compile_lanes, units // max(1, per_lane or UNITS_PER_COMPILE_LANE))
+
+    def prepares_on_compile_lanes(self, units: int, per_lane: int | None = None) -> bool:
+        """Whether `prepare` of this many units runs on the compile lanes only (so that the run
+        lanes are free for other work meanwhile)."""
+        return self._compile_lanes_for(units, per_lane) >= MIN_COMPILE_LANES
+
+    def start_compile_lanes(self) -> None:
+        """Start every compile lane's worker without waiting (a search that will compile ahead:
+        their TVM imports overlap the session's start-up)."""
+        if self.compile_lanes >= MIN_COMPILE_LANES:
+            for lane in self.compile_pool.lanes:
+                lane.start()
+
     def counted(self, result: UnitResult) -> UnitResult:
         """Count a unit that ran; a lost connection or a corrupt recorded value is not the op's
-        fault: an error, no verdict."""
-        self.units += 1
-        self.cache.add(result)
+        fault: an error, no verdict. (From a search's thread and a prepare's thread at once.)"""
+        with self._counting:
+            self.units += 1
+            self.cache.add(result)
         if result.status == UnitStatus.TRACE_ERROR:
             raise TraceError(result.message)
         if result.status == UnitStatus.TARGET_LOST:
