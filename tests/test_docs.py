@@ -214,7 +214,7 @@ def test_the_readme_first_command_and_its_session_still_print_what_the_readme_sh
     bisect_shown = first.splitlines()[first.splitlines().index(next(l for l in first.splitlines()
                                                                       if l.startswith("first divergent op:"))):]
     readme_session = fresh(demo_session)
-    monkeypatch.setattr(cli, "_open_session", lambda args: contextlib.nullcontext(readme_session))
+    monkeypatch.setattr(cli, "_open_session", lambda args, **_: contextlib.nullcontext(readme_session))
     capsys.readouterr()
     assert cli.main(["bisect", README_TRACE]) == 0
     printed = capsys.readouterr().out.splitlines()

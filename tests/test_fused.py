@@ -87,7 +87,7 @@ def test_bisect_json_names_the_fused_unit_and_the_next_command(fused_mlp, traces
     import contextlib
 
     fused_mlp.reset()
-    monkeypatch.setattr(cli, "_open_session", lambda args: contextlib.nullcontext(fused_mlp))
+    monkeypatch.setattr(cli, "_open_session", lambda args, **_: contextlib.nullcontext(fused_mlp))
     trace = str(traces.get("mlp"))
     assert cli.main(["bisect", trace, "--transform", EPILOGUE, "--json"]) == 0
     data = json.loads(capsys.readouterr().out)

@@ -64,6 +64,9 @@ class StubSession:
     def bisect(self, sweep: bool = True, progress=None) -> BisectResult:
         return self.result
 
+    def notice_transform_edit(self) -> str:
+        return ""
+
 
 def cli_output(monkeypatch, capsys, result: BisectResult) -> str:
     from tapml_dbg.engine.session import Session
