@@ -1,6 +1,6 @@
 """Time to answer: tapml-dbg's time to the first divergent op against TVM's own time to build the model.
 
-Usage: python benchmarks/time_to_answer.py [MODEL ...] [--target T]
+Usage: python benchmarks/time_to_answer.py [MODEL ...] [--target T] [--fix-pow] [--parallel N]
        (default models: tiny_llama gpt2_124m cnn; default target llvm; `--target cuda` on a GPU host)
 
 In one run on one machine, for each model:
@@ -141,13 +141,13 @@ def anchor(model: str, target: str) -> dict:
             "anchor s": imported + compiled + ran}
 
 
-def answer(trace: str, target: str, transform: str, cache: str, expected: str) -> dict:
+def answer(trace: str, target: str, transform: str, cache: str, expected: str, parallel: str = "") -> dict:
     """tapml-dbg's bisect in this fresh process, opened as `tapml-dbg bisect` opens it: session,
     workers, search, sweep, culprit."""
     from tapml_dbg.engine.session import Session
 
     with Session.open(trace, target=target, transform=transform, cache_dir=cache, start_workers=True,
-                      searching=True) as session:
+                      searching=True, parallel=int(parallel) if parallel else None) as session:
         result = session.bisect()
         report = session.lanes.cache
         culprit = result.culprit
@@ -157,12 +157,14 @@ def answer(trace: str, target: str, transform: str, cache: str, expected: str) -
                 "search s": result.seconds}
 
 
-def live(trace: str, target: str, transform: str, cache: str, expected: str, edited: str) -> dict:
+def live(trace: str, target: str, transform: str, cache: str, expected: str, edited: str,
+         parallel: str = "") -> dict:
     """One session, as the REPL keeps it: a bisect, then the transform's file rewritten with
     `edited` (the pass touched again: units of one kind are new), then the second bisect, timed."""
     from tapml_dbg.engine.session import Session
 
-    with Session.open(trace, target=target, transform=transform, cache_dir=cache, start_workers=True) as session:
+    with Session.open(trace, target=target, transform=transform, cache_dir=cache, start_workers=True,
+                      parallel=int(parallel) if parallel else None) as session:
         first = session.bisect()
         Path(transform.rpartition(":")[0]).write_text(Path(edited).read_text())
         built = session.lanes.cache.compiled
@@ -189,7 +191,7 @@ def _child(kind: str, *args: str) -> dict:
 
 
 # ------------------------------------------------------------------------------ the run
-def run(models: list[str], target: str, fix_pow: bool = False) -> None:
+def run(models: list[str], target: str, fix_pow: bool = False, parallel: int | None = None) -> None:
     from bisect_bench import middle_op
     from conftest import fault_transform
     from tapml_dbg.engine.session import Session
@@ -216,13 +218,15 @@ def run(models: list[str], target: str, fix_pow: bool = False) -> None:
             cache = work / f"cache-{model}"
             shutil.rmtree(cache, ignore_errors=True)
             for phase, function in (("cold", "planted"), ("warm", "planted"), ("changed", "fault_and_touched_kind")):
-                row[phase] = _child("answer", str(trace), target, f"{changed}:{function}", str(cache), middle)
+                row[phase] = _child("answer", str(trace), target, f"{changed}:{function}", str(cache), middle,
+                                    str(parallel or ""))
             live_file, edited = work / f"live_{model}.py", work / f"edited_{model}.py"
             live_file.write_text(text + LIVE.format(function="planted"))
             edited.write_text(text + LIVE.format(function="fault_and_retouched_kind"))
-            row["live"] = _child("live", str(trace), target, f"{live_file}:live", str(cache), middle, str(edited))
+            row["live"] = _child("live", str(trace), target, f"{live_file}:live", str(cache), middle, str(edited),
+                                 str(parallel or ""))
             rows.append(row)
-            _print(rows, target)  # so far, in case a later model fails
+            _print(rows, target, parallel)  # so far, in case a later model fails
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -245,8 +249,8 @@ def _machine(target: str) -> str:
             f"load average {tuple(round(x, 1) for x in os.getloadavg())}")
 
 
-def _print(rows: list[dict], target: str) -> None:
-    print(_machine(target))
+def _print(rows: list[dict], target: str, parallel: int | None = None) -> None:
+    print(_machine(target) + f"; run lanes {parallel or 1}")
     print("| model | ops | fault at | anchor: import + compile + run s | bisect cold s (x anchor) | "
           "warm s (x anchor) | changed s (x anchor) | changed, live session s (x anchor) | "
           "built cold / changed / live | found |")
@@ -284,8 +288,9 @@ def main() -> None:
     parser.add_argument("--target", default="llvm")
     parser.add_argument("--fix-pow", action="store_true",
                         help="rewrite pow(x, 2 or 3) as multiplies first (TVM 0.27's CUDA pow is NaN for x < 0)")
+    parser.add_argument("--parallel", type=int, help="run lanes, as `tapml-dbg bisect --parallel N` (default 1)")
     args = parser.parse_args()
-    run(args.models, args.target, args.fix_pow)
+    run(args.models, args.target, args.fix_pow, args.parallel)
 
 
 if __name__ == "__main__":
