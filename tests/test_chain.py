@@ -81,3 +81,29 @@ def test_an_edited_transform_is_noticed_between_two_searches(traces, tmp_path):
         assert (second.culprit.name, second.culprit.verdict) == ("gelu_1", "isolated")
         assert "changed since the last command" in second.notes[0]
         assert session.notice_transform_edit() == ""  # noticed once
+
+
+def test_an_interrupted_search_stops_its_compiles_ahead(traces, tmp_path, monkeypatch):
+    """Ctrl-C while the compile lanes build ahead beside the chain (a transform slowed to 0.15 s a
+    unit keeps them busy): no more units start, the prepare's thread is joined (the lanes are the
+    next command's), and the session goes on."""
+    import threading
+
+    import pytest
+
+    monkeypatch.setenv("TAPML_COMPILE_LANES", "2")
+    planted = fault_transform(tmp_path, "scale", "gelu_1")
+    slow = Path(planted.rpartition(":")[0])
+    slow.write_text(slow.read_text() + "\n\ndef slow(mod):\n    import time\n    time.sleep(0.15)\n    return scale(mod)\n")
+    with Session.open(traces.get("mlp"), transform=f"{slow}:slow", cache_dir=tmp_path / "cache") as session:
+        def interrupted(self, chain, box):
+            raise KeyboardInterrupt
+
+        with monkeypatch.context() as patch:
+            patch.setattr(Bisection, "_sweep_beside", interrupted)
+            with pytest.raises(KeyboardInterrupt):
+                session.bisect()
+        assert not any(t.name == "tapml-prepare" and t.is_alive() for t in threading.enumerate())
+        units = len({op.name for op in session.ops if op.outputs})
+        assert session.lanes.cache.compiled < units // 2  # the queue was dropped, not built
+        assert session.isolated(session.by_name["gelu_1"].index).failed  # the lanes serve the next command

@@ -54,6 +54,7 @@ class ChainSearch:
         self.accept, self.unscreened = set(typed), unscreened - typed
         self.screen = session.screen_rule(PROPAGATED)
         self.timeout = session.lanes.pool.timeout_s * max(1, math.ceil(len(self.indices) / OPS_PER_TIMEOUT))
+        self.stop_preparing = threading.Event()  # set: a prepare in a thread starts no more units
 
     def request(self, runs: int = 0):
         """The next chained run: every op, the ones judged so far accepted; each run collects twice
@@ -143,10 +144,11 @@ class ChainSearch:
 
         def build() -> None:  # their keys go in the index: a chain that stops early does not run them all
             try:
-                results = lanes.prepare(todo, per_lane=PREPARE_UNITS_PER_LANE)
+                results = lanes.prepare(todo, per_lane=PREPARE_UNITS_PER_LANE, cancel=self.stop_preparing)
             except TapmlError:  # a hint only: the chain builds what is missing itself
                 return
-            lanes.index.record((unit.unit_json, result.key) for unit, result in zip(todo, results) if result.ok)
+            lanes.index.record((unit.unit_json, result.key) for unit, result in zip(todo, results)
+                               if result is not None and result.ok)
 
         if wait or not lanes.prepares_on_compile_lanes(len(todo), PREPARE_UNITS_PER_LANE):
             build()

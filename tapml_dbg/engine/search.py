@@ -237,9 +237,12 @@ class Bisection:
         thread.start()
         try:
             self._sweep_beside(chain, box)
-        except BaseException:  # Ctrl-C, a lost target: the chain's worker must not outlive the search
+        except BaseException:  # Ctrl-C, a lost target: the chain's worker must not outlive the search,
+            chain.stop_preparing.set()  # nor its compiles ahead (the next command's units use those lanes)
             session.lanes.stop_beside()
             thread.join()
+            if preparing is not None:
+                preparing.join()
             raise
         thread.join()
         if preparing is not None:

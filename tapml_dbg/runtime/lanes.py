@@ -156,17 +156,21 @@ class Lanes:
         if self._side is not None:
             self._side.stop(kill=True)
 
-    def prepare(self, requests: list[UnitRequest], per_lane: int | None = None) -> list[UnitResult]:
+    def prepare(self, requests: list[UnitRequest], per_lane: int | None = None,
+                cancel: threading.Event | None = None) -> list[UnitResult | None]:
         """Compile units into the cache without running them (a chain's, before it runs): side by
         side on the compile lanes when there are enough (one per `per_lane` units, default
         UNITS_PER_COMPILE_LANE), else on the run lanes. A unit that fails to compile is left for
-        its run to report. The results in the requests' order (each with its cache key)."""
+        its run to report. The results in the requests' order (each with its cache key; None for
+        a unit not started before `cancel` was set: the units being built finish, no more start)."""
         results: list[UnitResult | None] = [None] * len(requests)
         with self.dispatch(per_lane=per_lane) as work:
             for number, request in enumerate(requests):
                 work.submit(number, number, request.prepared())
             for number, result in work:
                 results[number] = self.counted(result)
+                if cancel is not None and cancel.is_set():
+                    work.cancel_above(-1)
         return results
 
     def dispatch(self, compiled: bool = False, per_lane: int | None = None) -> Deferred:
