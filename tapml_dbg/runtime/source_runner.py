@@ -366,9 +366,8 @@ class SourceRunner:
     # -- undefined values -----------------------------------------------------------------------
     def undefined_masks(self) -> dict[str, object]:
         """Node -> its undefined elements (a bool tensor, or a tuple of them), for every node whose value
-        holds uninitialised memory; nodes absent from the result are fully defined."""
-        import torch
-
+        holds uninitialised memory; nodes absent from the result are fully defined. (Without such a
+        node, the usual case, torch is not needed: a search asks before its first unit runs.)"""
         masks: dict[str, object] = {}
         if not any(node.undefined for node in self.graph.nodes):
             return masks
