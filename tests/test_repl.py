@@ -300,8 +300,10 @@ def test_a_pass_edited_between_commands_is_noticed(trace, tmp_path):
         out = t.run(f"compare {FAULT_OP}")
         assert verdict_rows(out) == [["verdict", "FAIL", "FAIL"]] and "changed since" not in out
         file.write_text(file.read_text() + "\nSETTINGS = {'op': 'no_such_op'}  # the fix\n")
+        assert t.repl.debugger.seen
+        out = t.run("where")
+        assert "changed since the last command" in out and not t.repl.debugger.seen
         out = t.run(f"compare {FAULT_OP}")
-        assert "changed since the last command" in out
         assert verdict_rows(out) == [["verdict", "pass", "pass"]]
         assert "changed since" not in t.run(f"compare {FAULT_OP}")
 

@@ -90,6 +90,7 @@ class Repl:
             command = lookup(words[0])
             edited = self.session.notice_transform_edit()  # a pass edited between two commands
             if edited:
+                self.debugger.seen.clear()  # verdicts shown by `ops` and `show` were the old text's
                 print_note(edited, self.out)
             result = command.handler(self.ctx, words[1:])
             render(result, self.out)
