@@ -289,9 +289,10 @@ class Session:
         try:
             if verdict.mode == ISOLATED or upstream is not None:
                 name = self.ops[index].name
-                kept = self.isolated_verdicts.failed_run(index) if verdict.mode == ISOLATED and upstream is None else None
-                runs = ([kept] if kept is not None else []) + [
-                    self.lanes.run(self.requests.ops_request([name], [name], upstream)) for _ in range(2 - bool(kept))]
+                first = self.isolated_verdicts.failed_run(index) if upstream is None else None  # the sweep's
+                runs = [first] if first is not None else []
+                while len(runs) < 2:
+                    runs.append(self.lanes.run(self.requests.ops_request([name], [name], upstream)))
                 outputs = [run.outputs[0] if run.ok else None for run in runs]
                 fed = set(upstream) if upstream is not None else None
             else:  # the first run computes the target's upstream values; the next two are the same unit
