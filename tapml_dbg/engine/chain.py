@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from tapml_dbg.errors import TapmlError
 from tapml_dbg.judge.judge import failed_run
 from tapml_dbg.judge.verdict import PROPAGATED, Verdict
+from tapml_dbg.runtime.lanes import MIN_COMPILE_LANES
 
 CHAIN_SUSPECTS = 8  # suspects a chain collects before it stops: a passing one costs no second run
 OPS_PER_TIMEOUT = 100  # a chain may take the unit timeout once per this many ops
@@ -125,7 +126,7 @@ class ChainSearch:
     @property
     def _compiles_ahead(self) -> bool:
         """Compile lanes to build units ahead of the chain (the unit index is only kept for them)."""
-        return self.session.lanes.compile_lanes >= 2 and bool(self.indices)
+        return self.session.lanes.compile_lanes >= MIN_COMPILE_LANES and bool(self.indices)
 
     def prepare(self, wait: bool = True) -> threading.Thread | None:
         """With compile lanes, every distinct unit the cache does not hold yet (as far as its index
@@ -136,7 +137,7 @@ class ChainSearch:
         if not self._compiles_ahead:
             return None
         lanes = self.session.lanes
-        units = self.session.requests.chain(self.indices).units
+        units = [self.session.requests.to_build(index) for index in self.indices]
         distinct = {lanes.index.unit_id(unit.unit_json): unit for unit in units}
         todo = [unit for unit in distinct.values() if not lanes.index.cached(unit.unit_json)]
         if not todo:

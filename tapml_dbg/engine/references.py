@@ -13,7 +13,6 @@ From the trace's source graph (absent: every reference is empty and the fixed ru
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 
 import numpy as np
 
@@ -26,6 +25,7 @@ from tapml_dbg.runtime.low_precision import LOW_PRECISION_DTYPES, recompute_aten
 from tapml_dbg.runtime.source_runner import SourceRunError, SourceRunner, source_outputs
 from tapml_dbg.runtime.torch_values import to_numpy
 from tapml_dbg.trace import TraceReader
+from tapml_dbg.trace.recent import RecentOpOutputs
 from tapml_dbg.trace.schema import CAST_NOTE_PREFIX
 from tapml_dbg.trace.source_graph import SourceGraph, TypeChange, parse_source_graph
 
@@ -53,8 +53,7 @@ class SourceReference:
         self.recorded = set(reader.finished_ops())
         self.runner = SourceRunner(graph, self._fetch_op, self._fetch_placeholder) if graph is not None else None
         self._bindings = None
-        self._recorded_cache: OrderedDict[int, list[np.ndarray]] = OrderedDict()
-        self._recorded_bytes = 0
+        self._recorded = RecentOpOutputs(reader, RECORDED_CACHE_BYTES)
         self._full: dict[int, list[np.ndarray]] | None = None
         self._full_error = ""
         self._masks: dict[int, list] | None = None
@@ -247,18 +246,7 @@ class SourceReference:
         op = self.by_name.get(name)
         if op is None or op.index not in self.recorded:
             return None
-        if op.index in self._recorded_cache:
-            self._recorded_cache.move_to_end(op.index)
-            return self._recorded_cache[op.index]
-        values = self.reader.op_outputs(op.index)
-        size = sum(int(v.nbytes) for v in values)
-        if size <= RECORDED_CACHE_BYTES:
-            self._recorded_cache[op.index] = values
-            self._recorded_bytes += size
-            while self._recorded_bytes > RECORDED_CACHE_BYTES:
-                _, dropped = self._recorded_cache.popitem(last=False)
-                self._recorded_bytes -= sum(int(v.nbytes) for v in dropped)
-        return values
+        return self._recorded.get(op.index)
 
     def _fetch_placeholder(self, kind: str, name: str) -> np.ndarray:
         return self.reader.input(name) if kind == "input" else self.reader.param(name)

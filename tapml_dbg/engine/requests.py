@@ -11,6 +11,8 @@ replay time, before it feeds them (`casts`; `cast_inputs` says which inputs of a
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from tapml_dbg.errors import TraceError
@@ -163,9 +165,14 @@ class RequestBuilder:
         except TraceError as exc:
             return str(exc)
 
-    def compile_only(self, index: int) -> UnitRequest:
+    def to_build(self, index: int) -> UnitRequest:
+        """Op `index`'s one-op unit with no inputs: to compile into the cache ahead of its run
+        (`UnitRequest.prepared`), or to generate code only (`compile_only`)."""
         unit_json, _spec = self.one_op_unit(self.ops[index].name)
-        return UnitRequest(unit_json=unit_json, inputs=[], compile_only=True)
+        return UnitRequest(unit_json=unit_json, inputs=[])
+
+    def compile_only(self, index: int) -> UnitRequest:
+        return replace(self.to_build(index), compile_only=True)
 
 
 def _numpy_dtype(name: str) -> np.dtype:

@@ -224,8 +224,8 @@ class Bisection:
         `first` up (two cores at work); the sweep stops at the chain's first suspect once it is
         known, or at a failing op. The request and its result, counted."""
         session = self.session
+        request, box = chain.request(), {}  # (a trace that cannot feed the chain raises here, first)
         preparing = chain.prepare(wait=False)  # compile lanes build ahead while the chain runs
-        request, box = chain.request(), {}
 
         def run_chain() -> None:
             try:
@@ -240,13 +240,11 @@ class Bisection:
         except BaseException:  # Ctrl-C, a lost target: the chain's worker must not outlive the search,
             chain.stop_preparing.set()  # nor its compiles ahead (the next command's units use those lanes)
             session.lanes.stop_beside()
+            raise
+        finally:
             thread.join()
             if preparing is not None:
-                preparing.join()
-            raise
-        thread.join()
-        if preparing is not None:
-            preparing.join()  # its keys are in the index before the chain's own (ChainSearch.remember)
+                preparing.join()  # its keys are in the index before the chain's own (ChainSearch.remember)
         if "error" in box:
             raise box["error"]
         return request, session.lanes.counted(box["result"])

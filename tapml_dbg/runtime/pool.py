@@ -179,10 +179,6 @@ class ExecutorPool:
         for lane in self.lanes:
             lane.stop()
 
-    def close(self) -> None:
-        for lane in self.lanes:
-            lane.close()
-
 
 class Dispatch:
     """Units handed to the lanes lowest key first; results come back as they finish.

@@ -14,7 +14,6 @@ if __name__ == "__main__":  # a worker process: it never uses torch (starts in ~
 
 import time
 import traceback
-from collections import OrderedDict
 from pathlib import Path
 
 from tapml_dbg.errors import TapmlError, TraceError
@@ -24,6 +23,7 @@ from tapml_dbg.runtime.compile_cache import CompiledUnit, compile_only, compile_
 from tapml_dbg.runtime.messages import ChainRequest, UnitRequest, UnitStatus, WorkerConfig
 from tapml_dbg.runtime.target import NO_DEVICE_HINT
 from tapml_dbg.trace import TraceReader
+from tapml_dbg.trace.recent import RecentOpOutputs
 
 RECORDED_CACHE_BYTES = 64 * 2**20  # recorded op outputs a worker keeps (LRU) for its next units
 
@@ -67,8 +67,7 @@ class _WorkerState:
         self.param_cache: dict[str, object] = {}
         self.runner: Runner | None = None  # made on the first unit that runs
         self.chain_values: dict[str, list] = {}  # op name -> its device tensors, while a chain runs
-        self.recorded: OrderedDict[int, list] = OrderedDict()  # op index -> recorded outputs (`_recorded`)
-        self.recorded_bytes = 0
+        self.recorded: RecentOpOutputs | None = None  # the trace's op outputs, the last ones read kept
 
     def handle(self, request: UnitRequest | ChainRequest) -> dict:
         if isinstance(request, ChainRequest):
@@ -124,23 +123,9 @@ class _WorkerState:
         """Whether op `name`'s target values clearly pass against its recorded ones (judge/screen.py)."""
         reader = self._trace()
         index = self.op_index.get(name)
-        if index is None or not reader.has_op(index):
+        if index is None or (index not in self.recorded and not reader.has_op(index)):
             return False
-        return clearly_passes(values, self._recorded(index), rule)
-
-    def _recorded(self, index: int) -> list:
-        """Op `index`'s recorded outputs, the last few kept: a sweep reads an op's value as the next
-        op's input and again as its own screen's reference (each read checks the tensor's checksum)."""
-        if index in self.recorded:
-            self.recorded.move_to_end(index)
-            return self.recorded[index]
-        values = self._trace().op_outputs(index)
-        self.recorded[index] = values
-        self.recorded_bytes += sum(getattr(v, "nbytes", 0) for v in values)
-        while self.recorded_bytes > RECORDED_CACHE_BYTES and len(self.recorded) > 1:
-            _old, dropped = self.recorded.popitem(last=False)
-            self.recorded_bytes -= sum(getattr(v, "nbytes", 0) for v in dropped)
-        return values
+        return clearly_passes(values, self.recorded.get(index), rule)
 
     def _unit(self, request: UnitRequest, keep_on_device: bool = False) -> dict:
         spec = self.config.spec
@@ -217,6 +202,7 @@ class _WorkerState:
         if self.reader is None:
             self.reader = TraceReader(self.config.trace_path)
             self.op_index = {op["name"]: op["index"] for op in self.reader.ops}
+            self.recorded = RecentOpOutputs(self.reader, RECORDED_CACHE_BYTES)
         return self.reader
 
     def _argument(self, ref: tuple):
@@ -228,8 +214,8 @@ class _WorkerState:
         if kind == "input":
             return self.runner.to_device(self._trace().input(ref[1]))
         if kind == "op":
-            self._trace()  # (fills op_index)
-            values = self._recorded(self.op_index[ref[1]])
+            self._trace()
+            values = self.recorded.get(self.op_index[ref[1]])
             return self.runner.to_device(values[max(ref[2], 0)])
         if kind == "value":
             return self.runner.to_device(ref[1])
