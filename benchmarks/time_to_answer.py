@@ -9,7 +9,8 @@ In one run on one machine, for each model:
     it includes the machine-code generation `tvm.compile` defers to the first call);
   - the model recorded once on torch (not timed against the anchor: a trace is recorded once and
     bisected many times), and a 1% fault planted at the op in the middle (tests/transforms/faults.py);
-  - tapml-dbg's time to answer, each in a fresh process (imports and worker start-up included):
+  - tapml-dbg's time to answer, each in a fresh process (imports and worker start-up included, up to
+    the answer with the session closed, where `tapml-dbg bisect` prints it; not the interpreter's exit):
     `Session.bisect` with an empty compile cache (cold), the same again (warm), and after the
     transform changed to also rewrite every op of one kind (changed: the middle op's kind; the values
     stay the same, the units of that kind change), with what the compile cache built and reused;
@@ -151,10 +152,11 @@ def answer(trace: str, target: str, transform: str, cache: str, expected: str, p
         result = session.bisect()
         report = session.lanes.cache
         culprit = result.culprit
-        return {"found": bool(culprit and culprit.name == expected), "culprit": culprit.name if culprit else None,
-                "verdict": str(culprit.verdict) if culprit else None, "probes": result.probes,
-                "compiled": report.compiled, "reused": report.reused, "compile lanes": session.lanes.compile_lanes,
-                "search s": result.seconds}
+        found = {"found": bool(culprit and culprit.name == expected), "culprit": culprit.name if culprit else None,
+                 "verdict": str(culprit.verdict) if culprit else None, "probes": result.probes,
+                 "compiled": report.compiled, "reused": report.reused, "compile lanes": session.lanes.compile_lanes,
+                 "search s": result.seconds}
+    return found | {"answered at": time.time()}  # the session closed: where `tapml-dbg bisect` prints it
 
 
 def live(trace: str, target: str, transform: str, cache: str, expected: str, edited: str,
@@ -178,15 +180,18 @@ def live(trace: str, target: str, transform: str, cache: str, expected: str, edi
 
 
 def _child(kind: str, *args: str) -> dict:
-    """Run `kind` in a fresh interpreter; its wall time from process start to its answer."""
-    started = time.perf_counter()
+    """Run `kind` in a fresh interpreter; its wall time from the process's start to its answer (a
+    child that says when it had it: the interpreter's exit after that is not waited for by a user,
+    who reads the answer; it is kept as `exit s`)."""
+    started, spawned = time.perf_counter(), time.time()
     done = subprocess.run([sys.executable, __file__, "--child", kind, *args], capture_output=True, text=True,
                           timeout=CHILD_TIMEOUT_S)
     seconds = time.perf_counter() - started
     if done.returncode != 0:
         raise SystemExit(f"{kind} {' '.join(args)} failed:\n{done.stderr[-4000:]}")
     data = json.loads(done.stdout.strip().splitlines()[-1])
-    data["seconds"] = seconds
+    data["seconds"] = data["answered at"] - spawned if "answered at" in data else seconds
+    data["exit s"] = seconds - data["seconds"]
     return data
 
 
@@ -270,7 +275,9 @@ def _print(rows: list[dict], target: str, parallel: int | None = None) -> None:
               f"{timed(cold['seconds'])} | {timed(warm['seconds'])} | {timed(changed['seconds'])} | "
               f"{timed(live_run['live s'])} | {cold['compiled']} / {changed['compiled']} / {live_run['compiled']} | "
               f"{'yes' if not wrong else 'NO: ' + ', '.join(wrong)} ({cold['verdict']}) |")
-    print(f"(cold, warm, changed: wall seconds of a fresh process each, start-up included; changed, live "
+    exits = [row[phase]["exit s"] for row in rows for phase in ("cold", "warm", "changed")]
+    print(f"(cold, warm, changed: wall seconds of a fresh process each, from its start to the answer, start-up "
+          f"included, the interpreter's exit after it not ({max(exits):.1f} s at most); changed, live "
           f"session: the second bisect of one session, after the pass was edited in place (the REPL's "
           f"edit-and-rerun loop); the TVM import itself, {rows[-1]['tvm import s']:.1f} s in the anchor's "
           "process, is in no column; record s: "

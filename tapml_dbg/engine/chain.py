@@ -82,6 +82,7 @@ class ChainSearch:
             self.prepare()
         while True:
             request = self.request(finding.runs) if first is None else first[0]
+            session.warm_up_torch()  # the full verdicts' torch, while the chain runs
             result = first[1] if first is not None else session.lanes.run(request, self.timeout)
             first = None
             self.remember(request, result)

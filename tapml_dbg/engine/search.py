@@ -235,6 +235,7 @@ class Bisection:
 
         thread = threading.Thread(target=run_chain, name="tapml-chain", daemon=True)
         thread.start()
+        session.warm_up_torch()  # while the chain runs (not before its request: the import holds the GIL)
         try:
             self._sweep_beside(chain, box)
         except BaseException:  # Ctrl-C, a lost target: the chain's worker must not outlive the search,
