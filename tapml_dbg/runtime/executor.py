@@ -30,6 +30,7 @@ from pathlib import Path
 
 import psutil
 
+from tapml_dbg.runtime import zygote
 from tapml_dbg.runtime.messages import ChainRequest, UnitRequest, UnitResult, UnitStatus, WorkerConfig
 
 REPLY_POLL_S = 0.2  # how often a waiting request checks that its worker is still alive
@@ -45,8 +46,10 @@ MIB = 2**20
 class TargetExecutor:
     """Owns one worker process for one (trace, target, transform, remote) configuration."""
 
-    def __init__(self, config: WorkerConfig):
+    def __init__(self, config: WorkerConfig, zygotes: zygote.ZygoteSlot | None = None):
+        """`zygotes`: where workers are forked from (the session's); None: a fresh interpreter each."""
         self.config = config
+        self.zygotes = zygotes
         self.timeout_s = config.spec.timeout_s
         self._process = None
         self._conn = None
@@ -137,21 +140,46 @@ class TargetExecutor:
             upstream=reply.get("upstream", {}), unit_keys=reply.get("unit_keys", []))
 
     def _ensure_started(self) -> None:
+        """A running worker: forked from the zygote where there is one (its pid asked for only when
+        a request is about to go: the zygote may still be importing TVM), else a fresh interpreter."""
         if self._process is not None and self._process.is_alive():
+            if self._forked_but_lost():
+                self._reap()
+                self._start_worker(forked=False)
             return
         if self._process is not None:
             self._reap()
             self.restarts += 1
+        self._start_worker(forked=True)
+
+    def _start_worker(self, forked: bool) -> None:
         parent, child = socket.socketpair()
-        command = [sys.executable, "-m", "tapml_dbg.runtime.worker", "--fd", str(child.fileno()),
-                   "--config", self.config.to_json(), "--log", self.log_path]
+        argv = ["--config", self.config.to_json(), "--log", self.log_path]
         self._scratch = tempfile.mkdtemp(prefix=WORKER_TMP_PREFIX)
         env = dict(os.environ, TMPDIR=self._scratch)
-        popen = subprocess.Popen(command, pass_fds=[child.fileno()], stdin=subprocess.DEVNULL, env=env,
-                                 start_new_session=True)
-        self._process = _Process(popen, self.config.cache_dir)
+        origin = self.zygotes.get() if forked and self.zygotes is not None else None
+        try:
+            handle = origin.spawn(child.fileno(), argv, env) if origin is not None else None
+        except zygote.ZygoteError:
+            handle = None
+        if handle is None:
+            handle = subprocess.Popen([sys.executable, "-m", "tapml_dbg.runtime.worker", "--fd", str(child.fileno()),
+                                       *argv], pass_fds=[child.fileno()], stdin=subprocess.DEVNULL, env=env,
+                                      start_new_session=True)
+        self._process = _Process(handle, self.config.cache_dir)
         child.close()
         self._conn = Connection(parent.detach())
+
+    def _forked_but_lost(self) -> bool:
+        """A worker the zygote was asked for but never forked (it died importing TVM): not the op's crash."""
+        handle = self._process.popen
+        if not isinstance(handle, zygote.ForkedWorker):
+            return False
+        try:
+            handle.pid
+            return False
+        except zygote.ZygoteError:
+            return True
 
     def _reap(self) -> None:
         if self._conn is not None:
@@ -205,7 +233,7 @@ class _Process:
     the whole group, the compiler and linker the worker may have started included.
     """
 
-    def __init__(self, popen: subprocess.Popen, cache_dir: str = ""):
+    def __init__(self, popen, cache_dir: str = ""):  # a Popen, or a zygote's ForkedWorker
         self.popen = popen
         self.cache_dir = cache_dir
 
@@ -226,27 +254,42 @@ class _Process:
         self._kill_group()
         if self.popen.poll() is None:
             self.popen.kill()
-        self.popen.wait()
+        try:
+            self.popen.wait(REAP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            pass
 
     def rss(self) -> int | None:
         """The worker's resident memory in bytes (None once it is gone)."""
+        pid = self._pid()
+        if pid is None:
+            return None
         try:
-            return psutil.Process(self.popen.pid).memory_info().rss
+            return psutil.Process(pid).memory_info().rss
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             return None
 
     def clean_up(self) -> None:
         """After the worker exited: end what it left running, drop the library it was writing."""
         self._kill_group()
-        if self.cache_dir:  # compile_cache writes `KEY.tmpPID.so`, then renames it into place
-            for partial in Path(self.cache_dir).glob(f"*.tmp{self.popen.pid}.*"):
+        pid = self._pid()
+        if self.cache_dir and pid is not None:  # compile_cache writes `KEY.tmpPID.so`, then renames it into place
+            for partial in Path(self.cache_dir).glob(f"*.tmp{pid}.*"):
                 partial.unlink(missing_ok=True)
 
     def _kill_group(self) -> None:
+        pid = self._pid()
         try:
-            os.killpg(self.popen.pid, signal.SIGKILL)
+            if pid is not None:
+                os.killpg(pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass  # the group is gone: nothing of the worker's is running
+
+    def _pid(self) -> int | None:
+        try:
+            return self.popen.pid
+        except zygote.ZygoteError:  # the zygote died before it forked the worker: nothing runs
+            return None
 
 
 def _describe_exit(code: int | None) -> str:

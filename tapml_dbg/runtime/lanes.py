@@ -31,6 +31,7 @@ from tapml_dbg.runtime.executor import TargetExecutor
 from tapml_dbg.runtime.messages import ChainRequest, UnitRequest, UnitResult, UnitStatus, WorkerConfig
 from tapml_dbg.runtime.pool import Deferred, Dispatch, ExecutorPool, LanePlan, Pipeline, plan_lanes
 from tapml_dbg.runtime.target import TargetSpec
+from tapml_dbg.runtime.zygote import ZygoteSlot
 
 COMPILE_LANES_ENV = "TAPML_COMPILE_LANES"
 SIDE_LANE_ENV = "TAPML_SIDE_LANE"  # 0: no second worker beside the lanes (a search then runs its chain in lane 0)
@@ -86,12 +87,13 @@ class Lanes:
     def __init__(self, trace_path: str, spec: TargetSpec, cache_dir: str, compile_lanes: int | None = None):
         self.spec = spec
         self.plan: LanePlan = plan_lanes(spec.parallel, spec.rpc, spec.tracker, spec.key)
+        self.zygotes = ZygoteSlot()  # every worker of the session is forked from one TVM import
         self.pool = ExecutorPool(WorkerConfig(trace_path=trace_path, spec=spec, cache_dir=cache_dir),
-                                 lanes=self.plan.lanes)
+                                 lanes=self.plan.lanes, zygotes=self.zygotes)
         count = default_compile_lanes() if compile_lanes is None else compile_lanes
         host = spec.with_options(rpc=None, tracker=None, key=None)  # compile lanes never open a device
         self.compile_pool = ExecutorPool(WorkerConfig(trace_path=trace_path, spec=host, cache_dir=cache_dir),
-                                         lanes=count) if count > 0 else None
+                                         lanes=count, zygotes=self.zygotes) if count > 0 else None
         self.units = 0  # units that ran (probes, verdicts, compiles)
         self.cache = CacheReport()
         self._replan = False
@@ -136,7 +138,7 @@ class Lanes:
 
     def _side_worker(self) -> TargetExecutor:
         if self._side is None:
-            self._side = TargetExecutor(self.pool.config)
+            self._side = TargetExecutor(self.pool.config, self.zygotes)
         return self._side
 
     @property
@@ -237,3 +239,4 @@ class Lanes:
             worker.ask_to_stop()
         for worker in workers:
             worker.close()
+        self.zygotes.close()

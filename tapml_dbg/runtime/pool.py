@@ -28,6 +28,7 @@ from tapml_dbg.errors import UsageError
 from tapml_dbg.portable import split_host_port
 from tapml_dbg.runtime.executor import TargetExecutor
 from tapml_dbg.runtime.messages import UnitRequest, UnitResult, WorkerConfig
+from tapml_dbg.runtime.zygote import ZygoteSlot
 
 DEFAULT_PARALLEL = 1  # lanes for a local target or one `--rpc` server unless `--parallel N` says more
 TRACKER_PROBE_TIMEOUT_S = 5.0  # how long to wait for the tracker's summary before planning one lane
@@ -122,9 +123,9 @@ class _Lane(TargetExecutor):
 class ExecutorPool:
     """`lanes` executors of one configuration; each lane leases its own device."""
 
-    def __init__(self, config: WorkerConfig, lanes: int = 1):
+    def __init__(self, config: WorkerConfig, lanes: int = 1, zygotes: ZygoteSlot | None = None):
         self.config = config
-        self.lanes = [_Lane(config) for _ in range(max(1, int(lanes)))]
+        self.lanes = [_Lane(config, zygotes) for _ in range(max(1, int(lanes)))]
         self.units = [0] * len(self.lanes)  # units each lane has run (tests check that all were used)
 
     @property

@@ -255,8 +255,9 @@ def _looks_like_lost_connection(exc: BaseException) -> bool:
     return any(marker in str(exc) for marker in _LOST_CONNECTION_MARKERS)
 
 
-def _main() -> None:
-    """Entry point: `python -m tapml_dbg.runtime.worker --fd N --config JSON --log PATH`."""
+def serve(argv: list[str]) -> None:
+    """`--fd N --config JSON --log PATH`: serve the socket on fd N, then leave (a fresh interpreter's
+    entry point, and a worker the zygote forked: runtime/zygote.py)."""
     import argparse
     from multiprocessing.connection import Connection
 
@@ -264,7 +265,7 @@ def _main() -> None:
     parser.add_argument("--fd", type=int, required=True)
     parser.add_argument("--config", required=True)
     parser.add_argument("--log")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     worker_main(Connection(args.fd), WorkerConfig.from_json(args.config), args.log)
     _exit_now()
 
@@ -284,4 +285,6 @@ def _exit_now() -> None:
 
 
 if __name__ == "__main__":
-    _main()
+    import sys
+
+    serve(sys.argv[1:])

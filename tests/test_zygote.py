@@ -1,0 +1,68 @@
+"""A session's workers are forked from its zygote, one TVM import for all of them
+(runtime/zygote.py): they give the verdicts a fresh interpreter's worker gives, each in a process
+group of its own, and a zygote that is gone or out of date never costs a verdict."""
+
+from __future__ import annotations
+
+import os
+
+import psutil
+
+from tapml_dbg.engine.session import Session
+from tapml_dbg.runtime.zygote import ZYGOTE_ENV
+
+
+def _worker(session) -> psutil.Process:
+    return psutil.Process(session.pool.lanes[0]._process.popen.pid)
+
+
+def _summary(results) -> list:
+    return [(r.index, r.isolated.status, r.isolated.worst, r.propagated.status, r.propagated.worst) for r in results]
+
+
+def test_workers_are_forked_from_the_sessions_zygote_and_judge_as_fresh_ones(traces, monkeypatch):
+    trace = traces.get("mlp")
+    with Session.open(trace) as session:
+        forked = session.step(4)
+        worker, zygote = _worker(session), session.lanes.zygotes.get()
+        assert worker.ppid() == zygote._popen.pid
+        assert os.getpgid(worker.pid) == worker.pid  # its own group: a kill takes the compiler it runs too
+        zygote_pid = zygote._popen.pid
+    assert not psutil.pid_exists(zygote_pid) or psutil.Process(zygote_pid).status() == psutil.STATUS_ZOMBIE
+    monkeypatch.setenv(ZYGOTE_ENV, "0")
+    with Session.open(trace) as session:
+        fresh = session.step(4)
+        assert _worker(session).ppid() == os.getpid()
+    assert _summary(forked) == _summary(fresh)
+    assert all(r.isolated.passed and r.propagated.passed for r in forked)
+
+
+def test_a_zygote_that_dies_before_it_forks_leaves_a_fresh_worker_in_its_place(traces, monkeypatch):
+    with Session.open(traces.get("mlp")) as session:
+        slot = session.lanes.zygotes
+        started = slot.get
+
+        def dying():
+            zygote = started()
+            zygote._popen.kill()  # still importing TVM: it never answers the spawn
+            zygote._popen.wait()
+            return zygote
+
+        monkeypatch.setattr(slot, "get", dying)
+        results = session.step(3)
+        assert all(r.isolated.passed and r.propagated.passed for r in results), results
+        assert _worker(session).ppid() == os.getpid()
+        assert session.pool.restarts == 0  # not a crash of the op's
+
+
+def test_an_environment_changed_since_the_zygote_started_gets_a_new_one(traces, monkeypatch):
+    with Session.open(traces.get("mlp")) as session:
+        session.step(1)
+        first = session.lanes.zygotes.get()._popen.pid
+        monkeypatch.setenv("TAPML_TEST_ZYGOTE_ENV", "changed")
+        session.pool.lanes[0].stop()  # the next unit starts a worker: from a zygote with this environment
+        session.step(1)
+        second = session.lanes.zygotes.get()
+        assert second._popen.pid != first
+        assert psutil.Process(second._popen.pid).environ().get("TAPML_TEST_ZYGOTE_ENV") == "changed"
+        assert _worker(session).ppid() == second._popen.pid
