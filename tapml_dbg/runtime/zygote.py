@@ -39,7 +39,8 @@ from tapml_dbg.runtime import worker
 
 ZYGOTE_ENV = "TAPML_ZYGOTE"  # 0: no zygote, a fresh interpreter per worker
 START_TIMEOUT_S = 60.0  # the zygote's TVM import, on a loaded machine
-PACKET_BYTES = 1 << 20  # a spawn request carries the worker's config and the environment
+PACKET_BYTES = 1 << 20  # a spawn request carries the worker's config and what differs in its environment
+SEND_BUFFER_BYTES = 1 << 20
 EXIT_POLL_S = 0.005  # how often `wait` asks whether a worker has exited
 KEPT_EXITS = 4096  # exit statuses of reaped workers the zygote remembers
 
@@ -68,13 +69,20 @@ class Zygote:
         child.close()
         self._socket = parent
         self._socket.settimeout(START_TIMEOUT_S)
+        try:  # a session queues its workers' spawns while the zygote imports: room for all of them
+            self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
+        except OSError:
+            pass
 
     def alive(self) -> bool:
         return self._popen.poll() is None
 
     def spawn(self, worker_fd: int, argv: list[str], env: dict[str, str]) -> "ForkedWorker":
         """Fork a worker that serves `worker_fd` as `python -m tapml_dbg.runtime.worker ARGV` would."""
-        ask = self._send({"op": "spawn", "argv": argv, "env": env, "cwd": os.getcwd()}, fds=[worker_fd])
+        changed = {name: value for name, value in env.items() if self.env.get(name) != value}  # TMPDIR
+        removed = [name for name in self.env if name not in env]
+        ask = self._send({"op": "spawn", "argv": argv, "env": changed, "unset": removed, "cwd": os.getcwd()},
+                         fds=[worker_fd])
         return ForkedWorker(self, ask)
 
     def pid(self, ask: int) -> int:
@@ -242,7 +250,8 @@ def _become_worker(sock: socket.socket, worker_fd: int, message: dict) -> None:
     try:
         sock.close()
         os.setsid()
-        os.environ.clear()
+        for name in message["unset"]:  # the zygote's environment is the session's, but for these
+            os.environ.pop(name, None)
         os.environ.update(message["env"])
         tempfile.tempdir = None  # TMPDIR is the worker's own folder now
         os.chdir(message["cwd"])
@@ -259,6 +268,7 @@ def _main() -> None:
     fd = int(sys.argv[sys.argv.index("--fd") + 1])
     sock = socket.socket(fileno=fd)
     _serve(sock)
+    os._exit(0)  # the session is gone: no interpreter teardown (TVM's takes tenths of a second)
 
 
 if __name__ == "__main__":
