@@ -10,7 +10,7 @@ In one run on one machine, for each model:
   - the model recorded once on torch (not timed against the anchor: a trace is recorded once and
     bisected many times), and a 1% fault planted at the op in the middle (tests/transforms/faults.py);
   - tapml-dbg's time to answer, each in a fresh process (imports and worker start-up included, up to
-    the answer with the session closed, where `tapml-dbg bisect` prints it; not the interpreter's exit):
+    the answer, where `tapml-dbg bisect` prints it; not the workers' and the interpreter's exit after):
     `Session.bisect` with an empty compile cache (cold), the same again (warm), and after the
     transform changed to also rewrite every op of one kind (changed: the middle op's kind; the values
     stay the same, the units of that kind change), with what the compile cache built and reused;
@@ -150,13 +150,14 @@ def answer(trace: str, target: str, transform: str, cache: str, expected: str, p
     with Session.open(trace, target=target, transform=transform, cache_dir=cache, start_workers=True,
                       searching=True, parallel=int(parallel) if parallel else None) as session:
         result = session.bisect()
+        answered = time.time()  # where `tapml-dbg bisect` prints it (its workers stop after)
         report = session.lanes.cache
         culprit = result.culprit
         found = {"found": bool(culprit and culprit.name == expected), "culprit": culprit.name if culprit else None,
                  "verdict": str(culprit.verdict) if culprit else None, "probes": result.probes,
                  "compiled": report.compiled, "reused": report.reused, "compile lanes": session.lanes.compile_lanes,
                  "search s": result.seconds}
-    return found | {"answered at": time.time()}  # the session closed: where `tapml-dbg bisect` prints it
+    return found | {"answered at": answered}
 
 
 def live(trace: str, target: str, transform: str, cache: str, expected: str, edited: str,
@@ -181,8 +182,8 @@ def live(trace: str, target: str, transform: str, cache: str, expected: str, edi
 
 def _child(kind: str, *args: str) -> dict:
     """Run `kind` in a fresh interpreter; its wall time from the process's start to its answer (a
-    child that says when it had it: the interpreter's exit after that is not waited for by a user,
-    who reads the answer; it is kept as `exit s`)."""
+    child that says when it had it: the workers' and the interpreter's exit after that are not
+    waited for by a user, who reads the answer; kept as `exit s`)."""
     started, spawned = time.perf_counter(), time.time()
     done = subprocess.run([sys.executable, __file__, "--child", kind, *args], capture_output=True, text=True,
                           timeout=CHILD_TIMEOUT_S)
@@ -277,7 +278,7 @@ def _print(rows: list[dict], target: str, parallel: int | None = None) -> None:
               f"{'yes' if not wrong else 'NO: ' + ', '.join(wrong)} ({cold['verdict']}) |")
     exits = [row[phase]["exit s"] for row in rows for phase in ("cold", "warm", "changed")]
     print(f"(cold, warm, changed: wall seconds of a fresh process each, from its start to the answer, start-up "
-          f"included, the interpreter's exit after it not ({max(exits):.1f} s at most); changed, live "
+          f"included, the exit after it not ({max(exits):.1f} s at most); changed, live "
           f"session: the second bisect of one session, after the pass was edited in place (the REPL's "
           f"edit-and-rerun loop); the TVM import itself, {rows[-1]['tvm import s']:.1f} s in the anchor's "
           "process, is in no column; record s: "

@@ -327,11 +327,14 @@ def _bisect(args, out, err) -> int:
     with _open_session(args, searching=not args.no_sweep) as session:
         with progress("bisecting", err, show=_bar(args)) as report:
             result = session.bisect(sweep=not args.no_sweep, progress=report)
+        # the answer first, then the report; the workers stop after (a CUDA worker's exit: tenths of a second)
+        if args.json:
+            print(strict_json(result.to_json()), flush=True)
+        else:
+            render(result, out)
         written = _write_report(args, session, err, folder, result) if folder is not None else None
     if args.json:
-        print(strict_json(result.to_json()))
         return 0
-    render(result, out)
     if written is not None:
         render(written, out)
     render(_bisect_next(args, result), out)
