@@ -204,3 +204,32 @@ def test_the_unit_index_is_found_without_tvm_and_keeps_its_version_inside(tmp_pa
     data = json.loads(index.path.read_text())
     index.path.write_text(json.dumps({**data, "version": "tvm 0.1, recipe 1"}))
     assert not UnitIndex(tmp_path, "llvm", None).cached(unit)
+
+
+COUNTING_PASS = '''
+from pathlib import Path
+
+
+def counted(mod):
+    with open(Path(__file__).with_suffix(".calls"), "a") as calls:
+        calls.write("applied\\n")
+    return mod
+'''
+
+
+def test_a_key_one_worker_computed_is_the_next_ones_without_the_transform(mlp, tmp_path):
+    """The session's key ledger: the side worker runs a unit lane 0 ran by the key lane 0 computed,
+    without applying the pass again; once the pass's text changes, its keys are its own."""
+    transform, calls = tmp_path / "counting.py", tmp_path / "counting.calls"
+    transform.write_text(COUNTING_PASS)
+    with Session.open(mlp, transform=f"{transform}:counted", cache_dir=tmp_path / "cache") as session:
+        request = session.requests.isolated(5)
+        first = session.lanes.run(request)
+        assert first.ok and calls.read_text().count("applied") == 1
+        second = session.lanes.run_beside(request)
+        assert second.ok and second.key == first.key and second.cached
+        assert calls.read_text().count("applied") == 1  # the ledger's key: the pass did not run
+        np.testing.assert_array_equal(second.outputs[0][0], first.outputs[0][0])
+        transform.write_text(COUNTING_PASS + "\n# edited\n")
+        third = session.lanes.run_beside(request)
+        assert third.ok and calls.read_text().count("applied") == 2  # another text: not the old key

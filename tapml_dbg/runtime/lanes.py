@@ -20,6 +20,7 @@ side worker).
 from __future__ import annotations
 
 import os
+import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -88,11 +89,15 @@ class Lanes:
         self.spec = spec
         self.plan: LanePlan = plan_lanes(spec.parallel, spec.rpc, spec.tracker, spec.key)
         self.zygotes = ZygoteSlot()  # every worker of the session is forked from one TVM import
-        self.pool = ExecutorPool(WorkerConfig(trace_path=trace_path, spec=spec, cache_dir=cache_dir),
+        handle, self.ledger_path = tempfile.mkstemp(prefix="tapml-keys-", suffix=".txt")  # compile_cache.KeyLedger
+        os.close(handle)
+        self.pool = ExecutorPool(WorkerConfig(trace_path=trace_path, spec=spec, cache_dir=cache_dir,
+                                              ledger_path=self.ledger_path),
                                  lanes=self.plan.lanes, zygotes=self.zygotes)
         count = default_compile_lanes() if compile_lanes is None else compile_lanes
         host = spec.with_options(rpc=None, tracker=None, key=None)  # compile lanes never open a device
-        self.compile_pool = ExecutorPool(WorkerConfig(trace_path=trace_path, spec=host, cache_dir=cache_dir),
+        self.compile_pool = ExecutorPool(WorkerConfig(trace_path=trace_path, spec=host, cache_dir=cache_dir,
+                                                      ledger_path=self.ledger_path),
                                          lanes=count, zygotes=self.zygotes) if count > 0 else None
         self.units = 0  # units that ran (probes, verdicts, compiles)
         self.cache = CacheReport()
@@ -240,3 +245,7 @@ class Lanes:
         for worker in workers:
             worker.close()
         self.zygotes.close()
+        try:
+            os.unlink(self.ledger_path)
+        except OSError:
+            pass

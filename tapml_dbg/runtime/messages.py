@@ -32,14 +32,17 @@ class WorkerConfig:
     trace_path: str
     spec: TargetSpec
     cache_dir: str = ""
+    ledger_path: str = ""  # the session's KeyLedger (runtime/compile_cache.py); "": none
 
     def to_json(self) -> str:
-        return json.dumps({"trace_path": self.trace_path, "spec": self.spec.to_json(), "cache_dir": self.cache_dir})
+        return json.dumps({"trace_path": self.trace_path, "spec": self.spec.to_json(), "cache_dir": self.cache_dir,
+                           "ledger_path": self.ledger_path})
 
     @classmethod
     def from_json(cls, text: str) -> "WorkerConfig":
         data = json.loads(text)
-        return cls(data["trace_path"], TargetSpec.from_json(data["spec"]), data["cache_dir"])
+        return cls(data["trace_path"], TargetSpec.from_json(data["spec"]), data["cache_dir"],
+                   data.get("ledger_path", ""))
 
 
 @dataclass

@@ -19,7 +19,8 @@ from pathlib import Path
 from tapml_dbg.errors import TapmlError, TraceError
 from tapml_dbg.portable import PortableError, Runner, flatten, one_line
 from tapml_dbg.portable.screen import clearly_passes
-from tapml_dbg.runtime.compile_cache import CompiledUnit, compile_only, compile_unit
+from tapml_dbg.runtime.compile_cache import (CompiledUnit, KeyLedger, compile_only, compile_unit, from_ledger,
+                                             remember_key, transform_identity)
 from tapml_dbg.runtime.messages import ChainRequest, UnitRequest, UnitStatus, WorkerConfig
 from tapml_dbg.runtime.target import NO_DEVICE_HINT
 from tapml_dbg.trace import TraceReader
@@ -68,6 +69,7 @@ class _WorkerState:
         self.runner: Runner | None = None  # made on the first unit that runs
         self.chain_values: dict[str, list] = {}  # op name -> its device tensors, while a chain runs
         self.recorded: RecentOpOutputs | None = None  # the trace's op outputs, the last ones read kept
+        self.ledger = KeyLedger(config.ledger_path) if config.ledger_path else None  # keys the session's workers computed
 
     def handle(self, request: UnitRequest | ChainRequest) -> dict:
         if isinstance(request, ChainRequest):
@@ -170,11 +172,18 @@ class _WorkerState:
         return done | {"outputs": outputs, "run_seconds": time.perf_counter() - compiled_at}
 
     def _compiled(self, request: UnitRequest, rebuild: bool = False) -> CompiledUnit:
-        """The unit's library: the one a compile lane named, else from (or into) the cache."""
+        """The unit's library: the one a compile lane named, or whose key another worker of the
+        session computed (the ledger), else from (or into) the cache."""
         if request.library and not rebuild and Path(request.library).is_file():
             return CompiledUnit(Path(request.library), True)
-        return compile_unit(request.unit_json, self.config.spec.target, self.config.spec.transform,
-                            Path(self.config.cache_dir), rebuild=rebuild)
+        spec, cache_dir = self.config.spec, Path(self.config.cache_dir)
+        known = None if rebuild else from_ledger(request.unit_json, spec.transform, cache_dir, self.ledger)
+        if known is not None:
+            return known
+        identity = transform_identity(spec.transform) if self.ledger is not None else ""
+        compiled = compile_unit(request.unit_json, spec.target, spec.transform, cache_dir, rebuild=rebuild)
+        remember_key(request.unit_json, spec.transform, compiled.key, self.ledger, identity)
+        return compiled
 
     def _load(self, runner: Runner, request: UnitRequest, compiled: CompiledUnit):
         """Load the library; one that does not load (a damaged file under an intact record) is built again."""
