@@ -95,13 +95,21 @@ class CacheEntry:
         self.meta = folder / f"{key}{ENTRY_META_SUFFIX}"
 
     def valid(self) -> bool:
-        """Both files there and the library's bytes the ones recorded (a torn or damaged entry is not)."""
+        """Both files there and the library's bytes the ones recorded (a torn or damaged entry is not).
+        A pair this process checked and that is untouched since (same files, sizes, times) is not
+        hashed again: a search loads one library for the same op in every layer."""
         try:
+            seen = (_file_identity(self.library), _file_identity(self.meta))
+            if _VALID.get(str(self.library)) == seen:
+                return True
             record = json.loads(self.meta.read_text())
-            return (record.get("size") == self.library.stat().st_size
+            good = (record.get("size") == self.library.stat().st_size
                     and record.get("sha256") == _file_digest(self.library))
         except (OSError, ValueError, AttributeError):
             return False
+        if good:
+            _VALID[str(self.library)] = seen
+        return good
 
     def store(self, executable) -> None:
         """Export the library, then its record, each under a temporary name renamed into place."""
@@ -278,6 +286,14 @@ class _KeyLock:
     def __exit__(self, *exc) -> None:
         fcntl.flock(self.handle, fcntl.LOCK_UN)
         self.handle.close()
+
+
+_VALID: dict[str, tuple] = {}  # library path -> (library, record) file identities when last found valid
+
+
+def _file_identity(path: Path) -> tuple:
+    info = path.stat()
+    return info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns
 
 
 def _file_digest(path: Path) -> str:

@@ -42,7 +42,7 @@ class TraceReader:
         self._ops = None
         self._verified: set[str] = set()  # datasets whose checksum already matched in this reader
         self._groups: dict[str, h5py.Group] = {}  # top-level groups, checked once (the file is read-only)
-        self._op_markers: dict[int, tuple[bool, bool]] = {}
+        self._op_markers: dict[tuple[int, str], bool] = {}
         h5safe.plugin_search.acquire()
         self._plugins_off = True
         try:
@@ -174,17 +174,18 @@ class TraceReader:
     # ---- ops ---------------------------------------------------------------------------
     def has_op(self, index: int) -> bool:
         """True only when op `index`'s outputs were completely written (its `done` marker)."""
-        return self._markers(index)[0]
+        return self._marker_of(index, S.ATTR_DONE)
 
-    def _markers(self, index: int) -> tuple[bool, bool]:
-        """An op group's (`done`, `stats_done`) markers, read once; False where absent or unreadable
-        (the group of an op a killed recorder was writing), never an error."""
+    def _marker_of(self, index: int, name: str) -> bool:
+        """An op group's marker (`done`, `stats_done`), each read once and only when asked (a search
+        asks for `done` of every op it runs); False where absent or unreadable (the group of an op a
+        killed recorder was writing), never an error."""
         index = int(index)
         if not 0 <= index < len(self.ops):  # a damaged op table is an error, not "nothing recorded"
-            return False, False
-        if index not in self._op_markers:
-            self._op_markers[index] = (self._marker(index, S.ATTR_DONE), self._marker(index, S.ATTR_STATS_DONE))
-        return self._op_markers[index]
+            return False
+        if (index, name) not in self._op_markers:
+            self._op_markers[(index, name)] = self._marker(index, name)
+        return self._op_markers[(index, name)]
 
     def _marker(self, index: int, name: str) -> bool:
         try:
@@ -221,8 +222,7 @@ class TraceReader:
 
     def stats_only(self, index: int) -> bool:
         """True when a capture budget kept op `index`'s stats but not its tensors (v1.1)."""
-        done, stats_done = self._markers(index)
-        return stats_done and not done
+        return not self.has_op(index) and self._marker_of(index, S.ATTR_STATS_DONE)
 
     def stats_only_ops(self) -> list[int]:
         if self.capture is None:
