@@ -10,8 +10,9 @@ folder), so a crash inside TVM still takes only that worker down.
 
 The zygote never opens a device (a forked CUDA context is unusable) and runs no thread of its own.
 Each session has its own (`ZygoteSlot`), closed with its workers, and started again with the
-environment of the moment when that changed (TVM reads some variables at import). Set `TAPML_ZYGOTE=0` to start each
-worker with a fresh interpreter instead, which is also what happens when the zygote cannot start.
+environment of the moment when that changed (TVM reads some variables at import). Set
+`TAPML_ZYGOTE=0` to start each worker with a fresh interpreter instead, which is also what
+happens when the zygote cannot start (or, as on macOS, has no SOCK_SEQPACKET sockets).
 
 Protocol: JSON messages over a SOCK_SEQPACKET socket pair (one message per packet), the worker's
 end of its socket pair passed along with a spawn request (SCM_RIGHTS). The zygote reaps its
@@ -43,6 +44,7 @@ PACKET_BYTES = 1 << 20  # a spawn request carries the worker's config and what d
 SEND_BUFFER_BYTES = 1 << 20
 EXIT_POLL_S = 0.005  # how often `wait` asks whether a worker has exited
 KEPT_EXITS = 4096  # exit statuses of reaped workers the zygote remembers
+CLOSE_WAIT_S = 0.5  # a closed zygote exits at once once it serves; one still importing is killed
 
 
 class ZygoteError(RuntimeError):
@@ -120,10 +122,11 @@ class Zygote:
             self._socket.close()  # the zygote exits at end of file; its workers live on until told
         except OSError:
             pass
-        try:
-            self._popen.wait(timeout=5)
+        try:  # one still importing TVM notices only after: nothing of it is needed any more
+            self._popen.wait(timeout=CLOSE_WAIT_S)
         except subprocess.TimeoutExpired:
             self._popen.kill()
+            self._popen.wait()
 
 
 class ForkedWorker:
