@@ -235,7 +235,8 @@ class KeyLedger:
                 self._keys.setdefault((parts[0], parts[1]), parts[2])
 
 
-def from_ledger(unit_json: dict, transform: str | None, cache_dir: Path, ledger: KeyLedger | None) -> CompiledUnit | None:
+def from_ledger(unit_json: dict, transform: str | None, cache_dir: Path,
+                ledger: KeyLedger | None) -> CompiledUnit | None:
     """The unit's library from a key the session's ledger holds, when the cache has it intact (None: compute it)."""
     if ledger is None:
         return None
