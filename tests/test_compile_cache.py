@@ -217,9 +217,10 @@ def counted(mod):
 '''
 
 
-def test_a_key_one_worker_computed_is_the_next_ones_without_the_transform(mlp, tmp_path):
+def test_a_key_one_worker_computed_is_the_next_ones_without_the_transform(mlp, tmp_path, monkeypatch):
     """The session's key ledger: the side worker runs a unit lane 0 ran by the key lane 0 computed,
-    without applying the pass again; once the pass's text changes, its keys are its own."""
+    without applying the pass again; a worker of another environment, or once the pass's text
+    changed, computes its own."""
     transform, calls = tmp_path / "counting.py", tmp_path / "counting.calls"
     transform.write_text(COUNTING_PASS)
     with Session.open(mlp, transform=f"{transform}:counted", cache_dir=tmp_path / "cache") as session:
@@ -230,6 +231,10 @@ def test_a_key_one_worker_computed_is_the_next_ones_without_the_transform(mlp, t
         assert second.ok and second.key == first.key and second.cached
         assert calls.read_text().count("applied") == 1  # the ledger's key: the pass did not run
         np.testing.assert_array_equal(second.outputs[0][0], first.outputs[0][0])
-        transform.write_text(COUNTING_PASS + "\n# edited\n")
+        monkeypatch.setenv("TAPML_TEST_LEDGER_SCOPE", "another")  # a pass may read the environment
+        session.lanes.stop_beside()  # its next worker starts with this environment
         third = session.lanes.run_beside(request)
-        assert third.ok and calls.read_text().count("applied") == 2  # another text: not the old key
+        assert third.ok and calls.read_text().count("applied") == 2
+        transform.write_text(COUNTING_PASS + "\n# edited\n")
+        fourth = session.lanes.run_beside(request)
+        assert fourth.ok and calls.read_text().count("applied") == 3  # another text: not the old key

@@ -192,17 +192,20 @@ class KeyLedger:
     run the same unit takes it from here instead of running the transform again (GPT-2 on the H200:
     2.3 ms of the chain's ~6 ms an op went on that, while the compile lanes had just done it).
 
-    A line is `IDENTITY UNIT_ID KEY`; a worker takes only the lines of the transform text it has
-    loaded itself (`transform_identity`), so an edited pass never borrows a key of the old text.
-    Each line is one `O_APPEND` write, whole. Unlike the `UnitIndex` it is no hint: its keys were
-    computed in this session, with its environment, as this worker would compute them."""
+    A line is `SCOPE/IDENTITY UNIT_ID KEY`; a worker takes only the lines of the transform text it
+    has loaded itself (`transform_identity`) and of its own environment (`scope`: a transform may
+    read variables), so an edited pass never borrows a key of the old text. Each line is one
+    `O_APPEND` write, whole. Unlike the `UnitIndex` it is no hint: its keys were computed in this
+    session, under the same text and environment, as this worker would compute them."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, scope: str = ""):
         self.path = path
+        self.scope = scope
         self._offset = 0
         self._keys: dict[tuple[str, str], str] = {}
 
     def add(self, identity: str, unit_id: str, key: str) -> None:
+        identity = f"{self.scope}/{identity}"
         if (identity, unit_id) in self._keys or not key:
             return
         self._keys[(identity, unit_id)] = key
@@ -216,6 +219,7 @@ class KeyLedger:
             pass  # a lost line only costs a worker the transform
 
     def get(self, identity: str, unit_id: str) -> str | None:
+        identity = f"{self.scope}/{identity}"
         if (identity, unit_id) not in self._keys:
             self._read_new()
         return self._keys.get((identity, unit_id))
@@ -233,6 +237,12 @@ class KeyLedger:
             parts = line.split(" ")
             if len(parts) == 3:
                 self._keys.setdefault((parts[0], parts[1]), parts[2])
+
+
+def environment_scope(environ) -> str:
+    """A digest of an environment but TMPDIR (each worker's own folder): the ledger's scope."""
+    text = json.dumps(sorted((name, value) for name, value in environ.items() if name != "TMPDIR"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def from_ledger(unit_json: dict, transform: str | None, cache_dir: Path,

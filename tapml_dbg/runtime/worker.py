@@ -12,6 +12,8 @@ from tapml_dbg.runtime.tvm_import import import_tvm_without_torch
 if __name__ == "__main__":  # a worker process: it never uses torch (starts in ~0.8 s instead of ~2.4)
     import_tvm_without_torch()
 
+import os
+import sys
 import time
 import traceback
 from pathlib import Path
@@ -19,8 +21,8 @@ from pathlib import Path
 from tapml_dbg.errors import TapmlError, TraceError
 from tapml_dbg.portable import PortableError, Runner, flatten, one_line
 from tapml_dbg.portable.screen import clearly_passes
-from tapml_dbg.runtime.compile_cache import (CompiledUnit, KeyLedger, compile_only, compile_unit, from_ledger,
-                                             remember_key, transform_identity)
+from tapml_dbg.runtime.compile_cache import (CompiledUnit, KeyLedger, compile_only, compile_unit,
+                                             environment_scope, from_ledger, remember_key, transform_identity)
 from tapml_dbg.runtime.messages import ChainRequest, UnitRequest, UnitStatus, WorkerConfig
 from tapml_dbg.runtime.target import NO_DEVICE_HINT
 from tapml_dbg.trace import TraceReader
@@ -46,9 +48,6 @@ def worker_main(conn, config: WorkerConfig, log_path: str | None = None) -> None
 
 def _redirect_native_output(log_path: str) -> None:
     """TVM's C++ warnings go to fd 1/2; keep them in a log the session can quote after a crash."""
-    import os
-    import sys
-
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
@@ -69,7 +68,7 @@ class _WorkerState:
         self.runner: Runner | None = None  # made on the first unit that runs
         self.chain_values: dict[str, list] = {}  # op name -> its device tensors, while a chain runs
         self.recorded: RecentOpOutputs | None = None  # the trace's op outputs, the last ones read kept
-        self.ledger = KeyLedger(config.ledger_path) if config.ledger_path else None  # keys the session's workers computed
+        self.ledger = KeyLedger(config.ledger_path, environment_scope(os.environ)) if config.ledger_path else None
 
     def handle(self, request: UnitRequest | ChainRequest) -> dict:
         if isinstance(request, ChainRequest):
@@ -282,9 +281,6 @@ def serve(argv: list[str]) -> None:
 def _exit_now() -> None:
     """Leave without the interpreter's teardown (TVM's and CUDA's: 0.3-0.8 s a worker): nothing of a
     worker's outlives it but its log, flushed here, and its scratch folder, which the session removes."""
-    import os
-    import sys
-
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
@@ -294,6 +290,4 @@ def _exit_now() -> None:
 
 
 if __name__ == "__main__":
-    import sys
-
     serve(sys.argv[1:])
