@@ -140,7 +140,7 @@ class ChainSearch:
         lanes = self.session.lanes
         units = [self.session.requests.to_build(index) for index in self.indices]
         distinct = {lanes.index.unit_id(unit.unit_json): unit for unit in units}
-        todo = [unit for unit in distinct.values() if not lanes.index.cached(unit.unit_json)]
+        todo = [unit for unit_id, unit in distinct.items() if not lanes.index.holds(unit_id)]
         if not todo:
             return None
 

@@ -157,7 +157,11 @@ class UnitIndex:
 
     def cached(self, unit_json: dict) -> bool:
         """Whether the unit's library, as of the last run, is in the cache and intact."""
-        key = self._entries().get(self.unit_id(unit_json))
+        return self.holds(self.unit_id(unit_json))
+
+    def holds(self, unit_id: str) -> bool:
+        """`cached`, for a unit whose id the caller has already computed."""
+        key = self._entries().get(unit_id)
         return bool(key) and CacheEntry(self.folder, key).valid()
 
     def record(self, pairs) -> None:
@@ -218,6 +222,12 @@ class KeyLedger:
         except OSError:
             pass  # a lost line only costs a worker the transform
 
+    def library(self, identity: str, unit_id: str, cache_dir: Path) -> CompiledUnit | None:
+        """The unit's library under a key the ledger holds, when the cache has it intact (None: compute it)."""
+        key = self.get(identity, unit_id)
+        entry = CacheEntry(Path(cache_dir), key) if key else None
+        return CompiledUnit(entry.library, True, key) if entry is not None and entry.valid() else None
+
     def get(self, identity: str, unit_id: str) -> str | None:
         identity = f"{self.scope}/{identity}"
         if (identity, unit_id) not in self._keys:
@@ -243,23 +253,6 @@ def environment_scope(environ) -> str:
     """A digest of an environment but TMPDIR (each worker's own folder): the ledger's scope."""
     text = json.dumps(sorted((name, value) for name, value in environ.items() if name != "TMPDIR"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def from_ledger(unit_json: dict, transform: str | None, cache_dir: Path,
-                ledger: KeyLedger | None) -> CompiledUnit | None:
-    """The unit's library from a key the session's ledger holds, when the cache has it intact (None: compute it)."""
-    if ledger is None:
-        return None
-    key = ledger.get(transform_identity(transform), UnitIndex.unit_id(unit_json))
-    entry = CacheEntry(Path(cache_dir), key) if key else None
-    return CompiledUnit(entry.library, True, key) if entry is not None and entry.valid() else None
-
-
-def remember_key(unit_json: dict, transform: str | None, key: str, ledger: KeyLedger | None,
-                 identity_before: str) -> None:
-    """Put a key this worker computed in the ledger, when the transform's text did not change meanwhile."""
-    if ledger is not None and key and transform_identity(transform) == identity_before:
-        ledger.add(identity_before, UnitIndex.unit_id(unit_json), key)
 
 
 def _built_by() -> str:

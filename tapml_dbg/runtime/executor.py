@@ -12,7 +12,8 @@ with it, and a library it was writing into the compile cache when killed is remo
 A worker's memory stays bounded over a long session: TVM keeps some memory for every distinct
 unit it compiles (about 0.3 MiB per small unit on llvm, more for long ranges), so a worker that
 has grown `WORKER_GROWTH_MIB` past what it held after its first unit is replaced by a fresh one
-between two units (`recycled` counts them; a fresh worker costs a TVM import, a second or two).
+between two units (`recycled` counts them; a fresh worker is a fork of the session's zygote, or a
+TVM import without one).
 """
 
 from __future__ import annotations

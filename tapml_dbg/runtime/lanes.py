@@ -10,7 +10,7 @@ but the one the run lane keeps busy, at most `COMPILE_LANES_CAP`; `$TAPML_COMPIL
 number, 0 turns them off): worker processes that only compile, on this host, into the compile
 cache. A dispatch of enough units hands each to them first and to a run lane once its library is
 built, so the device runs while the host compiles; over RPC only the run lanes touch the remote
-device. They start on first use (a worker costs a TVM import, ~3 s of CPU).
+device. They start on first use (forked from the session's zygote: runtime/zygote.py).
 
 On a local target one more worker may run beside the lanes (`run_beside`): a search's chain runs
 there while the lanes sweep isolated verdicts, so the two use two cores (`$TAPML_SIDE_LANE=0`: no
@@ -120,11 +120,10 @@ class Lanes:
         return self.counted(self.pool.run(request, timeout_s))
 
     def start(self, beside: bool = False) -> None:
-        """Start lane 0's worker without waiting for it: it imports TVM while the caller does its
-        own start-up. `beside`: a search comes first (`bisect`), start its side worker too (else
-        it starts with the search's chain, which then waits for its TVM import), where there are
-        cores for three imports at once (on two cores it made a warm GPT-2 bisect 0.7 s slower:
-        the kernels keep both cores busy anyway, and the session's own start-up came later)."""
+        """Start lane 0's worker without waiting for it: the zygote imports TVM while the caller
+        does its own start-up. `beside`: a search comes first (`bisect`), start its side worker too,
+        where there are 4 cores or more (on two cores it measured no faster, with or without the
+        zygote: the kernels keep both cores busy anyway)."""
         self.pool.lanes[0].start()
         if beside and self.has_side and (os.cpu_count() or 1) >= EARLY_SIDE_MIN_CORES:
             self._side_worker().start()
@@ -207,7 +206,7 @@ class Lanes:
 
     def start_compile_lanes(self) -> None:
         """Start every compile lane's worker without waiting (a search that will compile ahead:
-        their TVM imports overlap the session's start-up)."""
+        they are forked as soon as the zygote has imported TVM, beside the session's start-up)."""
         if self.compile_lanes >= MIN_COMPILE_LANES:
             for lane in self.compile_pool.lanes:
                 lane.start()

@@ -21,8 +21,8 @@ from pathlib import Path
 from tapml_dbg.errors import TapmlError, TraceError
 from tapml_dbg.portable import PortableError, Runner, flatten, one_line
 from tapml_dbg.portable.screen import clearly_passes
-from tapml_dbg.runtime.compile_cache import (CompiledUnit, KeyLedger, compile_only, compile_unit,
-                                             environment_scope, from_ledger, remember_key, transform_identity)
+from tapml_dbg.runtime.compile_cache import (CompiledUnit, KeyLedger, UnitIndex, compile_only, compile_unit,
+                                             environment_scope, transform_identity)
 from tapml_dbg.runtime.messages import ChainRequest, UnitRequest, UnitStatus, WorkerConfig
 from tapml_dbg.runtime.target import NO_DEVICE_HINT
 from tapml_dbg.trace import TraceReader
@@ -176,12 +176,15 @@ class _WorkerState:
         if request.library and not rebuild and Path(request.library).is_file():
             return CompiledUnit(Path(request.library), True)
         spec, cache_dir = self.config.spec, Path(self.config.cache_dir)
-        known = None if rebuild else from_ledger(request.unit_json, spec.transform, cache_dir, self.ledger)
+        if self.ledger is None:
+            return compile_unit(request.unit_json, spec.target, spec.transform, cache_dir, rebuild=rebuild)
+        identity, unit_id = transform_identity(spec.transform), UnitIndex.unit_id(request.unit_json)
+        known = None if rebuild else self.ledger.library(identity, unit_id, cache_dir)
         if known is not None:
             return known
-        identity = transform_identity(spec.transform) if self.ledger is not None else ""
         compiled = compile_unit(request.unit_json, spec.target, spec.transform, cache_dir, rebuild=rebuild)
-        remember_key(request.unit_json, spec.transform, compiled.key, self.ledger, identity)
+        if transform_identity(spec.transform) == identity:  # the pass's text did not change meanwhile
+            self.ledger.add(identity, unit_id, compiled.key)
         return compiled
 
     def _load(self, runner: Runner, request: UnitRequest, compiled: CompiledUnit):

@@ -36,6 +36,8 @@ import threading
 import time
 import traceback
 
+import psutil
+
 from tapml_dbg.runtime import worker
 
 ZYGOTE_ENV = "TAPML_ZYGOTE"  # 0: no zygote, a fresh interpreter per worker
@@ -136,20 +138,26 @@ class ForkedWorker:
         self.zygote = zygote
         self._ask = ask
         self._pid: int | None = None
+        self._started: float | None = None  # the process's start time: a pid the system reused is not it
         self.returncode: int | None = None
 
     @property
     def pid(self) -> int:
         if self._pid is None:
             self._pid = self.zygote.pid(self._ask)
+            self._started = _start_time(self._pid)
         return self._pid
 
     def poll(self) -> int | None:
+        """None while the worker runs (asked of the system: the executor polls before every request),
+        else its return code, which only the zygote that reaped it knows."""
         if self.returncode is None:
             try:
+                if _running(self.pid, self._started):
+                    return None
                 self.returncode = self.zygote.exit_status(self.pid)
             except ZygoteError:  # the zygote died: it cannot say; the process itself can
-                self.returncode = None if self._pid is not None and _exists(self._pid) else -9
+                self.returncode = None if self._pid is not None and _running(self._pid, self._started) else -9
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
@@ -167,14 +175,23 @@ class ForkedWorker:
             pass
 
 
-def _exists(pid: int) -> bool:
+def _running(pid: int, started: float | None) -> bool:
+    """The process is there, is the one started then, and is not a zombie (one the zygote has not
+    reaped yet has exited)."""
     try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
+        process = psutil.Process(pid)
+        return process.create_time() == started and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
-    except PermissionError:
+    except psutil.AccessDenied:
         return True
+
+
+def _start_time(pid: int) -> float | None:
+    try:
+        return psutil.Process(pid).create_time()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
 
 
 class ZygoteSlot:
