@@ -24,6 +24,7 @@ import fcntl
 import hashlib
 import json
 import os
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,10 +61,12 @@ def cache_key(transformed_module, target) -> str:
 
 
 def compile_unit(unit_json: dict, target: str, transform: str | None, cache_dir: Path,
-                 export_format: str = "so", rebuild: bool = False) -> CompiledUnit:
+                 export_format: str = "so", rebuild: bool = False, meanwhile=nullcontext) -> CompiledUnit:
     """Compile (or fetch from the cache) one unit; returns the exported library's path.
 
     `rebuild`: the entry's library failed to load although its checksum matched; build it again.
+    `meanwhile()`: a context the wait for another worker's build, or the build, runs in (a
+    worker reads ahead in it).
     Raises TargetError for a bad target string, PortableError for a broken transform or a unit
     without device code, and whatever TVM raises for any other compile failure.
     """
@@ -72,7 +75,7 @@ def compile_unit(unit_json: dict, target: str, transform: str | None, cache_dir:
     entry = CacheEntry(Path(cache_dir), cache_key(transformed.result, tvm_target), export_format)
     if not rebuild and entry.valid():
         return CompiledUnit(entry.library, True, entry.key)
-    with entry.locked():
+    with meanwhile(), entry.locked():
         if not rebuild and entry.valid():  # another worker built it while this one waited
             return CompiledUnit(entry.library, True, entry.key)
         entry.store(portable.build(transformed.original, tvm_target, transformed.apply))

@@ -16,6 +16,8 @@ import os
 import sys
 import time
 import traceback
+from contextlib import nullcontext
+from functools import partial
 from pathlib import Path
 
 from tapml_dbg.errors import TapmlError, TraceError
@@ -26,9 +28,11 @@ from tapml_dbg.runtime.compile_cache import (CompiledUnit, KeyLedger, UnitIndex,
 from tapml_dbg.runtime.messages import ChainRequest, UnitRequest, UnitStatus, WorkerConfig
 from tapml_dbg.runtime.target import NO_DEVICE_HINT
 from tapml_dbg.trace import TraceReader
+from tapml_dbg.trace.read_ahead import ReadAhead
 from tapml_dbg.trace.recent import RecentOpOutputs
 
 RECORDED_CACHE_BYTES = 64 * 2**20  # recorded op outputs a worker keeps (LRU) for its next units
+READ_AHEAD_BYTES = 256 * 2**20  # params and recorded values a chain's worker reads ahead while it waits
 
 
 def worker_main(conn, config: WorkerConfig, log_path: str | None = None) -> None:
@@ -68,6 +72,7 @@ class _WorkerState:
         self.runner: Runner | None = None  # made on the first unit that runs
         self.chain_values: dict[str, list] = {}  # op name -> its device tensors, while a chain runs
         self.recorded: RecentOpOutputs | None = None  # the trace's op outputs, the last ones read kept
+        self.read_ahead: ReadAhead | None = None  # while a chain runs: what it will read, read while it waits
         self.ledger = KeyLedger(config.ledger_path, environment_scope(os.environ)) if config.ledger_path else None
 
     def handle(self, request: UnitRequest | ChainRequest) -> dict:
@@ -81,6 +86,7 @@ class _WorkerState:
         started = time.perf_counter()
         self.chain_values = {}
         try:
+            self.read_ahead = ReadAhead(self._reads_of(chain), READ_AHEAD_BYTES)
             kept: dict[str, list] = {}
             wanted = set(chain.keep)
             suspects: list[str] = []
@@ -114,11 +120,41 @@ class _WorkerState:
             names = suspects if chain.screen is not None else [name for name in chain.keep if name in kept]
             return {"status": UnitStatus.OK, "outputs": [kept[name] for name in names], "suspects": suspects,
                     "upstream": upstream, "unit_keys": keys, "cached": all(cached for _key, cached in keys),
-                    "seconds": time.perf_counter() - started}
+                    "seconds": time.perf_counter() - started, "read_ahead": self.read_ahead.read_ahead}
         except TraceError as exc:  # a corrupt recorded value the screen read: the trace's own message
             return {"status": UnitStatus.TRACE_ERROR, "message": str(exc)}
         finally:
             self.chain_values = {}
+            if self.read_ahead is not None:
+                self.read_ahead.close()
+                self.read_ahead = None
+
+    def _reads_of(self, chain: ChainRequest) -> list:
+        """What the chain will read from the trace, in its order: the params and recorded inputs its
+        units are fed, the recorded values it screens their outputs against."""
+        reader = self._trace()
+        reads: dict = {}
+        for name, unit in zip(chain.names, chain.units):
+            for ref in unit.inputs:
+                if ref[0] == "param" and ref[1] not in self.param_cache:
+                    reads.setdefault(("param", ref[1]), partial(reader.param, ref[1]))
+                elif ref[0] == "op" and ref[1] in self.op_index:
+                    index = self.op_index[ref[1]]
+                    reads.setdefault(("op", index), partial(_recorded_or_none, reader, index))
+            screened = chain.screen is not None and name not in chain.accept and name not in chain.unscreened
+            if screened and name in self.op_index:
+                index = self.op_index[name]
+                reads.setdefault(("op", index), partial(_recorded_or_none, reader, index))
+        return [(key, read) for key, read in reads.items() if key[0] == "param" or key[1] not in self.recorded]
+
+    def _recorded(self, index: int) -> list:
+        """Op `index`'s recorded values: kept, read ahead, or read now."""
+        if self.read_ahead is not None and index not in self.recorded:
+            values = self.read_ahead.take(("op", index))
+            if values is not None:
+                self.recorded.keep(index, values)
+                return values
+        return self.recorded.get(index)
 
     def _clear(self, name: str, values: list, rule) -> bool:
         """Whether op `name`'s target values clearly pass against its recorded ones (judge/screen.py)."""
@@ -126,7 +162,7 @@ class _WorkerState:
         index = self.op_index.get(name)
         if index is None or (index not in self.recorded and not reader.has_op(index)):
             return False
-        return clearly_passes(values, self.recorded.get(index), rule)
+        return clearly_passes(values, self._recorded(index), rule)
 
     def _unit(self, request: UnitRequest, keep_on_device: bool = False) -> dict:
         spec = self.config.spec
@@ -176,13 +212,15 @@ class _WorkerState:
         if request.library and not rebuild and Path(request.library).is_file():
             return CompiledUnit(Path(request.library), True)
         spec, cache_dir = self.config.spec, Path(self.config.cache_dir)
+        build = partial(compile_unit, request.unit_json, spec.target, spec.transform, cache_dir, rebuild=rebuild,
+                        meanwhile=self.read_ahead.meanwhile if self.read_ahead is not None else nullcontext)
         if self.ledger is None:
-            return compile_unit(request.unit_json, spec.target, spec.transform, cache_dir, rebuild=rebuild)
+            return build()
         identity, unit_id = transform_identity(spec.transform), UnitIndex.unit_id(request.unit_json)
         known = None if rebuild else self.ledger.library(identity, unit_id, cache_dir)
         if known is not None:
             return known
-        compiled = compile_unit(request.unit_json, spec.target, spec.transform, cache_dir, rebuild=rebuild)
+        compiled = build()
         if transform_identity(spec.transform) == identity:  # the pass's text did not change meanwhile
             self.ledger.add(identity, unit_id, compiled.key)
         return compiled
@@ -220,13 +258,15 @@ class _WorkerState:
         kind = ref[0]
         if kind == "param":
             if ref[1] not in self.param_cache:
-                self.param_cache[ref[1]] = self.runner.to_device(self._trace().param(ref[1]))
+                value = self.read_ahead.take(("param", ref[1])) if self.read_ahead is not None else None
+                self.param_cache[ref[1]] = self.runner.to_device(value if value is not None
+                                                                 else self._trace().param(ref[1]))
             return self.param_cache[ref[1]]
         if kind == "input":
             return self.runner.to_device(self._trace().input(ref[1]))
         if kind == "op":
             self._trace()
-            values = self.recorded.get(self.op_index[ref[1]])
+            values = self._recorded(self.op_index[ref[1]])
             return self.runner.to_device(values[max(ref[2], 0)])
         if kind == "value":
             return self.runner.to_device(ref[1])
@@ -237,6 +277,10 @@ class _WorkerState:
 
 # what TVM's RPC errors say when the other side is gone (the worker also asks the server, to be sure)
 _LOST_CONNECTION_MARKERS = ("RPCCode", "kShutdown", "Socket", "socket", "Connection", "connection", "Broken pipe")
+
+
+def _recorded_or_none(reader, index: int):
+    return reader.op_outputs(index) if reader.has_op(index) else None
 
 
 def _last_uses(chain: ChainRequest) -> dict[int, list[str]]:

@@ -30,6 +30,13 @@ class RecentOpOutputs:
             self._kept.move_to_end(index)
             return self._kept[index]
         values = self.reader.op_outputs(index)
+        self.keep(index, values)
+        return values
+
+    def keep(self, index: int, values: list[np.ndarray]) -> None:
+        """Keep op `index`'s values read elsewhere (read ahead) as if `get` had read them."""
+        if index in self._kept:
+            return
         size = _size(values)
         if size <= self.max_bytes:
             self._kept[index] = values
@@ -37,7 +44,6 @@ class RecentOpOutputs:
             while self._bytes > self.max_bytes:
                 _index, dropped = self._kept.popitem(last=False)
                 self._bytes -= _size(dropped)
-        return values
 
 
 def _size(values: list) -> int:
