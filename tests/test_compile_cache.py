@@ -141,6 +141,20 @@ def test_two_workers_building_the_same_key_build_it_once(clean, tmp_path):
     assert results[0].cached and results[0].path == entry.library  # ... and loads what was built
 
 
+def test_a_compile_lane_building_ahead_leaves_a_key_another_worker_is_building_to_it(clean, tmp_path):
+    """Units of different ops often share a key: a lane that waited for another's build of it sat
+    idle while the chain waited for units no lane had got to yet."""
+    unit, folder = _gelu_unit(clean), tmp_path / "cache"
+    target = parse_target("llvm")
+    entry = compile_cache.CacheEntry(folder, compile_cache.cache_key(compile_cache._transformed(unit, None).result,
+                                                                     target))
+    with entry.locked():  # another worker is building the key
+        ahead = compile_cache.compile_unit(unit, "llvm", None, folder, wait=False)
+    assert ahead.elsewhere and ahead.key == entry.key and not ahead.cached and not entry.library.exists()
+    built = compile_cache.compile_unit(unit, "llvm", None, folder, wait=False)  # nobody holds it: built here
+    assert not built.elsewhere and not built.cached and entry.valid()
+
+
 def test_compile_lanes_give_the_run_lanes_answers(mlp, tmp_path, monkeypatch):
     """Units compiled on two compile lanes and run on one lane: every op its own verdict."""
     transform = fault_transform(tmp_path, "scale", "gelu_1")

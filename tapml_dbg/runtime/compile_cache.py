@@ -48,6 +48,7 @@ class CompiledUnit:
     path: Path  # the exported library
     cached: bool  # found in the cache (False: compiled by this call)
     key: str = ""
+    elsewhere: bool = False  # not waited for: another worker holds the key's lock (its library is not there yet)
 
 
 def cache_key(transformed_module, target) -> str:
@@ -61,12 +62,14 @@ def cache_key(transformed_module, target) -> str:
 
 
 def compile_unit(unit_json: dict, target: str, transform: str | None, cache_dir: Path,
-                 export_format: str = "so", rebuild: bool = False, meanwhile=nullcontext) -> CompiledUnit:
+                 export_format: str = "so", rebuild: bool = False, meanwhile=nullcontext,
+                 wait: bool = True) -> CompiledUnit:
     """Compile (or fetch from the cache) one unit; returns the exported library's path.
 
     `rebuild`: the entry's library failed to load although its checksum matched; build it again.
     `meanwhile()`: a context the wait for another worker's build, or the build, runs in (a
-    worker reads ahead in it).
+    worker reads ahead in it). `wait=False`: a key whose lock another worker holds is left to it
+    (`elsewhere`; a compile lane building ahead goes on to its next unit).
     Raises TargetError for a bad target string, PortableError for a broken transform or a unit
     without device code, and whatever TVM raises for any other compile failure.
     """
@@ -75,7 +78,9 @@ def compile_unit(unit_json: dict, target: str, transform: str | None, cache_dir:
     entry = CacheEntry(Path(cache_dir), cache_key(transformed.result, tvm_target), export_format)
     if not rebuild and entry.valid():
         return CompiledUnit(entry.library, True, entry.key)
-    with meanwhile(), entry.locked():
+    with meanwhile(), entry.locked(wait) as lock:
+        if not lock.held:
+            return CompiledUnit(entry.library, False, entry.key, elsewhere=True)
         if not rebuild and entry.valid():  # another worker built it while this one waited
             return CompiledUnit(entry.library, True, entry.key)
         entry.store(portable.build(transformed.original, tvm_target, transformed.apply))
@@ -126,8 +131,8 @@ class CacheEntry:
         os.replace(library_tmp, self.library)
         os.replace(meta_tmp, self.meta)
 
-    def locked(self):
-        return _KeyLock(self.folder / LOCK_FOLDER / f"{int(self.key[:2], 16) % LOCK_STRIPES:02x}.lock")
+    def locked(self, wait: bool = True):
+        return _KeyLock(self.folder / LOCK_FOLDER / f"{int(self.key[:2], 16) % LOCK_STRIPES:02x}.lock", wait)
 
 
 class UnitIndex:
@@ -278,20 +283,28 @@ def transform_identity(spec: str | None) -> str:
 
 
 class _KeyLock:
-    """An exclusive `flock` on one stripe file; the kernel drops it when a killed worker dies."""
+    """An exclusive `flock` on one stripe file; the kernel drops it when a killed worker dies.
+    `wait=False`: not taken when another holds it (`held` False)."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, wait: bool = True):
         self.path = path
+        self.wait = wait
         self.handle = None
+        self.held = False
 
     def __enter__(self) -> "_KeyLock":
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.handle = open(self.path, "a")
-        fcntl.flock(self.handle, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(self.handle, fcntl.LOCK_EX if self.wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+            self.held = True
+        except BlockingIOError:
+            pass
         return self
 
     def __exit__(self, *exc) -> None:
-        fcntl.flock(self.handle, fcntl.LOCK_UN)
+        if self.held:
+            fcntl.flock(self.handle, fcntl.LOCK_UN)
         self.handle.close()
 
 

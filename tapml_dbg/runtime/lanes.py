@@ -168,11 +168,13 @@ class Lanes:
         side on the compile lanes when there are enough (one per `per_lane` units, default
         UNITS_PER_COMPILE_LANE), else on the run lanes. A unit that fails to compile is left for
         its run to report. The results in the requests' order (each with its cache key; None for
-        a unit not started before `cancel` was set: the units being built finish, no more start)."""
+        a unit not started before `cancel` was set: the units being built finish, no more start).
+        A lane does not wait for a key another lane is building (units of different ops often
+        have one key): it goes on to the next unit."""
         results: list[UnitResult | None] = [None] * len(requests)
         with self.dispatch(per_lane=per_lane) as work:
             for number, request in enumerate(requests):
-                work.submit(number, number, request.prepared())
+                work.submit(number, number, request.prepared(ahead=True))
             for number, result in work:
                 results[number] = self.counted(result)
                 if cancel is not None and cancel.is_set():

@@ -51,7 +51,9 @@ class UnitRequest:
 
     `compile_only`: generate code, no cache, no device (`tapml-dbg compile`). `prepare`: compile
     into the cache and say where the library is, without running (what a compile lane does).
-    `library`: the unit's library, already in the cache: load and run it without compiling.
+    `ahead`: a prepare that leaves a key another worker is building to that worker (its reply has
+    the key, no library yet) instead of waiting for it. `library`: the unit's library, already in
+    the cache: load and run it without compiling.
     """
 
     unit_json: dict
@@ -60,10 +62,11 @@ class UnitRequest:
     compile_only: bool = False
     prepare: bool = False
     library: str = ""
+    ahead: bool = False
 
-    def prepared(self) -> "UnitRequest":
-        """This unit for a compile lane: compile it into the cache, send no inputs."""
-        return replace(self, inputs=[], prepare=True, library="")
+    def prepared(self, ahead: bool = False) -> "UnitRequest":
+        """This unit for a compile lane: compile it into the cache, send no inputs (`ahead`: above)."""
+        return replace(self, inputs=[], prepare=True, library="", ahead=ahead)
 
     def from_library(self, library: str) -> "UnitRequest":
         """This unit for a run lane, once a compile lane has put its library in the cache."""

@@ -177,7 +177,8 @@ class _WorkerState:
             return {"status": UnitStatus.COMPILE_ERROR, "message": str(exc)}
         except Exception as exc:
             return {"status": UnitStatus.COMPILE_ERROR, "message": one_line(exc), "detail": traceback.format_exc()}
-        done = {"status": UnitStatus.OK, "cached": compiled.cached, "key": compiled.key,
+        # (a unit left to the worker building it is not one this request compiled)
+        done = {"status": UnitStatus.OK, "cached": compiled.cached or compiled.elsewhere, "key": compiled.key,
                 "library": str(compiled.path), "compile_seconds": time.perf_counter() - started}
         if request.prepare:
             return done | {"outputs": []}
@@ -213,7 +214,8 @@ class _WorkerState:
             return CompiledUnit(Path(request.library), True)
         spec, cache_dir = self.config.spec, Path(self.config.cache_dir)
         build = partial(compile_unit, request.unit_json, spec.target, spec.transform, cache_dir, rebuild=rebuild,
-                        meanwhile=self.read_ahead.meanwhile if self.read_ahead is not None else nullcontext)
+                        meanwhile=self.read_ahead.meanwhile if self.read_ahead is not None else nullcontext,
+                        wait=not request.ahead)
         if self.ledger is None:
             return build()
         identity, unit_id = transform_identity(spec.transform), UnitIndex.unit_id(request.unit_json)
