@@ -7,6 +7,7 @@ engine, the worker lanes and the repro writers; `.where` is the one label report
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 from dataclasses import asdict, dataclass, replace
 
@@ -55,8 +56,11 @@ class TargetSpec:
         return cls(**json.loads(text))
 
 
+@functools.lru_cache(maxsize=16)
 def parse_target(text: str):
-    """portable's parse_target (a bare kind, a TVM target string or a JSON dict), failing as a TargetError."""
+    """portable's parse_target (a bare kind, a TVM target string or a JSON dict), failing as a TargetError.
+    Once per text and process (a target is immutable; compiling asks for it per unit, and a bare
+    `cuda` asks the driver for the device's architecture each time)."""
     try:
         return portable.parse_target(text)
     except portable.PortableError as exc:

@@ -24,9 +24,9 @@ from tapml_dbg.errors import TapmlError, TraceError
 from tapml_dbg.portable import PortableError, Runner, flatten, one_line
 from tapml_dbg.portable.screen import clearly_passes
 from tapml_dbg.runtime.compile_cache import (CompiledUnit, KeyLedger, UnitIndex, compile_only, compile_unit,
-                                             environment_scope, transform_identity)
+                                             environment_scope, load_transform, transform_identity)
 from tapml_dbg.runtime.messages import ChainRequest, UnitRequest, UnitStatus, WorkerConfig
-from tapml_dbg.runtime.target import NO_DEVICE_HINT
+from tapml_dbg.runtime.target import NO_DEVICE_HINT, parse_target
 from tapml_dbg.trace import TraceReader
 from tapml_dbg.trace.read_ahead import ReadAhead
 from tapml_dbg.trace.recent import RecentOpOutputs
@@ -40,6 +40,7 @@ def worker_main(conn, config: WorkerConfig, log_path: str | None = None) -> None
     if log_path:
         _redirect_native_output(log_path)
     state = _WorkerState(config)
+    state.warm_up()
     while True:
         try:
             message = conn.recv()
@@ -74,6 +75,16 @@ class _WorkerState:
         self.recorded: RecentOpOutputs | None = None  # the trace's op outputs, the last ones read kept
         self.read_ahead: ReadAhead | None = None  # while a chain runs: what it will read, read while it waits
         self.ledger = KeyLedger(config.ledger_path, environment_scope(os.environ)) if config.ledger_path else None
+
+    def warm_up(self) -> None:
+        """What every worker's first unit pays, paid before it is asked for one (workers start
+        while the session opens): the target, the user's transform. A failure is left to that
+        first unit to report."""
+        try:
+            parse_target(self.config.spec.target)
+            load_transform(self.config.spec.transform)
+        except Exception:  # noqa: BLE001 - reported by the first unit, as without the warm-up
+            pass
 
     def handle(self, request: UnitRequest | ChainRequest) -> dict:
         if isinstance(request, ChainRequest):
