@@ -25,7 +25,7 @@ def _reads(count: int, size: int = 8, log: list | None = None, failing: set = fr
 
 def test_values_are_read_only_while_the_worker_waits_and_handed_over_once():
     log: list = []
-    ahead = ReadAhead(_reads(5, log=log), max_bytes=1 << 20)
+    ahead = ReadAhead(lambda: _reads(5, log=log), max_bytes=1 << 20)
     time.sleep(SETTLE_S)
     assert log == [], "nothing is read before the worker waits"
     with ahead.meanwhile():
@@ -39,7 +39,7 @@ def test_values_are_read_only_while_the_worker_waits_and_handed_over_once():
 
 
 def test_the_values_read_ahead_stay_under_the_budget_and_taking_them_makes_room():
-    ahead = ReadAhead(_reads(6, size=100), max_bytes=250)
+    ahead = ReadAhead(lambda: _reads(6, size=100), max_bytes=250)
     with ahead.meanwhile():
         time.sleep(SETTLE_S)
         assert ahead.read_ahead == 3, "it stops once the values not taken reach the budget"
@@ -51,7 +51,7 @@ def test_the_values_read_ahead_stay_under_the_budget_and_taking_them_makes_room(
 
 def test_a_value_asked_for_first_is_not_read_ahead_and_a_failed_read_is_left_to_the_worker():
     log: list = []
-    ahead = ReadAhead(_reads(4, log=log, failing={2}), max_bytes=1 << 20)
+    ahead = ReadAhead(lambda: _reads(4, log=log, failing={2}), max_bytes=1 << 20)
     assert ahead.take(1) is None  # the worker reads it itself
     with ahead.meanwhile():
         time.sleep(SETTLE_S)

@@ -97,7 +97,8 @@ class _WorkerState:
         started = time.perf_counter()
         self.chain_values = {}
         try:
-            self.read_ahead = ReadAhead(self._reads_of(chain), READ_AHEAD_BYTES)
+            self._trace()  # open here: the read-ahead's plan only looks things up in it
+            self.read_ahead = ReadAhead(partial(self._reads_of, chain), READ_AHEAD_BYTES)
             kept: dict[str, list] = {}
             wanted = set(chain.keep)
             suspects: list[str] = []
@@ -141,8 +142,9 @@ class _WorkerState:
                 self.read_ahead = None
 
     def _reads_of(self, chain: ChainRequest) -> list:
-        """What the chain will read from the trace, in its order: the params and recorded inputs its
-        units are fed, the recorded values it screens their outputs against."""
+        """What the chain will still read from the trace, in its order: the params and recorded
+        inputs its units are fed, the recorded values it screens their outputs against (not those
+        it holds already)."""
         reader = self._trace()
         reads: dict = {}
         for name, unit in zip(chain.names, chain.units):

@@ -23,12 +23,15 @@ import numpy as np
 
 
 class ReadAhead:
-    """`reads`: (key, read) pairs in the order the worker will want them; `take(key)` hands over a
-    value read ahead (None: read it yourself)."""
+    """`plan()`: the (key, read) pairs still to come, in the order the worker will want them, asked
+    for by the helper at the worker's first wait (a worker that never waits pays nothing; `plan`
+    runs beside the worker, so it only looks things up); `take(key)` hands over a value read ahead
+    (None: read it yourself)."""
 
-    def __init__(self, reads: Iterable[tuple[Hashable, Callable[[], object]]], max_bytes: int):
+    def __init__(self, plan: Callable[[], Iterable[tuple[Hashable, Callable[[], object]]]], max_bytes: int):
         self.max_bytes = max_bytes
-        self._pending: deque = deque(reads)
+        self._plan = plan
+        self._pending: deque = deque()
         self._ready: dict = {}
         self._bytes = 0
         self._skip: set = set()  # taken (or asked for) before they were read: not read, or dropped
@@ -42,7 +45,7 @@ class ReadAhead:
     def meanwhile(self):
         """The worker waits (a build, a lock) while inside: the helper reads."""
         with self._changed:
-            if self._thread is None and self._pending and not self._closed:
+            if self._thread is None and not self._closed:
                 self._thread = threading.Thread(target=self._run, name="tapml-read-ahead", daemon=True)
                 self._thread.start()
             self._waiting = True
@@ -73,6 +76,12 @@ class ReadAhead:
             self._changed.notify_all()
 
     def _run(self) -> None:
+        try:
+            reads = deque(self._plan())
+        except Exception:  # no plan, no reading ahead: the worker reads everything itself
+            return
+        with self._changed:
+            self._pending = reads
         while True:
             with self._changed:
                 self._changed.wait_for(lambda: self._closed or not self._pending
