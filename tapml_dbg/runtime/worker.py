@@ -147,18 +147,21 @@ class _WorkerState:
         it holds already)."""
         reader = self._trace()
         reads: dict = {}
+
+        def recorded(op_name: str) -> None:
+            index = self.op_index.get(op_name)
+            if index is not None and index not in self.recorded:
+                reads.setdefault(("op", index), partial(_recorded_or_none, reader, index))
+
         for name, unit in zip(chain.names, chain.units):
             for ref in unit.inputs:
                 if ref[0] == "param" and ref[1] not in self.param_cache:
                     reads.setdefault(("param", ref[1]), partial(reader.param, ref[1]))
-                elif ref[0] == "op" and ref[1] in self.op_index:
-                    index = self.op_index[ref[1]]
-                    reads.setdefault(("op", index), partial(_recorded_or_none, reader, index))
-            screened = chain.screen is not None and name not in chain.accept and name not in chain.unscreened
-            if screened and name in self.op_index:
-                index = self.op_index[name]
-                reads.setdefault(("op", index), partial(_recorded_or_none, reader, index))
-        return [(key, read) for key, read in reads.items() if key[0] == "param" or key[1] not in self.recorded]
+                elif ref[0] == "op":
+                    recorded(ref[1])
+            if chain.screen is not None and name not in chain.accept and name not in chain.unscreened:
+                recorded(name)
+        return list(reads.items())
 
     def _recorded(self, index: int) -> list:
         """Op `index`'s recorded values: kept, read ahead, or read now."""

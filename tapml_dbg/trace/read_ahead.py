@@ -19,7 +19,7 @@ from collections import deque
 from contextlib import contextmanager
 from typing import Callable, Hashable, Iterable
 
-import numpy as np
+from tapml_dbg.trace.recent import values_nbytes
 
 
 class ReadAhead:
@@ -103,7 +103,7 @@ class ReadAhead:
                 self.read_ahead += 1
 
 
+
 def _size(value) -> int:
-    if isinstance(value, (list, tuple)):
-        return sum(_size(item) for item in value)
-    return int(getattr(value, "nbytes", 0)) if isinstance(value, np.ndarray) else 0
+    """An op's values (a list) or a param (one array)."""
+    return values_nbytes(value if isinstance(value, list) else [value])

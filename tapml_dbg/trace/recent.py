@@ -37,14 +37,15 @@ class RecentOpOutputs:
         """Keep op `index`'s values read elsewhere (read ahead) as if `get` had read them."""
         if index in self._kept:
             return
-        size = _size(values)
+        size = values_nbytes(values)
         if size <= self.max_bytes:
             self._kept[index] = values
             self._bytes += size
             while self._bytes > self.max_bytes:
                 _index, dropped = self._kept.popitem(last=False)
-                self._bytes -= _size(dropped)
+                self._bytes -= values_nbytes(dropped)
 
 
-def _size(values: list) -> int:
+def values_nbytes(values: list) -> int:
+    """The bytes a list of arrays holds (what the byte budgets of trace/ count)."""
     return sum(int(getattr(value, "nbytes", 0)) for value in values)
