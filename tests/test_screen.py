@@ -6,9 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tapml_dbg.judge.compare import PolicyKind, TolerancePolicy, compare_output
+from conftest import fault_transform
+from tapml_dbg.judge.compare import PolicyKind, Tolerance, TolerancePolicy, compare_output
 from tapml_dbg.judge.screen import clearly_passes, rule_for
 from tapml_dbg.engine.session import Session
+from tapml_dbg.judge.verdict import ISOLATED
 
 
 def _full_verdict(target, source, reference, policy, propagated) -> bool:
@@ -74,3 +76,25 @@ def test_a_clean_bisect_clears_its_ops_without_verdicts_and_every_full_verdict_a
         screened = session.isolated_verdicts.screened
         assert len(screened) > len(with_outputs) // 2  # most ops needed no verdict
         assert all(session.isolated(i).passed for i in screened)  # and each of them does pass
+
+
+def test_a_searching_sweep_stops_each_batch_at_its_first_suspect(traces, tmp_path):
+    """A sweep for the lowest failing op stops a batch at its first suspect: suspects that pass
+    (ops with a per-op tolerance, always suspects) send the rest of the batch again, a planted
+    fault ends the sweep with no op above it run."""
+    path = traces.get("mlp")
+    with Session.open(path) as session:
+        swept = [op.index for op in session.ops if op.outputs]
+        fault = session.ops[swept[9]]
+        passing = [session.ops[swept[2]].name, session.ops[swept[5]].name]
+    policy = TolerancePolicy(by_op={name: Tolerance(rtol=1e-4, atol=1e-6) for name in passing})
+    with Session.open(path, transform=fault_transform(tmp_path, "scale", fault.name), policy=policy) as session:
+        sweep = session.isolated_verdicts
+        before = session.lanes.units
+        failing = sweep.lowest_failing(swept, screen=session.screen_rule(ISOLATED), unscreened=session.unscreened())
+        assert failing is not None and failing.index == fault.index
+        assert session.lanes.units - before == 3  # one batch, stopped at each passing suspect, then at the fault
+        below, above = [i for i in swept if i < fault.index], [i for i in swept if i > fault.index]
+        assert all(i in sweep.screened or sweep.cache[i].passed for i in below)
+        assert {session.by_name[name].index for name in passing} <= set(sweep.cache)
+        assert not any(i in sweep.screened or i in sweep.cache for i in above)

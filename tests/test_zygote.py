@@ -5,6 +5,7 @@ group of its own, and a zygote that is gone or out of date never costs a verdict
 from __future__ import annotations
 
 import os
+import time
 
 import psutil
 
@@ -66,3 +67,19 @@ def test_an_environment_changed_since_the_zygote_started_gets_a_new_one(traces, 
         assert second._popen.pid != first
         assert psutil.Process(second._popen.pid).environ().get("TAPML_TEST_ZYGOTE_ENV") == "changed"
         assert _worker(session).ppid() == second._popen.pid
+
+
+def test_a_worker_killed_between_two_units_is_replaced_and_costs_no_verdict(traces):
+    """An idle worker is trusted to run while its pipe stays open (no /proc reads per unit); one
+    killed between units closes it, and the next unit runs on a fresh worker, not as a crash."""
+    with Session.open(traces.get("mlp")) as session:
+        first = session.step(1)
+        worker = _worker(session)
+        worker.kill()  # the zygote's child: a zombie until the zygote reaps it
+        deadline = time.monotonic() + 5
+        while worker.is_running() and worker.status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+            time.sleep(0.01)
+        results = session.step(2)
+        assert all(r.isolated.passed and r.propagated.passed for r in first + results), results
+        assert _worker(session).pid != worker.pid
+        assert session.pool.restarts == 1  # the dead worker was noticed before the unit was sent

@@ -19,7 +19,7 @@ from tapml_dbg.portable.screen import ScreenRule
 from tapml_dbg.runtime.lanes import Lanes
 from tapml_dbg.runtime.messages import UnitRequest, UnitResult, UnitStatus
 
-SWEEP_BATCH = 16  # screened isolated runs per request: one round trip instead of sixteen
+SWEEP_BATCH = 32  # screened isolated runs per request: one round trip instead of 32 (a search's stops at its first suspect)
 KEPT_FAILED_RUNS = 4  # failing ops whose outputs are kept for their second run (Session.explain)
 
 Judge = Callable[[int, str, UnitResult, list], Verdict]  # (index, mode, result, outputs) -> verdict
@@ -114,18 +114,24 @@ class IsolatedVerdicts:
                 if i not in self.cache and i not in known and i not in first and self.ops[i].outputs]
         wanted, swept, finished = set(indices), set(todo), 0
         with self.lanes.dispatch(compiled) as work:
+            def submit_batch(batch: list[int]) -> None:
+                # a sweep that stops at the first failure stops each batch at its first suspect:
+                # the ops after it are not needed when it fails, and go again as a batch when it passes
+                request, held = self.requests.isolated_batch(batch, screen, unscreened,
+                                                             stop_at_suspect=stop_at_failure)
+                if held:
+                    work.submit(held[0], ("batch", tuple(held), request.suspects), request)
+
             for index in first:  # first, and never cancelled
                 self._submit(work, -1, index)
             if screen is not None:
                 for batch in chunks(todo, SWEEP_BATCH):
-                    request, held = self.requests.isolated_batch(batch, screen, unscreened)
-                    if held:
-                        work.submit(held[0], ("batch", tuple(held)), request)
+                    submit_batch(batch)
             else:
                 for index in todo:
                     self._submit(work, index, index)
             for tag, result in work:
-                for index, verdict in self._results(tag, self.lanes.counted(result), work):
+                for index, verdict in self._results(tag, self.lanes.counted(result), work, submit_batch):
                     if index in swept:
                         finished += 1
                         progress(finished, len(todo), f"isolated sweep op {index}")
@@ -135,21 +141,31 @@ class IsolatedVerdicts:
                 if limit is not None:
                     work.cancel_above(limit)
 
-    def _results(self, tag, result: UnitResult, work):
+    def _results(self, tag, result: UnitResult, work, submit_batch: Callable[[list[int]], None]):
         """(op, verdict) of each op a result settles (verdict None: cleared by the screen)."""
         if not (isinstance(tag, tuple) and tag[0] == "batch"):
             yield tag, self.done(tag, result)
             return
-        batch = list(tag[1])
+        _batch, held, most = tag  # most: the suspects at which the worker stops
+        batch = list(held)
         names = [self.ops[i].name for i in batch]
         suspects = dict(zip(result.suspects, result.outputs))
-        ran = len(batch) if result.ok else (names.index(result.failed_op) if result.failed_op in names else 0)
+        if not result.ok:
+            ran = names.index(result.failed_op) if result.failed_op in names else 0
+        elif len(result.suspects) >= most:  # it stopped at its last suspect
+            ran = names.index(result.suspects[-1]) + 1
+        else:
+            ran = len(batch)
         for index, name in zip(batch[:ran], names[:ran]):
             if name in suspects:
                 yield index, self.done(index, UnitResult(UnitStatus.OK, outputs=[suspects[name]]))
             else:
                 self.screened.add(index)
                 yield index, None
+        if result.ok:
+            if batch[ran:]:
+                submit_batch(batch[ran:])
+            return
         for index in batch[ran:]:  # one unit each from the op that did not run: its own verdict
             self._submit(work, index, index)
 

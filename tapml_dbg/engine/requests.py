@@ -139,10 +139,11 @@ class RequestBuilder:
         kept = names if keep is None else [self.ops[i].name for i in keep]
         return ChainRequest(units, names, kept, screen, frozenset(accept), frozenset(unscreened), suspects)
 
-    def isolated_batch(self, indices: list[int], screen: ScreenRule,
-                       unscreened: set[str] = frozenset()) -> tuple[ChainRequest, list[int]]:
+    def isolated_batch(self, indices: list[int], screen: ScreenRule, unscreened: set[str] = frozenset(),
+                       stop_at_suspect: bool = False) -> tuple[ChainRequest, list[int]]:
         """Isolated runs of `indices` as one request (screened in the worker: only values it cannot
-        clear come back), and the ops it holds (an op the trace cannot feed is left out)."""
+        clear come back; `stop_at_suspect`: the worker stops at the first), and the ops it holds (an
+        op the trace cannot feed is left out)."""
         units, names, held = [], [], []
         for index in indices:
             request = self.isolated(index)
@@ -151,8 +152,8 @@ class RequestBuilder:
             units.append(request)
             names.append(self.ops[index].name)
             held.append(index)
-        return ChainRequest(units, names, [], screen, frozenset(), frozenset(unscreened), len(units) + 1,
-                            independent=True), held
+        return ChainRequest(units, names, [], screen, frozenset(), frozenset(unscreened),
+                            1 if stop_at_suspect else len(units) + 1, independent=True), held
 
     def isolated(self, index: int) -> UnitRequest | str:
         """Op `index` alone on recorded inputs, or why it cannot have one (raises nothing)."""

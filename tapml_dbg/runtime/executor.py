@@ -29,8 +29,6 @@ import time
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-import psutil
-
 from tapml_dbg.runtime import zygote
 from tapml_dbg.runtime.messages import ChainRequest, UnitRequest, UnitResult, UnitStatus, WorkerConfig
 
@@ -56,6 +54,8 @@ class TargetExecutor:
         self._conn = None
         self._scratch: str | None = None  # the running worker's TMPDIR
         self._baseline_rss: int | None = None  # the running worker's RSS after its first unit
+        self._last_rss: int | None = None  # what the running worker said it held, with its last reply
+        self._answered = False  # the running worker has replied: it was forked and runs
         self._stop_asked = False  # the running worker was told to exit
         self.growth_limit = int(WORKER_GROWTH_MIB * MIB)
         self.restarts = 0  # workers that died (crash, timeout, Ctrl-C) and were started again
@@ -96,11 +96,11 @@ class TargetExecutor:
         return result
 
     def _recycle_if_grown(self) -> None:
-        """Stop a worker that holds `growth_limit` more than after its first unit; the next unit starts one."""
-        if self._process is None:
-            return
-        rss = self._process.rss()
-        if rss is None:
+        """Stop a worker that holds `growth_limit` more than after its first unit; the next unit starts one.
+        (Its RSS comes with its reply: asking the system from here cost the session a /proc read
+        per unit, from every lane's thread.)"""
+        rss = self._last_rss
+        if self._process is None or rss is None:
             return
         if self._baseline_rss is None:
             self._baseline_rss = rss
@@ -124,6 +124,7 @@ class TargetExecutor:
             if ready:
                 try:
                     reply = self._conn.recv()
+                    self._answered, self._last_rss = True, reply.get("rss")
                     break
                 except (EOFError, OSError):
                     pass
@@ -142,7 +143,11 @@ class TargetExecutor:
 
     def _ensure_started(self) -> None:
         """A running worker: forked from the zygote where there is one (its pid asked for only when
-        a request is about to go: the zygote may still be importing TVM), else a fresh interpreter."""
+        a request is about to go: the zygote may still be importing TVM), else a fresh interpreter.
+        A worker that has replied and whose end of the pipe has not closed runs: no need to ask
+        the system (which cost a few /proc reads per unit, in the session, from every lane)."""
+        if self._process is not None and self._answered and not self._pipe_closed():
+            return
         if self._process is not None and self._process.is_alive():
             if self._forked_but_lost():
                 self._reap()
@@ -171,6 +176,14 @@ class TargetExecutor:
         child.close()
         self._conn = Connection(parent.detach())
 
+    def _pipe_closed(self) -> bool:
+        """Whether the worker's end of the pipe is gone (it exited): an idle worker sends nothing,
+        so anything readable between requests is the end of file."""
+        try:
+            return self._conn.poll(0)
+        except (EOFError, OSError):
+            return True
+
     def _forked_but_lost(self) -> bool:
         """A worker the zygote was asked for but never forked (it died importing TVM): not the op's crash."""
         handle = self._process.popen
@@ -194,6 +207,8 @@ class TargetExecutor:
         self._conn = None
         self._scratch = None
         self._baseline_rss = None
+        self._last_rss = None
+        self._answered = False
         self._stop_asked = False
 
     def ask_to_stop(self) -> None:
@@ -259,16 +274,6 @@ class _Process:
             self.popen.wait(REAP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             pass
-
-    def rss(self) -> int | None:
-        """The worker's resident memory in bytes (None once it is gone)."""
-        pid = self._pid()
-        if pid is None:
-            return None
-        try:
-            return psutil.Process(pid).memory_info().rss
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            return None
 
     def clean_up(self) -> None:
         """After the worker exited: end what it left running, drop the library it was writing."""

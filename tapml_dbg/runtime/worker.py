@@ -20,6 +20,8 @@ from contextlib import nullcontext
 from functools import partial
 from pathlib import Path
 
+import psutil
+
 from tapml_dbg.errors import TapmlError, TraceError
 from tapml_dbg.portable import PortableError, Runner, flatten, one_line
 from tapml_dbg.portable.screen import clearly_passes
@@ -48,7 +50,22 @@ def worker_main(conn, config: WorkerConfig, log_path: str | None = None) -> None
             return
         if message is None:
             return
-        conn.send(state.handle(message))
+        conn.send(state.handle(message) | {"rss": own_rss()})
+
+
+def own_rss() -> int | None:
+    """This worker's resident memory in bytes, sent with each reply (the executor replaces a worker
+    that has grown too much; asked here, it costs the session nothing)."""
+    global _SELF
+    try:
+        if _SELF is None:
+            _SELF = psutil.Process()
+        return _SELF.memory_info().rss
+    except psutil.Error:
+        return None
+
+
+_SELF = None  # this process, for own_rss
 
 
 def _redirect_native_output(log_path: str) -> None:
