@@ -96,7 +96,7 @@ def test_an_interrupted_search_stops_its_compiles_ahead(traces, tmp_path, monkey
     slow = Path(planted.rpartition(":")[0])
     slow.write_text(slow.read_text() + "\n\ndef slow(mod):\n    import time\n    time.sleep(0.15)\n    return scale(mod)\n")
     with Session.open(traces.get("mlp"), transform=f"{slow}:slow", cache_dir=tmp_path / "cache") as session:
-        def interrupted(self, chain, box):
+        def interrupted(self, chain, box, preparing):
             raise KeyboardInterrupt
 
         with monkeypatch.context() as patch:

@@ -98,3 +98,34 @@ def test_a_searching_sweep_stops_each_batch_at_its_first_suspect(traces, tmp_pat
         assert all(i in sweep.screened or sweep.cache[i].passed for i in below)
         assert {session.by_name[name].index for name in passing} <= set(sweep.cache)
         assert not any(i in sweep.screened or i in sweep.cache for i in above)
+
+
+def test_a_sweep_beside_compiles_ahead_runs_the_built_units_first_and_the_others_after(traces, tmp_path):
+    """While compile lanes build ahead (`building`), a batch skips the ops whose units are not built
+    yet (the ones a transform edit changed) instead of waiting for them; they run at the end, so
+    the answer is the one a sweep that waits gives."""
+    path = traces.get("mlp")
+    with Session.open(path) as session:
+        swept = [op.index for op in session.ops if op.outputs]
+        fault = session.ops[swept[9]]
+    with Session.open(path, transform=fault_transform(tmp_path, "scale", fault.name),
+                      cache_dir=tmp_path / "cache") as session:
+        built = swept[:4]
+        for index in built:  # their units are in the cache; no other op's is
+            session.isolated(index)
+        sweep, deferred = session.isolated_verdicts, []
+        counted = session.lanes.counted
+
+        def counting(result):
+            deferred.append(([session.by_name[name].index for name in result.deferred], result.unit_keys))
+            return counted(result)
+
+        session.lanes.counted = counting
+        rest = [i for i in swept if i not in built]
+        sweep.fill(rest, stop_at_failure=True, screen=session.screen_rule(ISOLATED), compiled=True,
+                   unscreened=session.unscreened(), building=lambda: True)  # nobody builds: all left to the end
+        first_skipped, first_ran = deferred[0]
+        assert first_skipped and first_ran  # the ops of a built unit's copy ran, the others were skipped ...
+        assert all(cached for _key, cached in first_ran)  # ... so the first batch built nothing, waited for nothing
+        assert min(i for i, verdict in sweep.cache.items() if verdict.failed) == fault.index
+        assert all(i in sweep.screened or sweep.cache[i].passed for i in rest if i < fault.index)

@@ -98,7 +98,7 @@ class IsolatedVerdicts:
     def fill(self, indices: list[int], progress: Progress = _noop, stop_at_failure: bool = False,
              also: list[int] = (), screen: ScreenRule | None = None,
              bound: Callable[[], int | None] | None = None, compiled: bool = False,
-             unscreened: set[str] = frozenset()) -> None:
+             unscreened: set[str] = frozenset(), building: Callable[[], bool] | None = None) -> None:
         """Fill the cache for `indices`: one unit per op (a batch of them per request when
         screened), lowest first, over all lanes.
 
@@ -106,19 +106,23 @@ class IsolatedVerdicts:
         failing op is then the one a sequential sweep finds, whatever the lane count. `bound`,
         asked after each result: the highest op still wanted, once it is known (None: all of them).
         A batch that fails part-way runs its remaining ops one unit each, so that a crash is one
-        op's verdict.
+        op's verdict. `building()`: compile lanes are building units ahead; while they do, a batch
+        skips the ops whose units are not built yet instead of waiting for them, and those ops run
+        once everything else has (after a transform edit, the ops of the kinds it changed).
         """
         first = [i for i in dict.fromkeys(also) if i not in self.cache]
         known = self.screened if screen is not None else set()
         todo = [i for i in dict.fromkeys(indices)
                 if i not in self.cache and i not in known and i not in first and self.ops[i].outputs]
         wanted, swept, finished = set(indices), set(todo), 0
+        later: list[int] = []  # ops a batch skipped, their units not built yet
         with self.lanes.dispatch(compiled) as work:
-            def submit_batch(batch: list[int]) -> None:
+            def submit_batch(batch: list[int], defer: bool | None = None) -> None:
                 # a sweep that stops at the first failure stops each batch at its first suspect:
                 # the ops after it are not needed when it fails, and go again as a batch when it passes
+                defer = building is not None and building() if defer is None else defer
                 request, held = self.requests.isolated_batch(batch, screen, unscreened,
-                                                             stop_at_suspect=stop_at_failure)
+                                                             stop_at_suspect=stop_at_failure, defer_unbuilt=defer)
                 if held:
                     work.submit(held[0], ("batch", tuple(held), request.suspects), request)
 
@@ -130,19 +134,28 @@ class IsolatedVerdicts:
             else:
                 for index in todo:
                     self._submit(work, index, index)
-            for tag, result in work:
-                for index, verdict in self._results(tag, self.lanes.counted(result), work, submit_batch):
-                    if index in swept:
-                        finished += 1
-                        progress(finished, len(todo), f"isolated sweep op {index}")
-                    if stop_at_failure and verdict is not None and verdict.failed and index in wanted:
-                        work.cancel_above(index)
-                limit = bound() if bound is not None else None
-                if limit is not None:
-                    work.cancel_above(limit)
+            while True:
+                for tag, result in work:
+                    for index, verdict in self._results(tag, self.lanes.counted(result), work, submit_batch,
+                                                        later.append):
+                        if index in swept:
+                            finished += 1
+                            progress(finished, len(todo), f"isolated sweep op {index}")
+                        if stop_at_failure and verdict is not None and verdict.failed and index in wanted:
+                            work.cancel_above(index)
+                    limit = bound() if bound is not None else None
+                    if limit is not None:
+                        work.cancel_above(limit)
+                if not later:
+                    return
+                for batch in chunks(sorted(later), SWEEP_BATCH):  # built by now, or waited for
+                    submit_batch(batch, defer=False)
+                later.clear()
 
-    def _results(self, tag, result: UnitResult, work, submit_batch: Callable[[list[int]], None]):
-        """(op, verdict) of each op a result settles (verdict None: cleared by the screen)."""
+    def _results(self, tag, result: UnitResult, work, submit_batch: Callable[[list[int]], None],
+                 defer: Callable[[int], None]):
+        """(op, verdict) of each op a result settles (verdict None: cleared by the screen); the ops
+        it skipped go to `defer`."""
         if not (isinstance(tag, tuple) and tag[0] == "batch"):
             yield tag, self.done(tag, result)
             return
@@ -150,6 +163,7 @@ class IsolatedVerdicts:
         batch = list(held)
         names = [self.ops[i].name for i in batch]
         suspects = dict(zip(result.suspects, result.outputs))
+        skipped = set(result.deferred)
         if not result.ok:
             ran = names.index(result.failed_op) if result.failed_op in names else 0
         elif len(result.suspects) >= most:  # it stopped at its last suspect
@@ -157,7 +171,9 @@ class IsolatedVerdicts:
         else:
             ran = len(batch)
         for index, name in zip(batch[:ran], names[:ran]):
-            if name in suspects:
+            if name in skipped:
+                defer(index)
+            elif name in suspects:
                 yield index, self.done(index, UnitResult(UnitStatus.OK, outputs=[suspects[name]]))
             else:
                 self.screened.add(index)

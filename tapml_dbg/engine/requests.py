@@ -140,10 +140,11 @@ class RequestBuilder:
         return ChainRequest(units, names, kept, screen, frozenset(accept), frozenset(unscreened), suspects)
 
     def isolated_batch(self, indices: list[int], screen: ScreenRule, unscreened: set[str] = frozenset(),
-                       stop_at_suspect: bool = False) -> tuple[ChainRequest, list[int]]:
+                       stop_at_suspect: bool = False, defer_unbuilt: bool = False) -> tuple[ChainRequest, list[int]]:
         """Isolated runs of `indices` as one request (screened in the worker: only values it cannot
-        clear come back; `stop_at_suspect`: the worker stops at the first), and the ops it holds (an
-        op the trace cannot feed is left out)."""
+        clear come back; `stop_at_suspect`: the worker stops at the first; `defer_unbuilt`: it skips
+        the units not built yet, `ChainRequest`), and the ops it holds (an op the trace cannot feed
+        is left out)."""
         units, names, held = [], [], []
         for index in indices:
             request = self.isolated(index)
@@ -153,7 +154,8 @@ class RequestBuilder:
             names.append(self.ops[index].name)
             held.append(index)
         return ChainRequest(units, names, [], screen, frozenset(), frozenset(unscreened),
-                            1 if stop_at_suspect else len(units) + 1, independent=True), held
+                            1 if stop_at_suspect else len(units) + 1, independent=True,
+                            defer_unbuilt=defer_unbuilt), held
 
     def isolated(self, index: int) -> UnitRequest | str:
         """Op `index` alone on recorded inputs, or why it cannot have one (raises nothing)."""

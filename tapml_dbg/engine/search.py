@@ -237,7 +237,7 @@ class Bisection:
         thread.start()
         session.warm_up_torch()  # while the chain runs (not before its request: the import holds the GIL)
         try:
-            self._sweep_beside(chain, box)
+            self._sweep_beside(chain, box, preparing)
         except BaseException:  # Ctrl-C, a lost target: the chain's worker must not outlive the search,
             chain.stop_preparing.set()  # nor its compiles ahead (the next command's units use those lanes)
             session.lanes.stop_beside()
@@ -250,12 +250,14 @@ class Bisection:
             raise box["error"]
         return request, session.lanes.counted(box["result"])
 
-    def _sweep_beside(self, chain: ChainSearch, box: dict) -> None:
+    def _sweep_beside(self, chain: ChainSearch, box: dict, preparing: threading.Thread | None) -> None:
+        """While the compile lanes build ahead, the sweep runs the ops whose units are built and
+        leaves the others to the end (it does not wait for a build the chain waits for too)."""
         self.session.isolated_verdicts.fill(
             list(range(self.first, self.last + 1)), self.progress, stop_at_failure=True, screen=self.screen,
             bound=lambda: chain.bound(box["result"]) if "result" in box else None,
             compiled=True,  # prepared ahead, or built by a run lane itself
-            unscreened=self.unscreened)
+            unscreened=self.unscreened, building=preparing.is_alive if preparing is not None else None)
 
     def fused_search(self) -> int | None:
         """The first prefix end k whose fused probe fails (None: no prefix fails)."""

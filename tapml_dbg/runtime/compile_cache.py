@@ -48,7 +48,7 @@ class CompiledUnit:
     path: Path  # the exported library
     cached: bool  # found in the cache (False: compiled by this call)
     key: str = ""
-    elsewhere: bool = False  # not waited for: another worker holds the key's lock (its library is not there yet)
+    elsewhere: bool = False  # not built nor waited for: left to another worker (its library is not there yet)
 
 
 def cache_key(transformed_module, target) -> str:
@@ -63,13 +63,14 @@ def cache_key(transformed_module, target) -> str:
 
 def compile_unit(unit_json: dict, target: str, transform: str | None, cache_dir: Path,
                  export_format: str = "so", rebuild: bool = False, meanwhile=nullcontext,
-                 wait: bool = True) -> CompiledUnit:
+                 wait: bool = True, build: bool = True) -> CompiledUnit:
     """Compile (or fetch from the cache) one unit; returns the exported library's path.
 
     `rebuild`: the entry's library failed to load although its checksum matched; build it again.
     `meanwhile()`: a context the wait for another worker's build, or the build, runs in (a
     worker reads ahead in it). `wait=False`: a key whose lock another worker holds is left to it
-    (`elsewhere`; a compile lane building ahead goes on to its next unit).
+    (`elsewhere`; a compile lane building ahead goes on to its next unit). `build=False`: a unit
+    not in the cache is left to the workers building ahead (`elsewhere`), not built nor waited for.
     Raises TargetError for a bad target string, PortableError for a broken transform or a unit
     without device code, and whatever TVM raises for any other compile failure.
     """
@@ -78,6 +79,8 @@ def compile_unit(unit_json: dict, target: str, transform: str | None, cache_dir:
     entry = CacheEntry(Path(cache_dir), cache_key(transformed.result, tvm_target), export_format)
     if not rebuild and entry.valid():
         return CompiledUnit(entry.library, True, entry.key)
+    if not build:
+        return CompiledUnit(entry.library, False, entry.key, elsewhere=True)
     with meanwhile(), entry.locked(wait) as lock:
         if not lock.held:
             return CompiledUnit(entry.library, False, entry.key, elsewhere=True)

@@ -139,7 +139,8 @@ class TargetExecutor:
             cached=reply.get("cached", False), seconds=time.perf_counter() - started, key=reply.get("key", ""),
             library=reply.get("library", ""), failed_op=reply.get("failed_op", ""),
             suspects=reply.get("suspects", []),
-            upstream=reply.get("upstream", {}), unit_keys=reply.get("unit_keys", []))
+            upstream=reply.get("upstream", {}), unit_keys=reply.get("unit_keys", []),
+            deferred=reply.get("deferred", []))
 
     def _ensure_started(self) -> None:
         """A running worker: forked from the zygote where there is one (its pid asked for only when

@@ -88,6 +88,9 @@ class ChainRequest:
     The result's `suspects` name them in order, its outputs are theirs, and `upstream` holds, per
     suspect, the target values of its chain-fed inputs. No suspect: every value clearly passed.
     `independent`: the units read recorded values only (isolated runs batched into one request).
+    `defer_unbuilt` (independent ones only): a unit whose library is not in the cache yet is not
+    built nor waited for but skipped, named in the result's `deferred` (compile lanes are building
+    it: the batch's other units run meanwhile).
     """
 
     units: list[UnitRequest]
@@ -98,6 +101,7 @@ class ChainRequest:
     unscreened: frozenset[str] = frozenset()  # always suspects: only the full verdict can judge them
     suspects: int = 1
     independent: bool = False  # units fed recorded values only (a batch of isolated runs): nothing is kept
+    defer_unbuilt: bool = False
 
 
 @dataclass
@@ -115,6 +119,7 @@ class UnitResult:
     suspects: list[str] = field(default_factory=list)  # a screening chain's suspects, in order
     upstream: dict[str, dict[str, list[np.ndarray]]] = field(default_factory=dict)  # per suspect: its chain-fed inputs
     unit_keys: list[tuple[str, bool]] = field(default_factory=list)  # a chain's units: (cache key, from the cache)
+    deferred: list[str] = field(default_factory=list)  # a batch's units skipped, not built yet (`defer_unbuilt`)
 
     @property
     def ok(self) -> bool:

@@ -17,6 +17,7 @@ import sys
 import time
 import traceback
 from contextlib import nullcontext
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -119,16 +120,22 @@ class _WorkerState:
             kept: dict[str, list] = {}
             wanted = set(chain.keep)
             suspects: list[str] = []
+            deferred: list[str] = []  # units not built yet, skipped (`defer_unbuilt`)
             upstream: dict[str, dict] = {}
             keys: list[tuple[str, bool]] = []  # each unit's cache key, and whether it came from the cache
             last_use = _last_uses(chain)
             for position, (name, unit) in enumerate(zip(chain.names, chain.units)):
+                if chain.defer_unbuilt:
+                    unit = self._built_or_none(unit)
+                    if unit is None:
+                        deferred.append(name)
+                        continue
                 reply = self._unit(unit, keep_on_device=True)
                 if reply["status"] == UnitStatus.TRACE_ERROR:  # the trace's own one-line message
                     return reply
                 if reply["status"] != UnitStatus.OK:
                     return reply | {"failed_op": name, "message": f"op {name}: {reply.get('message', '')}",
-                                    "outputs": [kept[s] for s in suspects], "suspects": suspects,
+                                    "outputs": [kept[s] for s in suspects], "suspects": suspects, "deferred": deferred,
                                     "upstream": upstream, "unit_keys": keys}
                 keys.append((reply["key"], reply["cached"]))
                 if not chain.independent:
@@ -148,7 +155,8 @@ class _WorkerState:
                     self.chain_values.pop(done, None)
             names = suspects if chain.screen is not None else [name for name in chain.keep if name in kept]
             return {"status": UnitStatus.OK, "outputs": [kept[name] for name in names], "suspects": suspects,
-                    "upstream": upstream, "unit_keys": keys, "cached": all(cached for _key, cached in keys),
+                    "deferred": deferred, "upstream": upstream, "unit_keys": keys,
+                    "cached": all(cached for _key, cached in keys),
                     "seconds": time.perf_counter() - started, "read_ahead": self.read_ahead.read_ahead}
         except TraceError as exc:  # a corrupt recorded value the screen read: the trace's own message
             return {"status": UnitStatus.TRACE_ERROR, "message": str(exc)}
@@ -157,6 +165,15 @@ class _WorkerState:
             if self.read_ahead is not None:
                 self.read_ahead.close()
                 self.read_ahead = None
+
+    def _built_or_none(self, unit: UnitRequest) -> UnitRequest | None:
+        """The unit with its library named, when the cache holds it; None when it is not built yet.
+        A unit that cannot even be keyed (a broken transform) runs as usual: its run reports it."""
+        try:
+            compiled = self._compiled(unit, build=False)
+        except Exception:  # noqa: BLE001 - the unit's own run says what is wrong, as without deferring
+            return unit
+        return None if compiled.elsewhere else replace(unit, library=str(compiled.path))
 
     def _reads_of(self, chain: ChainRequest) -> list:
         """What the chain will still read from the trace, in its order: the params and recorded
@@ -240,22 +257,26 @@ class _WorkerState:
             return {"status": UnitStatus.ERROR, "message": one_line(exc), "detail": traceback.format_exc()}
         return done | {"outputs": outputs, "run_seconds": time.perf_counter() - compiled_at}
 
-    def _compiled(self, request: UnitRequest, rebuild: bool = False) -> CompiledUnit:
+    def _compiled(self, request: UnitRequest, rebuild: bool = False, build: bool = True) -> CompiledUnit:
         """The unit's library: the one a compile lane named, or whose key another worker of the
-        session computed (the ledger), else from (or into) the cache."""
+        session computed (the ledger), else from (or into) the cache (`build=False`: not into it,
+        `compile_unit`)."""
         if request.library and not rebuild and Path(request.library).is_file():
             return CompiledUnit(Path(request.library), True)
         spec, cache_dir = self.config.spec, Path(self.config.cache_dir)
-        build = partial(compile_unit, request.unit_json, spec.target, spec.transform, cache_dir, rebuild=rebuild,
+        fetch = partial(compile_unit, request.unit_json, spec.target, spec.transform, cache_dir, rebuild=rebuild,
                         meanwhile=self.read_ahead.meanwhile if self.read_ahead is not None else nullcontext,
-                        wait=not request.ahead)
+                        wait=not request.ahead, build=build)
         if self.ledger is None:
-            return build()
+            return fetch()
         identity, unit_id = transform_identity(spec.transform), UnitIndex.unit_id(request.unit_json)
         known = None if rebuild else self.ledger.library(identity, unit_id, cache_dir)
         if known is not None:
             return known
-        compiled = build()
+        key = self.ledger.get(identity, unit_id)
+        if not build and key:  # keyed by another worker, its library not there yet: no need to key it again
+            return CompiledUnit(cache_dir / key, False, key, elsewhere=True)
+        compiled = fetch()
         if transform_identity(spec.transform) == identity:  # the pass's text did not change meanwhile
             self.ledger.add(identity, unit_id, compiled.key)
         return compiled
