@@ -10,7 +10,6 @@ search), `stops.Debugger` (breakpoints and stepping), `compile_check` (codegen o
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
@@ -76,25 +75,21 @@ class Session:
 
     def _build(self, reader: TraceReader, policy: TolerancePolicy | None) -> None:
         import_tvm_without_torch()  # torch comes when a verdict needs it (runtime/tvm_import.py)
-        with ThreadPoolExecutor(1, thread_name_prefix="tapml-target") as checking:
-            # a bad target string fails before any unit runs; a bare `cuda` asks the device for its
-            # architecture (0.35 s on the H200, in TVM, outside the interpreter lock): beside the rest
-            target = checking.submit(parse_target, self.spec.target)
-            load_transform(self.spec.transform)  # fail early on a bad FILE.py:FUNC
-            self.main = function_from_json(reader.graph())
-            self.ops = [OpInfo.from_json(op) for op in reader.ops]
-            self.by_name = {op.name: op for op in self.ops}
-            self.op_table = OpTable.of(self.ops)
-            self.consumers = consumers_of(self.ops)
-            self.dead_fields = dead_tuple_fields(self.main)
-            self.policy = policy or TolerancePolicy()
-            # the live source reference: float64 references, undefined values, type changes (engine/references.py)
-            self.reference = SourceReference(reader, self.ops, self.main, load_source_graph(reader))
-            self.requests = RequestBuilder(reader, self.main, self.ops, self.reference.replay_casts())
-            self.isolated_verdicts = IsolatedVerdicts(self.ops, self.requests, self.lanes, self.judge)
-            self._mixed_runner: MixedRunner | None = None
-            self.reset()
-            target.result()
+        parse_target(self.spec.target)  # fail early on a bad target string ...
+        load_transform(self.spec.transform)  # ... and on a bad FILE.py:FUNC
+        self.main = function_from_json(reader.graph())
+        self.ops = [OpInfo.from_json(op) for op in reader.ops]
+        self.by_name = {op.name: op for op in self.ops}
+        self.op_table = OpTable.of(self.ops)
+        self.consumers = consumers_of(self.ops)
+        self.dead_fields = dead_tuple_fields(self.main)
+        self.policy = policy or TolerancePolicy()
+        # the live source reference: float64 references, undefined values, type changes (engine/references.py)
+        self.reference = SourceReference(reader, self.ops, self.main, load_source_graph(reader))
+        self.requests = RequestBuilder(reader, self.main, self.ops, self.reference.replay_casts())
+        self.isolated_verdicts = IsolatedVerdicts(self.ops, self.requests, self.lanes, self.judge)
+        self._mixed_runner: MixedRunner | None = None
+        self.reset()
 
     @classmethod
     def open(cls, path: str | Path, spec: TargetSpec | None = None, *, cache_dir: str | Path = DEFAULT_CACHE_DIR,
