@@ -59,7 +59,7 @@ def own_rss() -> int | None:
     that has grown too much; asked here, it costs the session nothing)."""
     global _SELF
     try:
-        if _SELF is None:
+        if _SELF is None or _SELF.pid != os.getpid():  # (a fork's parent's is not this process)
             _SELF = psutil.Process()
         return _SELF.memory_info().rss
     except psutil.Error:
