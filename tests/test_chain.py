@@ -9,7 +9,7 @@ from pathlib import Path
 from conftest import fault_transform
 from tapml_dbg.engine.search import Bisection
 from tapml_dbg.engine.session import Session
-from tapml_dbg.judge.compare import Tolerance, TolerancePolicy
+from tapml_dbg.judge.compare import PolicyKind, Tolerance, TolerancePolicy
 from tapml_dbg.judge.noise_floor import NoiseFloor
 
 
@@ -107,3 +107,23 @@ def test_an_interrupted_search_stops_its_compiles_ahead(traces, tmp_path, monkey
         units = len({op.name for op in session.ops if op.outputs})
         assert session.lanes.cache.compiled < units // 2  # the queue was dropped, not built
         assert session.isolated(session.by_name["gelu_1"].index).failed  # the lanes serve the next command
+
+
+def test_a_sweep_beside_compiles_ahead_still_finds_an_error_that_washes_out(traces, tmp_path, monkeypatch):
+    """A real TVM 0.27 divergence that only the isolated sweep sees (the README's fp16 softmax
+    under the fixed rule: within the looser propagated tolerance downstream), searched on a cold
+    cache with compile lanes building ahead: the sweep skips the units not built yet and runs them
+    last, and still names the op."""
+    monkeypatch.setenv("TAPML_COMPILE_LANES", "2")
+    policy = TolerancePolicy(kind=PolicyKind.FIXED)
+    with Session.open(traces.get("fp16_memory_attention"), cache_dir=tmp_path / "cache", policy=policy) as session:
+        skipped, counted = [], session.lanes.counted
+
+        def counting(result):
+            skipped.extend(result.deferred)
+            return counted(result)
+
+        session.lanes.counted = counting
+        result = session.bisect()
+    assert (result.culprit.index, result.culprit.name, result.culprit.verdict) == (9, "_softmax", "isolated")
+    assert skipped  # the sweep did not wait for the compile lanes' builds
