@@ -19,7 +19,7 @@ from tapml_dbg.portable.screen import ScreenRule
 from tapml_dbg.runtime.lanes import Lanes
 from tapml_dbg.runtime.messages import UnitRequest, UnitResult, UnitStatus
 
-SWEEP_BATCH = 32  # screened isolated runs per request: one round trip instead of 32 (a search's stops at its first suspect)
+SWEEP_BATCH = 32  # screened isolated runs per request: one round trip instead of 32 (a search's stop at a suspect)
 KEPT_FAILED_RUNS = 4  # failing ops whose outputs are kept for their second run (Session.explain)
 
 Judge = Callable[[int, str, UnitResult, list], Verdict]  # (index, mode, result, outputs) -> verdict

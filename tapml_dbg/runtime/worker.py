@@ -26,7 +26,7 @@ import psutil
 from tapml_dbg.errors import TapmlError, TraceError
 from tapml_dbg.portable import PortableError, Runner, flatten, one_line
 from tapml_dbg.portable.screen import clearly_passes
-from tapml_dbg.runtime.compile_cache import (CompiledUnit, KeyLedger, UnitIndex, compile_only, compile_unit,
+from tapml_dbg.runtime.compile_cache import (CacheEntry, CompiledUnit, KeyLedger, UnitIndex, compile_only, compile_unit,
                                              environment_scope, load_transform, transform_identity)
 from tapml_dbg.runtime.messages import ChainRequest, UnitRequest, UnitStatus, WorkerConfig
 from tapml_dbg.runtime.target import NO_DEVICE_HINT, parse_target
@@ -275,7 +275,7 @@ class _WorkerState:
             return known
         key = self.ledger.get(identity, unit_id)
         if not build and key:  # keyed by another worker, its library not there yet: no need to key it again
-            return CompiledUnit(cache_dir / key, False, key, elsewhere=True)
+            return CompiledUnit(CacheEntry(cache_dir, key).library, False, key, elsewhere=True)
         compiled = fetch()
         if transform_identity(spec.transform) == identity:  # the pass's text did not change meanwhile
             self.ledger.add(identity, unit_id, compiled.key)
