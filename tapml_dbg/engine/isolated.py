@@ -117,10 +117,11 @@ class IsolatedVerdicts:
         wanted, swept, finished = set(indices), set(todo), 0
         later: list[int] = []  # ops a batch skipped, their units not built yet
         with self.lanes.dispatch(compiled) as work:
-            def submit_batch(batch: list[int], defer: bool | None = None) -> None:
+            def submit_batch(batch: list[int], defer: bool = True) -> None:
                 # a sweep that stops at the first failure stops each batch at its first suspect:
-                # the ops after it are not needed when it fails, and go again as a batch when it passes
-                defer = building is not None and building() if defer is None else defer
+                # the ops after it are not needed when it fails, and go again as a batch when it passes;
+                # `defer`: skip unbuilt units while the compile lanes are still building
+                defer = defer and building is not None and building()
                 request, held = self.requests.isolated_batch(batch, screen, unscreened,
                                                              stop_at_suspect=stop_at_failure, defer_unbuilt=defer)
                 if held:

@@ -233,12 +233,6 @@ class KeyLedger:
         except OSError:
             pass  # a lost line only costs a worker the transform
 
-    def library(self, identity: str, unit_id: str, cache_dir: Path) -> CompiledUnit | None:
-        """The unit's library under a key the ledger holds, when the cache has it intact (None: compute it)."""
-        key = self.get(identity, unit_id)
-        entry = CacheEntry(Path(cache_dir), key) if key else None
-        return CompiledUnit(entry.library, True, key) if entry is not None and entry.valid() else None
-
     def get(self, identity: str, unit_id: str) -> str | None:
         identity = f"{self.scope}/{identity}"
         if (identity, unit_id) not in self._keys:

@@ -270,12 +270,13 @@ class _WorkerState:
         if self.ledger is None:
             return fetch()
         identity, unit_id = transform_identity(spec.transform), UnitIndex.unit_id(request.unit_json)
-        known = None if rebuild else self.ledger.library(identity, unit_id, cache_dir)
-        if known is not None:
-            return known
-        key = self.ledger.get(identity, unit_id)
-        if not build and key:  # keyed by another worker, its library not there yet: no need to key it again
-            return CompiledUnit(CacheEntry(cache_dir, key).library, False, key, elsewhere=True)
+        key = None if rebuild else self.ledger.get(identity, unit_id)
+        if key:  # keyed by another worker: no need to run the transform again
+            entry = CacheEntry(cache_dir, key)
+            if entry.valid():
+                return CompiledUnit(entry.library, True, key)
+            if not build:  # its library is not there yet
+                return CompiledUnit(entry.library, False, key, elsewhere=True)
         compiled = fetch()
         if transform_identity(spec.transform) == identity:  # the pass's text did not change meanwhile
             self.ledger.add(identity, unit_id, compiled.key)

@@ -149,8 +149,8 @@ class ForkedWorker:
         return self._pid
 
     def poll(self) -> int | None:
-        """None while the worker runs (asked of the system: the executor polls before every request),
-        else its return code, which only the zygote that reaped it knows."""
+        """None while the worker runs (asked of the system), else its return code, which only the
+        zygote that reaped it knows."""
         if self.returncode is None:
             try:
                 if _running(self.pid, self._started):
