@@ -9,3 +9,12 @@ import os
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 __version__ = "0.1.0"
+
+
+def open(trace, target: str = "llvm", **options):
+    """Open a trace for replay from Python: `with tapml_dbg.open("t.h5", target="llvm") as replay:`
+    (`tapml_dbg.api.open`; docs/api.md). Imported here, not above, so that a worker process, which
+    imports this package first, does not import the engine."""
+    from tapml_dbg.api import open as open_trace
+
+    return open_trace(trace, target, **options)

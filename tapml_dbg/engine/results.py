@@ -23,6 +23,11 @@ class StepResult:
     def verdict(self, mode: Mode) -> Verdict | None:
         return self.isolated if mode == ISOLATED else self.propagated
 
+    def to_json(self) -> dict:
+        return {"index": self.index, "name": self.name, "op": self.op, "layer": self.layer,
+                "isolated": self.isolated.to_json() if self.isolated else None,
+                "propagated": self.propagated.to_json() if self.propagated else None}
+
 
 @dataclass
 class Culprit:

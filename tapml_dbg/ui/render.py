@@ -23,6 +23,7 @@ from tapml_dbg.engine.migrate import MigrateResult
 from tapml_dbg.engine.mixed import MixedRun, spans_text
 from tapml_dbg.engine.results import BisectResult, CompileReport, StepResult
 from tapml_dbg.engine.stops import Command, RunResult, judge_divergence
+from tapml_dbg.engine.triage import TriageResult
 from tapml_dbg.judge.compare import metrics_text
 from tapml_dbg.judge.verdict import ISOLATED, Status, Verdict, WrongClass
 from tapml_dbg.record.recorder import RecordResult
@@ -40,6 +41,7 @@ PRINT_LINE_WIDTH = 46  # characters per line of one printed array (two fit side 
 MESSAGE_CHARS = 70  # a crash or compile-error message is cut to this in one-line verdicts
 HELP_USAGE_WIDTH = 40  # the usage column of `help`; longer usages wrap
 SKIPPED_SHOWN = 20  # `carve` lists this many left-out ops, then counts the rest
+INHERITED_SHOWN = 12  # `triage` names this many inherited failures of a cause, then counts the rest
 UNKNOWN = "?"  # a figure the result does not hold
 TOP_LAYER = "<top>"  # how an op outside every layer is named
 FAILED_RUN_STYLE = "bold magenta"  # the unit did not run to a value: compile-error, crash, timeout, error
@@ -169,8 +171,7 @@ def verdict_cell(verdict: Verdict | None) -> str:
     if verdict.status in (Status.PASS, Status.FAIL):
         worst = verdict.worst
         return f"[{style}]{status}[/] {escape(metrics_text(worst, compact=True)) if worst else ''}"
-    message = verdict.message if len(verdict.message) <= MESSAGE_CHARS else verdict.message[:MESSAGE_CHARS - 1] + "…"
-    return f"[{style}]{status}[/] {escape(message)}"
+    return f"[{style}]{status}[/] {escape(_cut(verdict.message))}"
 
 
 def short_cell(verdict: Verdict | None) -> str:
@@ -724,6 +725,35 @@ def _(result: BisectResult, console: Console) -> None:
                           escape(row.op), escape(layer_text(row.layer)), verdict_cell(row.isolated))
         print_table(console, table)
     _print_notes(result.notes, console)
+
+
+@render.register
+def _(result: TriageResult, console: Console) -> None:
+    if not result.diverged:
+        console.print(f"[green]no divergence[/]: {result.ops} ops judged on {escape(result.target)} "
+                      f"in {result.seconds:.1f} s")
+        return
+    ops = sum(len(group.ops) for group in result.groups)
+    inherited = sum(len(group.inherited) for group in result.groups)
+    console.print(f"[bold red]{len(result.groups)} cause(s)[/] of divergence on {escape(result.target)}: {ops} "
+                  f"divergent op(s), {inherited} inherited failure(s) folded in; {result.ops} ops judged in "
+                  f"{result.seconds:.1f} s")
+    for number, group in enumerate(result.groups, 1):
+        first = group.first
+        console.print(f"{number}. [bold]{escape(group.cause)}[/]  class [bold]{escape(group.wrong)}[/]")
+        for op in group.ops:
+            console.print(f"   #{op.index:<4} {escape(op.name):<22} {escape(layer_text(op.layer)):<16} "
+                          f"[{verdict_style(Status.FAIL)}]{escape(op.verdict)}[/] {escape(_cut(op.summary))}")
+        if first.evidence and first.evidence != first.summary:
+            console.print(f"   evidence: {escape(first.evidence)}")
+        if group.inherited:
+            shown = ", ".join(f"#{index}" for index in group.inherited[:INHERITED_SHOWN])
+            more = f" and {len(group.inherited) - INHERITED_SHOWN} more" if len(group.inherited) > INHERITED_SHOWN else ""
+            console.print(f"   [dim]inherited: {shown}{more}[/]")
+
+
+def _cut(message: str) -> str:
+    return message if len(message) <= MESSAGE_CHARS else message[:MESSAGE_CHARS - 1] + "…"
 
 
 @render.register

@@ -1,0 +1,145 @@
+"""tapml-dbg from Python: a trace opened on a target, asked what the CLI asks, answered with objects.
+
+For scripts and notebooks (docs/api.md):
+
+    import tapml_dbg
+    with tapml_dbg.open("traces/demo.h5", target="llvm") as replay:
+        found = replay.bisect()          # BisectResult, .to_json() as `bisect --json` prints it
+        frame = replay.table()           # a pandas DataFrame, one row per op
+        causes = replay.triage()         # every divergence grouped by cause
+
+Each method returns the result object the CLI renders (each has `to_json()`); the CLI's commands
+are this layer plus rendering. pandas is needed only by `table()` (`pip install tapml-dbg[api]`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from tapml_dbg.engine.migrate import MigrateResult
+from tapml_dbg.engine.mixed import MixedRun, parse_offload
+from tapml_dbg.engine.report import OpPoint, error_points
+from tapml_dbg.engine.results import BisectResult, StepResult
+from tapml_dbg.engine.session import Session
+from tapml_dbg.engine.triage import TriageResult, triage
+from tapml_dbg.errors import UsageError
+from tapml_dbg.judge.verdict import ISOLATED, PROPAGATED, Mode
+from tapml_dbg.model.graph import OpInfo
+from tapml_dbg.repro.dump import DumpResult, dump_op
+from tapml_dbg.runtime.compile_cache import DEFAULT_CACHE_DIR
+from tapml_dbg.runtime.target import DEFAULT_UNIT_TIMEOUT_S, TargetSpec
+
+Progress = Callable[..., None]
+TABLE_COLUMNS = ("index", "name", "op", "layer", "dtype", "isolated", "isolated_error", "isolated_tolerance",
+                 "propagated", "propagated_error", "propagated_tolerance", "class", "evidence")
+
+
+def _noop(*_args, **_kwargs) -> None:
+    return None
+
+
+class Replay:
+    """One trace on one target. Use as a context manager (it holds worker processes) or `close()` it."""
+
+    def __init__(self, session: Session):
+        self.session = session
+        self._points: list[OpPoint] | None = None  # both verdicts of every op, once asked for
+
+    @classmethod
+    def from_spec(cls, trace: str | Path, spec: TargetSpec, *, searching: bool = False,
+                  cache_dir: str | Path = DEFAULT_CACHE_DIR) -> "Replay":
+        """What the CLI opens: `searching` starts the worker a bisect's chain runs on too."""
+        return cls(Session.open(trace, spec, cache_dir=cache_dir, start_workers=True, searching=searching))
+
+    def __enter__(self) -> "Replay":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.session.close()
+
+    @property
+    def ops(self) -> list[OpInfo]:
+        """The op table, in execution order."""
+        return self.session.ops
+
+    @property
+    def target(self) -> str:
+        """Where units run ("llvm", "cuda via rpc HOST:PORT")."""
+        return self.session.where
+
+    # ------------------------------------------------------------------ what the CLI's commands ask
+    def bisect(self, sweep: bool = True, progress: Progress = _noop) -> BisectResult:
+        """The first divergent op (`tapml-dbg bisect`)."""
+        return self.session.bisect(sweep=sweep, progress=progress)
+
+    def compare(self, op: int | str) -> StepResult:
+        """Both verdicts of one op (an index, `#12`, `-1` or a name), as the REPL's `compare`."""
+        return self.session.compare(self.session.resolve(op).index)
+
+    def triage(self, progress: Progress = _noop) -> TriageResult:
+        """Every divergence grouped by cause (`tapml-dbg triage`)."""
+        return triage(self.session, progress, self._verdicts(progress))
+
+    def migrate(self, by: str = "layer", one_at_a_time: bool = False, progress: Progress = _noop) -> MigrateResult:
+        """TapML's gradual offload (`tapml-dbg migrate`)."""
+        return self.session.migrate(by, one_at_a_time, progress)
+
+    def run(self, offload: str = "all", progress: Progress = _noop) -> MixedRun:
+        """One mixed run (`tapml-dbg run --offload SPEC`): `all`, `none` or op selectors."""
+        return self.session.run_mixed(parse_offload(self.session.op_table, offload), progress=progress)
+
+    def dump(self, op: int | str, folder: str | Path, minimize: bool = False, progress: Progress = _noop) -> DumpResult:
+        """One op as a standalone repro folder (`tapml-dbg dump`)."""
+        return dump_op(self.session, str(op), str(folder), command=f"tapml_dbg.open(...).dump({op!r})",
+                       minimize=minimize, progress=progress)
+
+    # ------------------------------------------------------------------ tables
+    def rows(self, progress: Progress = _noop) -> list[dict]:
+        """One dict per op (the columns of `table()`), without pandas."""
+        return [_row(point, self.session.ops[point.index]) for point in self._verdicts(progress)]
+
+    def table(self, progress: Progress = _noop):
+        """Every op's isolated and propagated verdict and error as a pandas DataFrame indexed by op
+        index: what ExecuTorch's Inspector gives as `calculate_numeric_gap`, with the class of
+        every failure. The numbers are those of `tapml-dbg report` and the REPL's `plot`."""
+        try:
+            import pandas
+        except ImportError as exc:
+            raise UsageError("table() needs pandas: pip install pandas (or tapml-dbg[api]); rows() gives the "
+                             "same data as dicts") from exc
+        return pandas.DataFrame(self.rows(progress), columns=list(TABLE_COLUMNS)).set_index("index", drop=False)
+
+    def _verdicts(self, progress: Progress) -> list[OpPoint]:
+        """Both verdicts of every op, computed once per transform text (an edited pass recomputes)."""
+        if self.session.notice_transform_edit() or self._points is None:
+            self._points = error_points(self.session, progress=progress)
+        return self._points
+
+
+def _row(point: OpPoint, op: OpInfo) -> dict:
+    wrong, evidence = point.wrong()
+    row = {"index": point.index, "name": point.name, "op": point.op, "layer": op.layer, "dtype": point.dtype,
+           "class": wrong or None, "evidence": evidence or None}
+    for mode in (ISOLATED, PROPAGATED):
+        row.update(_mode_columns(point, mode))
+    return row
+
+
+def _mode_columns(point: OpPoint, mode: Mode) -> dict:
+    verdict = point.verdict(mode)
+    return {str(mode): str(verdict.status) if verdict is not None else None,
+            f"{mode}_error": point.error(mode), f"{mode}_tolerance": point.tolerance(mode)}
+
+
+def open(trace: str | Path, target: str = "llvm", *, transform: str | None = None, rpc: str | None = None,
+         tracker: str | None = None, key: str | None = None, timeout: float | None = None,
+         parallel: int | None = None, cache_dir: str | Path = DEFAULT_CACHE_DIR) -> Replay:
+    """Open a trace for replay on `target` (options as the CLI's: `transform="FILE.py:FUNC"`,
+    `rpc="HOST:PORT"` or `tracker=` + `key=`). A bad path, trace or target raises a `TapmlError`."""
+    spec = TargetSpec(target=target, rpc=rpc, tracker=tracker, key=key, transform=transform,
+                      timeout_s=timeout or DEFAULT_UNIT_TIMEOUT_S, parallel=parallel)
+    return Replay.from_spec(trace, spec, cache_dir=cache_dir)
