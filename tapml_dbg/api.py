@@ -14,6 +14,7 @@ are this layer plus rendering. pandas is needed only by `table()` (`pip install 
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -82,7 +83,10 @@ class Replay:
 
     def triage(self, progress: Progress = _noop) -> TriageResult:
         """Every divergence grouped by cause (`tapml-dbg triage`)."""
-        return triage(self.session, progress, self._verdicts(progress))
+        started = time.perf_counter()
+        result = triage(self.session, progress, self._verdicts(progress))
+        result.seconds = time.perf_counter() - started  # with the verdicts' sweeps, when they ran here
+        return result
 
     def migrate(self, by: str = "layer", one_at_a_time: bool = False, progress: Progress = _noop) -> MigrateResult:
         """TapML's gradual offload (`tapml-dbg migrate`)."""

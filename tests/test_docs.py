@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, fresh
+from tapml_dbg.api import Replay
 from tapml_dbg.ui import cli
 from tapml_dbg.ui.console import make_console
 from tapml_dbg.ui.repl.app import Repl
@@ -214,7 +215,7 @@ def test_the_readme_first_command_and_its_session_still_print_what_the_readme_sh
     bisect_shown = first.splitlines()[first.splitlines().index(next(l for l in first.splitlines()
                                                                       if l.startswith("first divergent op:"))):]
     readme_session = fresh(demo_session)
-    monkeypatch.setattr(cli, "_open_session", lambda args, **_: contextlib.nullcontext(readme_session))
+    monkeypatch.setattr(cli, "_open", lambda args, **_: contextlib.nullcontext(Replay(readme_session)))
     capsys.readouterr()
     assert cli.main(["bisect", README_TRACE]) == 0
     printed = capsys.readouterr().out.splitlines()

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import PLANTED_OP, fresh
+from tapml_dbg.api import Replay
 from tapml_dbg import portable as lib
 from tapml_dbg.engine import fused
 from tapml_dbg.engine.search import Bisection
@@ -87,7 +88,7 @@ def test_bisect_json_names_the_fused_unit_and_the_next_command(fused_mlp, traces
     import contextlib
 
     fused_mlp.reset()
-    monkeypatch.setattr(cli, "_open_session", lambda args, **_: contextlib.nullcontext(fused_mlp))
+    monkeypatch.setattr(cli, "_open", lambda args, **_: contextlib.nullcontext(Replay(fused_mlp)))
     trace = str(traces.get("mlp"))
     assert cli.main(["bisect", trace, "--transform", EPILOGUE, "--json"]) == 0
     data = json.loads(capsys.readouterr().out)

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import PLANTED_OP, fault_transform, fresh
+from tapml_dbg.api import Replay
 from tapml_dbg.engine.session import Session
 from tapml_dbg.ui.repl import commands as C
 from tapml_dbg.ui.repl.app import Repl, make_console
@@ -475,7 +476,7 @@ def test_continue_and_bisect_tell_one_story_on_the_readme_example(demo_session, 
     assert "with the target's own upstream values it stays within the looser propagated tolerance" in out
     assert "first divergent op: #9 _softmax" in t.run("bisect")
     # `tapml-dbg bisect TRACE` on the same engine session (opening one is tested elsewhere)
-    monkeypatch.setattr(cli, "_open_session", lambda args, **_: contextlib.nullcontext(session))
+    monkeypatch.setattr(cli, "_open", lambda args, **_: contextlib.nullcontext(Replay(session)))
     capsys.readouterr()
     assert cli.main(["bisect", str(path)]) == 0
     out = capsys.readouterr().out

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from conftest import EXAMPLES, fresh
+from tapml_dbg.api import Replay
 from tapml_dbg.engine.report import ErrorReport, LayerBand, MigrationPoint, OpPoint, layer_bands
 from tapml_dbg.engine.results import Culprit
 from tapml_dbg.judge.compare import Metrics
@@ -106,7 +107,7 @@ def test_layer_bands_pick_the_deepest_level_that_stays_readable():
 def test_report_and_bisect_agree_on_the_readme_example(demo_session, tmp_path, capsys, monkeypatch):
     """One story: the page's culprit is bisect's, by the rule `continue` stops at."""
     path = fresh(demo_session).reader.path
-    monkeypatch.setattr(cli, "_open_session", lambda args, **_: contextlib.nullcontext(demo_session))
+    monkeypatch.setattr(cli, "_open", lambda args, **_: contextlib.nullcontext(Replay(demo_session)))
     assert cli.main(["bisect", str(path), "--report", str(tmp_path / "b")]) == 0
     out = capsys.readouterr().out
     assert "first divergent op: #9 _softmax" in out and "culprit #9 _softmax (isolated)" in out
@@ -119,7 +120,7 @@ def test_report_and_bisect_agree_on_the_readme_example(demo_session, tmp_path, c
 def test_report_migrate_charts_the_output_error_per_step(demo_session, tmp_path, capsys, monkeypatch):
     """`report --migrate`: [9]'s curve on the page, the step that offloads the fp16 softmax failing."""
     path = fresh(demo_session).reader.path
-    monkeypatch.setattr(cli, "_open_session", lambda args, **_: contextlib.nullcontext(demo_session))
+    monkeypatch.setattr(cli, "_open", lambda args, **_: contextlib.nullcontext(Replay(demo_session)))
     assert cli.main(["report", str(path), "-o", str(tmp_path / "r"), "--migrate"]) == 0
     text = (tmp_path / "r" / "index.html").read_text()
     table = text[text.index('<table id="migration">'):]
@@ -250,7 +251,7 @@ def open_in_browser(page_path: Path, screenshot: Path, profile: Path) -> dict:
 @pytest.mark.skipif(browser() is None, reason="no chromium (`apt-get install -y chromium`; .ci/run does)")
 def test_the_report_renders_in_a_real_browser(demo_session, tmp_path, capsys, monkeypatch):
     path = fresh(demo_session).reader.path
-    monkeypatch.setattr(cli, "_open_session", lambda args, **_: contextlib.nullcontext(demo_session))
+    monkeypatch.setattr(cli, "_open", lambda args, **_: contextlib.nullcontext(Replay(demo_session)))
     assert cli.main(["report", str(path), "-o", str(tmp_path / "report")]) == 0
     out = capsys.readouterr().out
     assert out.startswith("wrote the report of 19 ops on llvm to ") and "next: tapml-dbg dump" in out

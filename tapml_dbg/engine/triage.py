@@ -231,6 +231,7 @@ def _cause_text(triaged: TriagedOp, op: OpInfo, changes: list | None) -> str:
             "; ".join(c.describe() for c in changes)
         return f"{short} {what}{failure}"
     if triaged.verdict in ("isolated", "propagated"):
-        return f"{short}: {triaged.wrong or 'wrong'} ({triaged.verdict})"
+        dtype = f" ({op.outputs[0].dtype})" if op.outputs else ""
+        return f"{short}{dtype}: {triaged.wrong or 'wrong'} ({triaged.verdict})"
     first = " ".join(triaged.summary.split())[:SIGNATURE_CHARS]
     return f"{short}: {triaged.verdict}: {first}"

@@ -13,9 +13,8 @@ import shlex
 import sys
 from importlib import metadata
 
-from tapml_dbg.engine.mixed import parse_offload
+from tapml_dbg.api import Replay
 from tapml_dbg.engine.report import build_report, migration_points
-from tapml_dbg.engine.session import Session
 from tapml_dbg.errors import TapmlError
 from tapml_dbg.record.recorder import record
 from tapml_dbg.repro.carve import carve
@@ -46,6 +45,7 @@ TARGET_HELP = ("TVM target: a kind (llvm, cuda, opencl, metal, webgpu) or, with 
                "string form); default llvm")
 DEFAULT_REPORT_DIR = "report/"  # what `next:` lines suggest for -o
 DEFAULT_REPRO_DIR = "repro/"
+TRIAGE_DUMPS_SUGGESTED = 3  # `next:` lines after a triage: a dump of each of the first causes
 VERSIONED = ("apache-tvm", "torch")  # the stack `--version` names beside tapml-dbg
 
 
@@ -130,6 +130,15 @@ def build_parser() -> argparse.ArgumentParser:
     bisect.add_argument("--no-sweep", action="store_true",
                         help="skip the isolated sweep that catches faults which wash out downstream")
     bisect.add_argument("--report", metavar="DIR", help="also write the HTML report (as `tapml-dbg report`) to DIR")
+
+    tri = _subcommand(commands, "triage", "list every divergent op, grouped by cause",
+                      "Both verdicts of every op (as `report`), then every op that diverges by itself (its "
+                      "isolated verdict fails, the import changes its type, or its propagated verdict fails with "
+                      "nothing wrong upstream), grouped by source op, class and failure signature; failures "
+                      "inherited from a cause are folded into it (docs/triage.md).")
+    tri.add_argument("trace", metavar="TRACE", help=TRACE_HELP)
+    _add_target_options(tri)
+    tri.add_argument("--json", action="store_true", help="one JSON object on stdout")
 
     mixed = _subcommand(commands, "run", "run the model once mixed: the offload set on the target, the rest on "
                                          "the source",
@@ -317,16 +326,17 @@ def _finite(value):
     return value
 
 
-def _open_session(args, searching: bool = False):
-    """The session of a subcommand's trace and target options: one TargetSpec, nothing dropped."""
-    return Session.open(args.trace, TargetSpec.from_args(args), start_workers=True, searching=searching)
+def _open(args, searching: bool = False) -> Replay:
+    """The Python API's replay of a subcommand's trace and target options: one TargetSpec, nothing dropped."""
+    return Replay.from_spec(args.trace, TargetSpec.from_args(args), searching=searching)
 
 
 def _bisect(args, out, err) -> int:
     folder = prepare_folder(args.report) if args.report else None  # a bad folder fails before the search
-    with _open_session(args, searching=not args.no_sweep) as session:
+    with _open(args, searching=not args.no_sweep) as replay:
+        session = replay.session
         with progress("bisecting", err, show=_bar(args)) as report:
-            result = session.bisect(sweep=not args.no_sweep, progress=report)
+            result = replay.bisect(sweep=not args.no_sweep, progress=report)
         # the answer first, then the report; the workers stop after (a CUDA worker's exit: tenths of a second)
         if args.json:
             print(strict_json(result.to_json()), flush=True)
@@ -342,10 +352,9 @@ def _bisect(args, out, err) -> int:
 
 
 def _run(args, out, err) -> int:
-    with _open_session(args) as session:
-        offload = parse_offload(session.op_table, args.offload)
+    with _open(args) as replay:
         with progress("mixed run", err, show=_bar(args)) as report:
-            result = session.run_mixed(offload, progress=report)
+            result = replay.run(args.offload, progress=report)
     if args.json:
         print(strict_json(result.to_json()))
         return 0
@@ -356,9 +365,9 @@ def _run(args, out, err) -> int:
 
 
 def _migrate(args, out, err) -> int:
-    with _open_session(args) as session:
+    with _open(args) as replay:
         with progress("migrating", err, show=_bar(args)) as report:
-            result = session.migrate(args.by, args.one_at_a_time, progress=report)
+            result = replay.migrate(args.by, args.one_at_a_time, progress=report)
     if args.json:
         print(strict_json(result.to_json()))
         return 0
@@ -370,6 +379,27 @@ def _migrate(args, out, err) -> int:
                              (_command("replay", args.trace, args=args) + f' -c "compare {culprit.index}"',
                               "both verdicts side by side")]), out)
     return 0
+
+
+def _triage(args, out, err) -> int:
+    with _open(args) as replay:
+        with progress("triage", err, show=_bar(args)) as report:
+            result = replay.triage(progress=report)
+    if args.json:
+        print(strict_json(result.to_json()))
+        return 0
+    render(result, out)
+    render(_triage_next(args, result), out)
+    return 0
+
+
+def _triage_next(args, result) -> NextCommands:
+    """After a triage: a repro of each cause's first op (three at most), then the page."""
+    dumps = [(_command("dump", args.trace, "--op", str(group.first.index), "-o", f"repro/{group.first.name}/",
+                       args=args), f"cause {number}: {group.cause}")
+             for number, group in enumerate(result.groups[:TRIAGE_DUMPS_SUGGESTED], 1)]
+    return NextCommands([*dumps, (_command("report", args.trace, "-o", DEFAULT_REPORT_DIR, args=args),
+                                  "every op's error along the model, as a page")])
 
 
 def _write_report(args, session, err, folder, bisect=None):
@@ -386,8 +416,8 @@ def _write_report(args, session, err, folder, bisect=None):
 
 def _report(args, out, err) -> int:
     folder = prepare_folder(args.output)
-    with _open_session(args) as session:
-        written = _write_report(args, session, err, folder)
+    with _open(args) as replay:
+        written = _write_report(args, replay.session, err, folder)
     render(written, out)
     culprit = written.report.culprit
     if culprit is not None:
@@ -396,26 +426,26 @@ def _report(args, out, err) -> int:
 
 
 def _dump(args, out, err) -> int:
-    with _open_session(args) as session:
+    with _open(args) as replay:
         with progress("minimizing", err, show=args.minimize and _bar(args)) as report:
-            result = dump_op(session, args.op, args.output, command=" ".join(["tapml-dbg"] + args.argv),
+            result = dump_op(replay.session, args.op, args.output, command=" ".join(["tapml-dbg"] + args.argv),
                              ops=args.ops, minimize=args.minimize, progress=report)
     render(result, out)
     return 0
 
 
 def _carve(args, out, err) -> int:
-    with _open_session(args) as session:
+    with _open(args) as replay:
         with progress("carving", err) as report:
-            result = carve(session, args.output, max_mb=args.max_mb, progress=report, unit=args.unit)
+            result = carve(replay.session, args.output, max_mb=args.max_mb, progress=report, unit=args.unit)
     render(result, out)
     return 0
 
 
 def _compile(args, out, err) -> int:
-    with _open_session(args) as session:
+    with _open(args) as replay:
         with progress("compiling", err, show=_bar(args)) as report:
-            result = session.compile_all(progress=report)
+            result = replay.session.compile_all(progress=report)
     if args.json:
         print(strict_json(result.to_json()))
     else:
@@ -428,7 +458,7 @@ def _replay(args, out, err) -> int:
 
 
 _HANDLERS = {"record": _record, "info": _info, "bisect": _bisect, "run": _run, "migrate": _migrate, "dump": _dump, "carve": _carve,
-             "compile": _compile, "replay": _replay, "report": _report}
+             "compile": _compile, "replay": _replay, "report": _report, "triage": _triage}
 
 
 if __name__ == "__main__":

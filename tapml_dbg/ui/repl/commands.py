@@ -21,6 +21,7 @@ from tapml_dbg.engine.mixed import parse_offload, spans_text
 from tapml_dbg.engine.report import error_points, first_divergent
 from tapml_dbg.engine.session import Session
 from tapml_dbg.engine.stops import BreakKind, Debugger
+from tapml_dbg.engine.triage import triage
 from tapml_dbg.errors import TapmlError, UsageError
 from tapml_dbg.judge.compare import DEFAULT_TOLERANCES, PolicyKind, Tolerance, TolerancePolicy
 from tapml_dbg.judge.verdict import PROPAGATED, Mode
@@ -314,6 +315,12 @@ def cmd_migrate(ctx: Context, args: list[str]):
         return ctx.session.migrate(by, one_at_a_time, progress)
 
 
+def cmd_triage(ctx: Context, args: list[str]):
+    _need(args, 0, 0)
+    with ctx.progress(f"triage on {ctx.session.target}") as progress:
+        return triage(ctx.session, progress)
+
+
 def cmd_plot(ctx: Context, args: list[str]):
     _need(args, 0, 1)
     session = ctx.session
@@ -534,6 +541,12 @@ COMMANDS: list[Command] = [
             "block alone on the target to rank blocks by their effect on the output (docs/migrate.md).",
             cmd_migrate, lambda previous: ("layer", "op") if previous[-1:] == ["--by"] else
             ("--by", "--one-at-a-time")),
+    Command("triage", (), "triage",
+            "Every divergent op of the model, grouped by cause.\n"
+            "Both verdicts of every op (as `plot`), then the ops that diverge by themselves (isolated\n"
+            "failure, a type the import changed, or a propagated failure with nothing wrong upstream),\n"
+            "grouped by source op, class and failure signature; inherited failures folded in.",
+            cmd_triage),
     Command("plot", (), "plot [RANGE|LAYER]",
             "Every op's error along the model, as a terminal chart.\n"
             "One column per op (or per few ops on a narrow terminal), log scale: the isolated error\n"
