@@ -1,8 +1,8 @@
-"""Run every command of README.md and docs/*.md as written, and diff the REPL transcripts.
+"""Run every command of README.md and docs/*.md as written, and make the docs' transcripts again.
 
-The suite's tests/test_docs.py checks, fast, that every documented command parses and that the
-README's and docs/repl.md's transcripts still print their key lines. This script does the slow,
-complete version, to run before a release or after changing output:
+The suite's tests/test_docs.py checks, fast, that every documented command parses, and
+tests/test_transcripts.py that every transcript is the tool's output. This script runs every
+command, and writes the transcripts (the one way they are made):
 
 1. every `tapml-dbg` command of the docs (code blocks and inline spans), in document order, in a
    scratch folder that links `examples/` and `tests/` (so `-o t.h5` lands there, and `traces/`
@@ -10,12 +10,11 @@ complete version, to run before a release or after changing output:
    fresh folder), a command on MODEL (the reader's own model) is only parsed, and commands that
    need what this machine may lack (an RPC server or tracker, a CUDA device) are skipped and
    counted;
-2. every REPL transcript that says how it was made (the README's session, docs/repl.md's
-   walk-through and one-liner) is made again with the real CLI, and its output is diffed line by
-   line with the document's, timings and sizes blanked.
+2. every transcript (tests/transcripts.py says what one is) is made again with the real CLI and
+   diffed line by line with the document's, timings blanked; `--write` puts the new output in.
 
     python benchmarks/docs_check.py            # exit 1 when a command fails or a transcript drifted
-    python benchmarks/docs_check.py --transcripts --write   # after changing output: refresh the docs
+    python benchmarks/docs_check.py --transcripts --write   # after changing output: write the docs anew
 """
 
 from __future__ import annotations
@@ -34,41 +33,17 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 
-from test_docs import DOCS, NUMBERS_THAT_VARY, code_blocks, inline_commands, shell_commands  # noqa: E402
+import transcripts  # noqa: E402
+from test_docs import DOCS, inline_commands, shell_commands  # noqa: E402
 
 COMMAND_TIMEOUT_S = 900
 NEEDS = {"--rpc": "an RPC server", "--tracker": "an RPC tracker"}
 GPU_TARGETS = ("cuda", "rocm", "vulkan")
-# transcripts and the command line that printed them (the docs say so next to each)
-TRANSCRIPTS = [  # (doc, the transcript's first line, the commands that print it, their environment)
-    ("README.md", "recorded 19 ops to traces/demo.h5",
-     [["record", "examples/fp16_memory_attention.py", "-o", "traces/demo.h5"], ["bisect", "traces/demo.h5"]], {}),
-    ("README.md", "(llvm) #0 view [query]> continue",
-     [["replay", "traces/demo.h5", "-c", "continue; compare 9; plot; dump 9 /tmp/repro-softmax; continue"]], {}),
-    ("docs/repl.md", "recorded 26 ops to /tmp/mlp.h5", [["record", "examples/mlp.py", "-o", "/tmp/mlp.h5"]], {}),
-    ("docs/repl.md", "(llvm) #0 permute [proj]> where",
-     [["replay", "/tmp/mlp.h5", "--transform", "tests/transforms/faults.py:scale", "--script", "{script}"]],
-     {"TAPML_FAULT_OP": "gelu_1"}),
-    ("docs/repl.md", "(llvm) #0 permute [proj]> break nan",
-     [["replay", "/tmp/mlp.h5", "--transform", "tests/transforms/faults.py:nan", "-c", "break nan; continue"]],
-     {"TAPML_FAULT_OP": "gelu_1"}),
-]
-
-
 def run(argv: list[str], env: dict, cwd: Path, merged: bool = False) -> subprocess.CompletedProcess:
     """`tapml-dbg ARGV`; `merged`: stderr into stdout, in order (as the docs show it, `2>&1`)."""
     return subprocess.run([sys.executable, "-m", "tapml_dbg", *argv], cwd=cwd, text=True, stdin=subprocess.DEVNULL,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT if merged else subprocess.PIPE,
                           env={**os.environ, "PYTHONPATH": str(ROOT), **env}, timeout=COMMAND_TIMEOUT_S)
-
-
-def scratch(folder: Path) -> Path:
-    """A working folder where the docs' relative paths resolve: examples/ and tests/ linked, traces/ fresh."""
-    work = folder / "work"
-    (work / "traces").mkdir(parents=True)
-    for name in ("examples", "tests"):
-        (work / name).symlink_to(ROOT / name)
-    return work
 
 
 def succeeded(argv: list[str], done: subprocess.CompletedProcess) -> bool:
@@ -99,15 +74,6 @@ def skip_reason(argv: list[str]) -> str:
     return ""
 
 
-def normalized(lines: list[str]) -> list[str]:
-    out = []
-    for line in lines:
-        for pattern, replacement in NUMBERS_THAT_VARY:
-            line = pattern.sub(replacement, line)
-        out.append(line.rstrip())
-    return out
-
-
 def check_commands(folder: Path, work: Path) -> tuple[int, int, int]:
     trace = folder / "mlp.h5"
     assert run(["record", "examples/mlp.py", "-o", str(trace)], {}, work).returncode == 0
@@ -133,36 +99,26 @@ def check_commands(folder: Path, work: Path) -> tuple[int, int, int]:
     return ok, failed, skipped
 
 
-def check_transcripts(folder: Path, work: Path, write: bool = False) -> int:
-    """Make each transcript again; print the drifted ones' diffs (`write`: put the new output in the doc)."""
-    drifted = 0
-    for doc_name, first_line, commands, env in TRANSCRIPTS:
-        block = next(b for b in code_blocks(ROOT / doc_name) if first_line in b)
-        shown = []
-        for line in block[block.index(first_line):].splitlines():
-            if line.startswith("$ "):
-                break  # the next shell command (`$ echo $?`): the transcript ends here
-            shown.append(line)
-        printed = []
-        for argv in commands:
-            if "{script}" in argv:
-                script = folder / "walkthrough.tapml"
-                script.write_text(next(b for b in code_blocks(ROOT / doc_name) if b.startswith("where\n")))
-                argv = [str(script) if word == "{script}" else word for word in argv]
-            printed += run(argv, env, work, merged=True).stdout.rstrip("\n").splitlines()
-        diff = list(difflib.unified_diff(normalized(shown), normalized(printed), f"{doc_name} (shown)", "now",
-                                         lineterm="", n=1))
-        if diff:
-            drifted += 1
-            print(f"DRIFT {doc_name}: {first_line}")
-            print("\n".join(diff[:80]))
-            if write:
-                path = ROOT / doc_name
-                path.write_text(path.read_text().replace("\n".join(shown), "\n".join(printed), 1))
-                print(f"      wrote the new output into {doc_name}")
-        else:
-            print(f"ok    {doc_name}: transcript from `{first_line}` ({len(shown)} lines)")
-    return drifted
+def check_transcripts(folder: Path, write: bool = False) -> tuple[int, int]:
+    """Make every doc's transcripts again (tests/transcripts.py); print the drifted ones' diffs
+    (`write`: put the new output in the doc). Returns (transcripts, drifted)."""
+    total = drifted = 0
+    for doc in DOCS:
+        made = transcripts.make(doc, folder / doc.stem)
+        for found, outputs in made:
+            total += 1
+            changes = transcripts.drift(found, outputs)
+            for command, shown, printed in changes:
+                print(f"DRIFT {found.name}: `{command}`")
+                print("\n".join(list(difflib.unified_diff(shown, printed, "shown", "now", lineterm="", n=1))[:80]))
+            drifted += bool(changes)
+            if not changes:
+                print(f"ok    {found.name}")
+        if write and made:
+            changed = transcripts.write(doc, made)
+            if changed:
+                print(f"      wrote {changed} block(s) of new output into {doc.relative_to(ROOT)}")
+    return total, drifted
 
 
 def main() -> int:
@@ -172,13 +128,13 @@ def main() -> int:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="tapml-docs-") as tmp:
         folder = Path(tmp)
-        work = scratch(folder)
+        work = transcripts.scratch(folder / "work")
         ok = failed = skipped = 0
         if not args.transcripts:
             ok, failed, skipped = check_commands(folder, work)
-        drifted = check_transcripts(folder, work, args.write)
-    print(f"\n{ok} commands ran, {failed} failed, {skipped} skipped; {len(TRANSCRIPTS) - drifted} transcripts "
-          f"in step, {drifted} drifted")
+        total, drifted = check_transcripts(folder, args.write)
+    print(f"\n{ok} commands ran, {failed} failed, {skipped} skipped; {total - drifted} transcripts in step, "
+          f"{drifted} drifted")
     return 1 if failed or drifted else 0
 
 

@@ -32,8 +32,8 @@ from tapml_dbg.runtime.compile_cache import DEFAULT_CACHE_DIR
 from tapml_dbg.runtime.target import DEFAULT_UNIT_TIMEOUT_S, TargetSpec
 
 Progress = Callable[..., None]
-TABLE_COLUMNS = ("index", "name", "op", "layer", "dtype", "isolated", "isolated_error", "isolated_tolerance",
-                 "propagated", "propagated_error", "propagated_tolerance", "class", "evidence")
+TABLE_COLUMNS = ("index", "name", "op", "layer", "file", "line", "code", "dtype", "isolated", "isolated_error",
+                 "isolated_tolerance", "propagated", "propagated_error", "propagated_tolerance", "class", "evidence")
 
 
 def _noop(*_args, **_kwargs) -> None:
@@ -126,8 +126,11 @@ class Replay:
 
 def _row(point: OpPoint, op: OpInfo) -> dict:
     wrong, evidence = point.wrong()
-    row = {"index": point.index, "name": point.name, "op": point.op, "layer": op.layer, "dtype": point.dtype,
-           "class": wrong or None, "evidence": evidence or None}
+    where = op.source_location  # the user's line the op comes from (None: no frame in the user's files)
+    row = {"index": point.index, "name": point.name, "op": point.op, "layer": op.layer,
+           "file": where.file if where else None, "line": where.line if where else None,
+           "code": where.code if where else None, "dtype": point.dtype, "class": wrong or None,
+           "evidence": evidence or None}
     for mode in (ISOLATED, PROPAGATED):
         row.update(_mode_columns(point, mode))
     return row

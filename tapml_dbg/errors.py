@@ -7,6 +7,8 @@ Internal bugs are deliberately *not* `TapmlError`s, so they surface with a trace
 class TapmlError(Exception):
     """A user-facing failure; the CLI prints it as one line and exits 1."""
 
+    detail: str = ""  # the long text behind the one line (a library's full message): shown with TAPML_DEBUG=1
+
 
 class TraceError(TapmlError):
     """The trace file is missing, corrupt, incomplete where it matters, or too new."""

@@ -60,6 +60,8 @@ def test_table_is_one_row_per_op_with_both_verdicts(demo):
     culprit = frame.loc[CULPRIT]
     assert (culprit["name"], culprit["op"], culprit["isolated"]) == ("_softmax", "aten._softmax.default", "fail")
     assert culprit["class"] == "precision" and culprit["isolated_error"] > culprit["isolated_tolerance"]
+    assert (culprit["file"], culprit["line"]) == ("examples/fp16_memory_attention.py", 21)
+    assert culprit["code"] == "weights = torch.softmax(q @ self.keys.t(), dim=-1)"
     failing = frame[frame["isolated"] == "fail"]
     assert CULPRIT in failing.index and failing["index"].min() == CULPRIT, "nothing before the culprit fails alone"
     rows = demo.rows()  # the same table without pandas

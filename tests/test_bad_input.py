@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from conftest import run_cli
+from damage_trace import flip_dataset_bit
 
 BAD_MODELS = {
     "wrong_types.py": ("def build():\n    return 'not a module', (1,)\n", "torch.nn.Module"),
@@ -134,14 +135,6 @@ def _strict(text: str):
     return json.loads(text, parse_constant=refuse)
 
 
-def _flip_dataset_bit(path, name, byte=3, bit=2):
-    with h5py.File(path, "r") as handle:
-        offset = handle[name].id.get_offset()
-    data = bytearray(path.read_bytes())
-    data[offset + byte] ^= 1 << bit
-    path.write_bytes(bytes(data))
-
-
 def test_info_json_is_strict_json(tmp_path, traces, capsys):
     """`info --json` printed a bare NaN (not JSON) for a NaN in the trace's meta."""
     path = tmp_path / "nan.h5"
@@ -169,8 +162,8 @@ def test_info_verify_reports_each_damaged_part(tmp_path, traces, capsys):
     path.write_bytes(traces.get("mlp").read_bytes())
     code, out, _ = _cli(capsys, "info", str(path), "--verify")
     assert code == 0 and out.startswith("intact") and "checksums verified" in out
-    _flip_dataset_bit(path, "ops/12/0")
-    _flip_dataset_bit(path, "params/p_head_weight")
+    flip_dataset_bit(path, "ops/12/0")
+    flip_dataset_bit(path, "params/p_head_weight")
     code, out, _ = _cli(capsys, "info", str(path), "--verify")
     assert code == 1
     assert out.startswith("damaged") and "2 of" in out
@@ -186,7 +179,7 @@ def test_corrupt_recorded_output_is_one_error_line_in_replay(tmp_path, traces):
     """Before checksums, replay judged op 25 against the flipped value without a word."""
     path = tmp_path / "flipped.h5"
     path.write_bytes(traces.get("mlp").read_bytes())
-    _flip_dataset_bit(path, "ops/25/0")
+    flip_dataset_bit(path, "ops/25/0")
     result = run_cli("replay", str(path), "-c", "compare 25")
     _assert_one_line_error(result, "op 25's recorded output 0 is corrupt (checksum mismatch)", "record")
 

@@ -1,14 +1,11 @@
 """The README and docs/ as a new user meets them: every command parses, the transcripts still run.
 
-Fast checks only (the full run of every command with a diff of every transcript is
-`benchmarks/docs_check.py`):
+Fast checks only (the full run of every command is `benchmarks/docs_check.py`):
 - every `tapml-dbg ...` command line in README.md and docs/*.md parses with the real CLI parser
   (a renamed or removed flag fails here);
 - every command typed at a REPL prompt in a transcript is a REPL command (or the error the
   transcript shows);
-- the README's first command and its "A session", and docs/repl.md's walk-through, run on the
-  traces they were written on and still print the lines the docs show: the culprit, the stops,
-  the prompts, the `next:` lines;
+- (every transcript is made again and compared exactly by tests/test_transcripts.py);
 - and what a newcomer meets first: a bad `-o`, a build() that raises.
 """
 
@@ -23,11 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, fresh
-from tapml_dbg.api import Replay
+from conftest import ROOT
 from tapml_dbg.ui import cli
-from tapml_dbg.ui.console import make_console
-from tapml_dbg.ui.repl.app import Repl
 from tapml_dbg.ui.repl.commands import UnknownCommand, lookup
 from tapml_dbg.ui.repl.parsing import tokenize
 
@@ -36,8 +30,6 @@ FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.S | re.M)
 PROMPT = re.compile(r"^\((?P<target>[^)]+)\) #(?P<position>\S+) (?P<where>.*?)> (?P<command>.*)$")
 ENV_ASSIGNMENT = re.compile(r"^[A-Z_][A-Z0-9_]*=\S*$")
 SYNOPSIS_MARKS = ("[", "…")  # a usage line, not a command to run
-README_TRACE = "traces/demo.h5"  # what the README's commands record and read
-REPL_DOC_TRACE = "/tmp/mlp.h5"  # what docs/repl.md's walk-through reads
 
 
 @dataclass
@@ -169,82 +161,10 @@ def test_every_transcript_command_is_a_repl_command():
     assert checked > 20
 
 
-# ------------------------------------------------------------------ the transcripts, run again
-STABLE = ("first divergent op:", "stopped after", "breakpoint ", "error:", "ran #", "next:", "  next:",
-          "      tapml-dbg", "▼ first divergence", "no divergence", "wrote repro")
-NUMBERS_THAT_VARY = [(re.compile(r"\d+\.\d+ s\b"), "N s"), (re.compile(r"with \d+ probes"), "with N probes"),
-                     (re.compile(r"\(\d+(\.\d+)? [KMG]?i?B\)"), "(SIZE)"),
-                     (re.compile(r"\d+(\.\d+)?x the bare"), "Nx the bare")]
-
-
-def stable_lines(lines: list[str]) -> list[str]:
-    """The lines a doc must keep in step with the tool, with timings and sizes blanked."""
-    kept = []
-    for line in lines:
-        if line.startswith(STABLE):
-            for pattern, replacement in NUMBERS_THAT_VARY:
-                line = pattern.sub(replacement, line)
-            kept.append(line.rstrip())
-    return kept
-
-
-def replay_transcript(session, typed: list[Typed], trace_as_documented: str) -> list[tuple[str, str, list[str]]]:
-    """Run the typed commands in a Repl over `session`; (prompt, command, output lines) each."""
-    buffer = io.StringIO()
-    console = make_console(buffer)
-    repl = Repl(session, out=console, err=console, launch={"trace": trace_as_documented}, show_progress=False)
-    ran = []
-    for item in typed:
-        prompt = repl.prompt_text()
-        start = buffer.tell()
-        repl.execute(item.command)
-        ran.append((prompt, item.command, buffer.getvalue()[start:].splitlines()))
-    return ran
-
-
-def assert_in_step(doc: str, typed: list[Typed], ran) -> None:
-    for item, (prompt, command, output) in zip(typed, ran):
-        assert item.prompt == prompt, f"{doc}: `{command}` is typed at {item.prompt!r}, the tool prompts {prompt!r}"
-        assert stable_lines(item.output) == stable_lines(output), f"{doc}: `{command}` now prints:\n" + "\n".join(output)
-
-
-def test_the_readme_first_command_and_its_session_still_print_what_the_readme_shows(demo_session, monkeypatch,
-                                                                                     capsys, tmp_path):
-    readme = (ROOT / "README.md").read_text()
-    first = next(block for block in code_blocks(ROOT / "README.md") if block.startswith("recorded "))
-    bisect_shown = first.splitlines()[first.splitlines().index(next(l for l in first.splitlines()
-                                                                      if l.startswith("first divergent op:"))):]
-    readme_session = fresh(demo_session)
-    monkeypatch.setattr(cli, "_open", lambda args, **_: contextlib.nullcontext(Replay(readme_session)))
-    capsys.readouterr()
-    assert cli.main(["bisect", README_TRACE]) == 0
-    printed = capsys.readouterr().out.splitlines()
-    assert stable_lines(bisect_shown) == stable_lines(printed)
-    assert printed[0] == bisect_shown[0]  # the culprit, word for word
-    # "A session": the same trace in the debugger
-    (session,) = [s for s in transcripts(ROOT / "README.md")]
-    readme_session.reset()
-    typed = [t if not t.command.startswith("dump ") else
-             Typed(t.prompt, t.command.replace("/tmp/repro-softmax", str(tmp_path / "repro")), t.output) for t in session]
-    ran = replay_transcript(readme_session, typed, README_TRACE)
-    for t in typed:
-        t.output = [line.replace(str(tmp_path / "repro"), "/tmp/repro-softmax") for line in t.output]
-    ran = [(p, c, [line.replace(str(tmp_path / "repro"), "/tmp/repro-softmax") for line in out]) for p, c, out in ran]
-    assert_in_step("README.md", session, ran)
-    assert "docs/img/report-fp16_memory_attention.png" in readme
+# ------------------------------------------------------------------ the transcripts: tests/test_transcripts.py
+def test_the_readme_shows_the_report_it_describes():
+    assert "docs/img/report-fp16_memory_attention.png" in (ROOT / "README.md").read_text()
     assert (ROOT / "docs" / "img" / "report-fp16_memory_attention.png").stat().st_size > 20_000
-
-
-def test_the_repl_walkthrough_still_runs_as_docs_repl_md_shows(planted_mlp, tmp_path):
-    """docs/repl.md's walk-through: examples/mlp.py with faults.py:scale on gelu_1."""
-    doc = ROOT / "docs" / "repl.md"
-    walkthrough = next(s for s in transcripts(doc) if len(s) > 10)
-    planted = fresh(planted_mlp)
-    typed = [Typed(t.prompt, t.command.replace("/tmp/repro-gelu_1", str(tmp_path / "r")), t.output)
-             for t in walkthrough]
-    ran = replay_transcript(planted, typed, REPL_DOC_TRACE)
-    ran = [(p, c, [line.replace(str(tmp_path / "r"), "/tmp/repro-gelu_1") for line in out]) for p, c, out in ran]
-    assert_in_step("docs/repl.md", walkthrough, ran)
 
 
 # ------------------------------------------------------------------ what a newcomer meets first

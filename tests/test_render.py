@@ -61,6 +61,9 @@ class StubSession:
     def __exit__(self, *_exc) -> None:
         return None
 
+    def close(self) -> None:  # the CLI's Replay closes the session it opened
+        return None
+
     def bisect(self, sweep: bool = True, progress=None) -> BisectResult:
         return self.result
 

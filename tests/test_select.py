@@ -7,6 +7,7 @@ engine session, the recorder's `--window` and the REPL, to show they now agree: 
 
 from __future__ import annotations
 
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -76,14 +77,22 @@ def test_op_of_an_empty_table_says_there_are_none():
     (":", tuple(range(len(OPS))), f"0:{len(OPS)}"),
     ("-3:", (7, 8, 9), "7:10"),  # negative bounds count from the end
     (":-8", (0, 1), "0:2"),
-    ("5:100", (5, 6, 7, 8, 9), "5:10"),  # clamped like a Python slice
-    ("-100:2", (0, 1), "0:2"),
+    ("5:10", (5, 6, 7, 8, 9), "5:10"),  # the bounds may reach both ends, and no further
+    ("-10:2", (0, 1), "0:2"),
 ])
 def test_ranges_are_python_slices(table, text, indices, label):
     assert table.select(text) == Selection(RANGE, indices, label)
 
 
-@pytest.mark.parametrize("text", ["5:3", "0:0", "100:200", "-1:-2", "2:-8"])
+@pytest.mark.parametrize("text,write", [("5:100", "`5:10` (or `5:` to the last op)"), ("-100:2", "`0:2`"),
+                                        ("100:200", "`0:10` (or `:` to the last op)")])
+def test_a_bound_past_the_ends_is_an_error_not_clamped(table, text, write):
+    with pytest.raises(UsageError, match=rf"`{text}` is out of range: the trace has 10 ops \(0\.\.{LAST}\), so each "
+                                         rf"bound of a:b is from -10 to 10 \(b excluded\); write {re.escape(write)}$"):
+        table.select(text)
+
+
+@pytest.mark.parametrize("text", ["5:3", "0:0", "-1:-2", "2:-8"])
 def test_a_range_that_selects_no_op_is_an_error(table, text):
     with pytest.raises(UsageError, match=rf"`{text}` selects no op \(ops are 0\.\.{LAST}\)"):
         table.select(text)
@@ -166,8 +175,10 @@ def test_window_uses_the_same_rules():
     assert resolve_window(ops, "#2:#4") == (2, 4, None)
     assert resolve_window(ops, "gelu_1") == (7, 8, None)
     assert resolve_window(ops, "blocks.1") == (5, 8, "blocks.1")
-    assert resolve_window(ops, "5:100") == (5, 10, None)
-    for empty in ("5:3", "0:0", "100:200"):
+    assert resolve_window(ops, "5:10") == (5, 10, None)
+    with pytest.raises(UsageError, match="`5:100` is out of range: the trace has 10 ops"):
+        resolve_window(ops, "5:100")
+    for empty in ("5:3", "0:0"):
         with pytest.raises(UsageError, match=rf"--window {empty} holds no op: `{empty}` selects no op"):
             resolve_window(ops, empty)
     with pytest.raises(UsageError, match="did you mean blocks.1"):

@@ -23,7 +23,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURE = os.path.join(ROOT, "tests", "fixtures", "trace_v1.h5")
 FIXTURE_V1_1 = os.path.join(ROOT, "tests", "fixtures", "trace_v1_1.h5")
 # what the reader fills in for op-table keys an entry lacks
-OP_DEFAULTS = {"op": "", "relax_op": "", "layer": "", "fx_node": "", "inputs": [], "outputs": [], "is_tuple": False}
+OP_DEFAULTS = {"op": "", "relax_op": "", "layer": "", "fx_node": "", "inputs": [], "outputs": [], "is_tuple": False,
+               "source_location": None}
 
 
 def bits(dtype, values):

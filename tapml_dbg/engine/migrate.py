@@ -216,8 +216,8 @@ class Migration:
         else:
             worst = mixed.worst
             return Culprit(op.index, op.name, op.op, op.layer, PROPAGATED, worst.metrics if worst else None,
-                           BREAKS_OUTPUT)
+                           BREAKS_OUTPUT, source_location=op.source_location)
         kind = kind if chosen.status.judged else chosen.status
         return Culprit(op.index, op.name, op.op, op.layer, kind, chosen.worst, chosen.message, chosen.wrong,
-                       chosen.evidence)
+                       chosen.evidence, source_location=op.source_location)
 

@@ -215,7 +215,8 @@ def culprit_of(step: StepResult, op: OpInfo) -> Culprit:
     """A diverging op as bisect names one: isolated when its kernel is wrong, else propagated."""
     verdict = step.isolated if step.isolated is not None and step.isolated.failed else step.propagated
     kind = verdict.mode if verdict.status.judged else verdict.status
-    return Culprit(op.index, op.name, op.op, op.layer, kind, verdict.worst, verdict.message)
+    return Culprit(op.index, op.name, op.op, op.layer, kind, verdict.worst, verdict.message,
+                   source_location=op.source_location)
 
 
 def propagated_chain(session, progress: Progress = _noop, last: int | None = None) -> dict[int, Verdict]:

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from tapml_dbg.judge.compare import Metrics
 from tapml_dbg.judge.verdict import ISOLATED, Mode, Verdict, WrongClass
+from tapml_dbg.model.graph import SourceLocation
 
 
 @dataclass
@@ -41,6 +42,7 @@ class Culprit:
     wrong: WrongClass | None = None  # what kind of wrong (judge/classify.py); None for a failed run
     evidence: str = ""  # why it is that class
     unit: list[tuple[int, str]] = field(default_factory=list)  # a fused culprit's unit: (index, name) in order
+    source_location: SourceLocation | None = None  # the user's model line it came from (None: unknown)
 
     @property
     def summary(self) -> str:
@@ -52,7 +54,8 @@ class Culprit:
         return {"index": self.index, "name": self.name, "op": self.op, "layer": self.layer,
                 "verdict": self.verdict, "class": self.wrong, "evidence": self.evidence,
                 "metrics": self.metrics.to_json() if self.metrics else {}, "message": self.message,
-                "fused": fused}
+                "fused": fused,
+                "source_location": self.source_location.to_json() if self.source_location else None}
 
 
 @dataclass

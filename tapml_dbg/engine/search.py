@@ -340,7 +340,7 @@ class Bisection:
     def fused_culprit(self, unit: fused.FusedUnit) -> Culprit:
         op, verdict = self.session.ops[unit.index], unit.verdict
         return Culprit(op.index, op.name, op.op, op.layer, FUSED, verdict.worst, unit.describe(), verdict.wrong,
-                       verdict.evidence, unit=list(zip(unit.ops, unit.names)))
+                       verdict.evidence, unit=list(zip(unit.ops, unit.names)), source_location=op.source_location)
 
     def _upstream_values(self, index: int) -> dict | None:
         """The target's values of op `index`'s inputs, from the passing probe of [first, index - 1]."""
@@ -389,7 +389,8 @@ class Bisection:
         if wrong is None and index in self.session.type_changed_ops():  # a failed run of a type-changed op
             changes = self.session.reference.type_changes[index]
             wrong, evidence = WrongClass.TYPE, "; ".join(c.describe() for c in changes)
-        return Culprit(op.index, op.name, op.op, op.layer, kind, verdict.worst, verdict.message, wrong, evidence)
+        return Culprit(op.index, op.name, op.op, op.layer, kind, verdict.worst, verdict.message, wrong, evidence,
+                       source_location=op.source_location)
 
     def neighbourhood(self, index: int) -> list[StepResult]:
         """The culprit and NEIGHBOURHOOD_RADIUS ops on each side, with their isolated verdicts."""

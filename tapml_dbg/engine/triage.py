@@ -24,7 +24,7 @@ from typing import Callable
 
 from tapml_dbg.engine.report import OpPoint, error_points
 from tapml_dbg.judge.verdict import Status, Verdict
-from tapml_dbg.model.graph import OpInfo
+from tapml_dbg.model.graph import OpInfo, SourceLocation
 
 Progress = Callable[..., None]
 TYPE_CLASS = "type"  # the class of a group whose root cause is the import's declared type
@@ -50,10 +50,12 @@ class TriagedOp:
     summary: str  # metrics or the failed run's message, one line
     evidence: str = ""
     wrong: str = ""  # the WrongClass of a judged failure ("" for a failed run)
+    source_location: SourceLocation | None = None  # the user's line it comes from
 
     def to_json(self) -> dict:
         return {"index": self.index, "name": self.name, "op": self.op, "verdict": self.verdict,
-                "layer": self.layer, "summary": self.summary, "evidence": self.evidence, "class": self.wrong}
+                "layer": self.layer, "summary": self.summary, "evidence": self.evidence, "class": self.wrong,
+                "source_location": self.source_location.to_json() if self.source_location else None}
 
 
 @dataclass
@@ -167,7 +169,8 @@ def _own_divergence(point: OpPoint, op: OpInfo, changes: list | None) -> Triaged
 def _triaged(op: OpInfo, verdict: Verdict, mode: str) -> TriagedOp:
     kind = mode if verdict.status.judged else str(verdict.status)
     summary = verdict.summary.splitlines()[0] if verdict.summary else ""
-    return TriagedOp(op.index, op.name, op.op, op.layer, kind, summary, verdict.evidence, str(verdict.wrong or ""))
+    return TriagedOp(op.index, op.name, op.op, op.layer, kind, summary, verdict.evidence, str(verdict.wrong or ""),
+                     op.source_location)
 
 
 def _upstream(op: OpInfo, divergent: dict[int, TriagedOp], by_name: dict[str, OpInfo]) -> int | None:

@@ -1,4 +1,4 @@
-"""torch.export → Relax, keeping for every binding the FX node (aten op) and layer behind it.
+"""torch.export → Relax, keeping for every binding the FX node (aten op), layer and user source line behind it.
 
 We decompose the exported program ourselves and import that same graph, so that FX nodes seen
 here are the ones the recorder runs. Each converter call is wrapped to note the current FX
@@ -14,11 +14,14 @@ rewritten away (`static_graph`). Each such rewrite is listed in the trace's impo
 from __future__ import annotations
 
 import contextlib
+import io
 import re
+import sys
 from dataclasses import dataclass
 
 from tapml_dbg.errors import ModelError
 from tapml_dbg.frontend.fixes import apply_import_fixes
+from tapml_dbg.frontend.source_location import source_location_of
 from tapml_dbg.frontend.specialize import specialization_of, specialize
 from tapml_dbg.frontend.static_graph import make_static
 from tapml_dbg.model.graph import Graph, OpInfo, TensorSpec
@@ -26,6 +29,10 @@ from tapml_dbg.model.units import flatten_ty
 
 OUTPUT_OP_NAME = "output"
 SPARSE_FIX = "sparse-as-dense"  # "sparse-as-dense: w (sparse_coo)": stored dense, graph not decomposed
+EXPORT_HINT = "make forward() exportable: no data-dependent control flow"  # ends a torch.export error
+# where torch's message names the user's line that raised (torch 2.13)
+_RAISED_AT_RE = re.compile(r'The following call raised this error:\s*File "(?P<file>[^"]+)", line (?P<line>\d+)'
+                           r'[^\n]*\n(?P<code>[^\n]+)')
 
 
 @dataclass
@@ -48,11 +55,17 @@ def export_program(module, inputs):
     if sparse_inputs:
         raise ModelError(f"input {sparse_inputs[0]} is a sparse tensor; give dense inputs (x.to_dense()): "
                          "a trace stores and replays dense arrays")
+    printed = io.StringIO()
     try:
-        program = torch.export.export(module, tuple(inputs))
+        with contextlib.redirect_stderr(printed):  # on a failure torch prints the partial graph, twice
+            program = torch.export.export(module, tuple(inputs))
     except Exception as exc:
-        raise ModelError(f"torch.export failed: {type(exc).__name__}: {_first_line(exc)} "
-                         "(make forward() exportable: no data-dependent control flow)") from exc
+        error = ModelError(f"torch.export failed: {type(exc).__name__}: {_first_line(exc)}{_raised_at(exc)} "
+                           f"({EXPORT_HINT})")
+        partial = getattr(exc, "partial_fx_graph", None)
+        error.detail = str(exc).strip() + (f"\n\nthe graph exported up to the failure:\n{partial}" if partial else "")
+        raise error from exc
+    sys.stderr.write(printed.getvalue())  # what torch said on a success (warnings) is not ours to hide
     sparse = _sparse_tensors(program)
     if not sparse:
         try:
@@ -80,6 +93,13 @@ def _sparse_tensors(program) -> list[str]:
             if _is_sparse(value):
                 found.append(f"{name} ({str(value.layout).replace('torch.', '')})")
     return found
+
+
+def _raised_at(exc: BaseException) -> str:
+    """` at FILE:LINE: code`, the user's line torch names in its message (`The following call raised
+    this error:`), else nothing."""
+    match = _RAISED_AT_RE.search(str(exc))
+    return f" at {match['file']}:{match['line']}: {match['code'].strip()}" if match else ""
 
 
 def _first_line(exc: BaseException) -> str:
@@ -290,6 +310,7 @@ def _build_graph(mod, nodes, emitted, final_of_node) -> tuple[Graph, dict[str, P
             inputs=inputs_of,
             outputs=specs or [],
             is_tuple=isinstance(binding.var.ty, relax.TupleType),
+            source_location=source_location_of(node),  # a helper binding shares its FX node's
         ))
         if prov is not None:
             provenance[name] = prov

@@ -6,7 +6,7 @@ import traceback
 from pathlib import Path
 
 from tapml_dbg.errors import ModelError
-from tapml_dbg.portable import DEFAULT_FUNC, PortableError, load_function, split_spec
+from tapml_dbg.portable import DEFAULT_FUNC, PortableError, load_function, require_file, split_spec
 
 DEFAULT_BUILD_FUNC = DEFAULT_FUNC  # `FILE.py` alone means `FILE.py:build`
 
@@ -15,6 +15,14 @@ def split_model_spec(spec: str) -> tuple[Path, str]:
     """`file.py:func` → (path, func); a bare path means the default `build`."""
     path, func = split_spec(spec, DEFAULT_BUILD_FUNC)
     return Path(path), func
+
+
+def check_model_file(spec: str, what: str = "model") -> None:
+    """The spec's FILE.py exists: checked before torch is imported, so that a typo fails at once."""
+    try:
+        require_file(str(split_model_spec(spec)[0]), what)
+    except PortableError as exc:
+        raise ModelError(str(exc)) from exc
 
 
 def load_python_function(spec: str, what: str = "model"):

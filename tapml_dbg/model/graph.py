@@ -24,6 +24,28 @@ class TensorSpec:
         return TensorSpec(tuple(int(d) for d in data["shape"]), str(data["dtype"]))
 
 
+@dataclass(frozen=True)
+class SourceLocation:
+    """Where in the user's model file an op comes from: the file (relative to the directory `record`
+    ran in when under it, else absolute), the 1-based line, and that line's code as read at record time."""
+
+    file: str
+    line: int
+    code: str
+
+    def to_json(self) -> dict:
+        return {"file": self.file, "line": self.line, "code": self.code}
+
+    @staticmethod
+    def from_json(data: dict | None) -> "SourceLocation | None":
+        if data is None:
+            return None
+        return SourceLocation(str(data["file"]), int(data["line"]), str(data.get("code", "")))
+
+    def __str__(self) -> str:  # what the CLI, the REPL, the report and the READMEs show: `file:line`
+        return f"{self.file}:{self.line}"
+
+
 @dataclass
 class OpInfo:
     """One binding of `main`: what it computes, where it came from, what it reads."""
@@ -37,10 +59,12 @@ class OpInfo:
     inputs: list[str] = field(default_factory=list)  # free variable names, in order
     outputs: list[TensorSpec] = field(default_factory=list)  # flattened when a tuple
     is_tuple: bool = False
+    source_location: SourceLocation | None = None  # None: no frame of the user's files (see frontend/source_location.py)
 
     def to_json(self) -> dict:
         data = asdict(self)
         data["outputs"] = [spec.to_json() for spec in self.outputs]
+        data["source_location"] = self.source_location.to_json() if self.source_location else None
         return data
 
     @staticmethod
@@ -48,6 +72,7 @@ class OpInfo:
         fields = dict(data)
         fields["outputs"] = [TensorSpec.from_json(spec) for spec in data.get("outputs", [])]
         fields["inputs"] = list(data.get("inputs", []))
+        fields["source_location"] = SourceLocation.from_json(data.get("source_location"))  # absent before it existed
         return OpInfo(**fields)
 
 

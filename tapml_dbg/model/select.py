@@ -8,9 +8,9 @@ Rules (docs/repl.md, "Selecting ops", says the same for users):
 - `12` or `#12`: op 12. `-1` or `#-1`: the last op, counted from the end like Python. An index
   outside the ops is an error naming the valid range.
 - `a:b`: ops a..b-1 (b excluded). Either bound may be omitted (`:5`, `20:`, `:`) or negative
-  (`-3:` is the last three ops), with an optional `#` (`#3:#7`). Bounds beyond the ends are
-  clamped like Python slices, but a range that selects no op after clamping (`5:3`, `0:0`,
-  `100:200` on 26 ops) is an error, everywhere.
+  (`-3:` is the last three ops), with an optional `#` (`#3:#7`). A bound beyond the ends
+  (`0:999` or `-100:2` on 26 ops: each bound is from -26 to 26) is an error naming the op count
+  and the range to write, never clamped silently; so is a range that selects no op (`5:3`, `0:0`).
 - otherwise an exact op name (`gelu_1`);
 - otherwise a layer path (`blocks.1`): the ops of that layer and of every layer nested in it
   (`op.layer == L or op.layer.startswith(L + ".")`);
@@ -155,11 +155,27 @@ class OpTable:
         return position
 
     def _range(self, text: str, start: str | None, stop: str | None) -> Selection:
-        bounds = slice(_bound(start), _bound(stop)).indices(len(self))
+        count, low, high = len(self), _bound(start), _bound(stop)
+        if any(bound is not None and not -count <= bound <= count for bound in (low, high)):
+            raise UsageError(self._out_of_range(text.strip(), low, high))
+        bounds = slice(low, high).indices(count)
         indices = tuple(range(*bounds))
         if not indices:
             raise UsageError(f"`{text}` selects no op (ops are {self._valid()}); give a:b with a < b")
         return Selection(RANGE, indices, f"{indices[0]}:{indices[-1] + 1}")
+
+    def _out_of_range(self, text: str, low: int | None, high: int | None) -> str:
+        """A bound past the ends: the op count and the range the user most likely meant."""
+        count = len(self)
+        if not count:
+            return f"`{text}` selects no op: the trace has no ops"
+        first, end, _step = slice(low, high).indices(count)
+        if first >= end:
+            first, end = 0, count
+        open_end = f"`{first or ''}:`"  # the same range written to the last op
+        return (f"`{text}` is out of range: the trace has {count} ops ({self._valid()}), so each bound of a:b is "
+                f"from -{count} to {count} (b excluded); write `{first}:{end}`"
+                + (f" (or {open_end} to the last op)" if end == count else ""))
 
     def _hint(self, text: str, candidates: list[str], listing: str) -> str:
         """`; did you mean a, b?` from the closest candidates, else how to list them."""

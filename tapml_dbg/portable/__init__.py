@@ -21,7 +21,7 @@ imported inside functions, so that comparing arrays does not load it.
 from .codec import decode_array, dtype_name, encode_array, write_npz
 from .comparison import COMPARE_BLOCK, COMPARE_RULE, compare, format_metrics
 from .errors import MESSAGE_LIMIT, PortableError, one_line
-from .loader import DEFAULT_FUNC, load_function, split_spec
+from .loader import DEFAULT_FUNC, load_function, require_file, split_spec
 from .noise import NOISE_RULE, NoiseFigures, noise_figures
 from .repro import (COMPILE_ERROR, DATA_FILE, EXIT_BROKEN, EXIT_OK, EXIT_REPRODUCED, FAIL, FORMAT, FORMAT_VERSION,
                     LIB_PACKAGE, META_FILE, PASS, RUN_ERROR, Data, OpCheck, check_op, describe, load_module,
@@ -35,5 +35,5 @@ __all__ = [
     "RUN_ERROR", "TARGET_HINT", "Data", "OpCheck", "PortableError", "Runner", "build", "check_op", "compare",
     "connect", "decode_array", "describe", "device_kind", "dtype_name", "encode_array", "flatten", "format_metrics",
     "has_device_module", "load_function", "load_module", "load_transform", "local_device", "noise_figures", "one_line", "op_id",
-    "parse_target", "read_meta", "repro_main", "tvmscript_only", "split_host_port", "split_spec", "target_label", "write_npz",
+    "parse_target", "read_meta", "repro_main", "require_file", "tvmscript_only", "split_host_port", "split_spec", "target_label", "write_npz",
 ]

@@ -28,14 +28,20 @@ def split_spec(spec: str, default_func: str = DEFAULT_FUNC) -> tuple[str, str]:
     return path, func or default_func
 
 
+def require_file(path: str, what: str = "file") -> None:
+    """Raise unless `path` is a file: what `load_function` checks first, and what a caller checks
+    before it imports anything heavy (`record` fails in a blink on a typo, not after torch loads)."""
+    if not os.path.isfile(path):
+        raise PortableError(f"{what} file not found: {path} (give a path to a .py file, as FILE.py[:FUNC])")
+
+
 def load_function(path: str, func: str, what: str = "file"):
     """Import `path` (once per version of its text) and return its callable `func`.
 
     The file's folder goes on sys.path, so sibling imports work as when it runs as a script.
     """
     path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise PortableError(f"{what} file not found: {path} (give a path to a .py file, as FILE.py[:FUNC])")
+    require_file(path, what)
     try:
         with open(path, "rb") as handle:
             text = handle.read()

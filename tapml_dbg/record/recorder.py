@@ -31,7 +31,7 @@ import numpy as np
 from tapml_dbg.errors import ModelError, UsageError
 from tapml_dbg.model.graph import Graph, OpInfo
 from tapml_dbg.frontend.importer import Provenance, export_program, import_program
-from tapml_dbg.frontend.model_loader import load_model
+from tapml_dbg.frontend.model_loader import check_model_file, load_model
 from tapml_dbg.frontend.source_graph import source_graph_json, type_changes
 from tapml_dbg.model.serialize import function_to_json
 from tapml_dbg.record.heap import use_mmap_for_large_blocks
@@ -47,6 +47,8 @@ DEFAULT_SEED = 0
 WRITE_QUEUE_BYTES = 128 * 2**20  # values handed to the writer thread but not yet written
 WRITE_IN_BACKGROUND = os.environ.get("TAPML_WRITE_THREAD", "1") != "0"  # "0": stats and writes inline
 EAGER_REPEATS = 3  # best-of-N warm eager forwards timed after recording, for the ratio
+EAGER_RATIO_MIN_SECONDS = 0.01  # an eager forward shorter than this gets no overhead ratio: below ~10 ms
+# the timing is dispatch and timer noise (the 26-op mlp: 0.1 ms, a ratio of 31x on one run, 499x on the next)
 
 Progress = Callable[[int, int], None]
 
@@ -67,6 +69,14 @@ class RecordResult:
     capture: dict | None = None  # the capture budget (trace meta "capture"), None for a full trace
     phases: dict = field(default_factory=dict)  # seconds per phase, as in the trace's meta
 
+    @property
+    def overhead_ratio(self) -> float | None:
+        """The recording's run time over the bare eager forward's; None when the forward is too short
+        (under EAGER_RATIO_MIN_SECONDS) for the ratio to mean anything."""
+        if not self.eager_seconds or self.eager_seconds < EAGER_RATIO_MIN_SECONDS:
+            return None
+        return (self.run_seconds or self.seconds) / self.eager_seconds
+
 
 def record(model_spec: str, out_path: str | Path, *, source: str = "torch", inputs_npz: str | None = None,
            seed: int = DEFAULT_SEED, compression: str | None = None,
@@ -76,9 +86,9 @@ def record(model_spec: str, out_path: str | Path, *, source: str = "torch", inpu
 
     `window` (`A:B`, an op, or a layer) and/or `max_bytes` (bytes of op tensors) set a capture
     budget: every op's stats are stored, tensors only for the window (see `trace.capture`).
+    The source, the output path and the model file are checked before torch is imported (seconds),
+    so that a typo fails at once.
     """
-    import torch
-
     if source != "torch" and not source.startswith("tvm:"):
         raise UsageError(f"unknown source {source!r}: use torch or tvm:TARGET (e.g. tvm:llvm)")
     trace_path = Path(out_path)  # a bad output path fails now, not after the export
@@ -88,6 +98,9 @@ def record(model_spec: str, out_path: str | Path, *, source: str = "torch", inpu
         raise UsageError(f"cannot write {trace_path}: the folder {trace_path.parent} does not exist or is not "
                          "writable (create it first)")
     max_bytes = parse_size(max_bytes)
+    check_model_file(model_spec)
+    import torch
+
     use_mmap_for_large_blocks()  # else freed activations fragment the heap and RSS grows per op
     torch.manual_seed(seed)
     np.random.seed(seed)

@@ -176,7 +176,9 @@ def _readme(meta: dict, num_ops: int, data_bytes: int, total_bytes: int) -> str:
                   f"When carving, each op ran once there, isolated: {len(checked) - len(bad)} of {len(checked)} "
                   "passed (the verdicts are in `meta.json`, `target_verdict`)."
                   + (" These did not:" if bad else ""), ""]
-        lines += [f"- op {entry['index']} `{entry['name']}` ({entry['op']}): {entry['target_verdict']['status']}"
+        lines += [f"- op {entry['index']} `{entry['name']}` ({entry['op']})"
+                  + (f" at {files.markdown_location(entry['source_location'])}" if entry.get("source_location") else "")
+                  + f": {entry['target_verdict']['status']}"
                   + (f": {entry['target_verdict']['summary']}" if entry["target_verdict"]["summary"] else "")
                   for entry in bad[:README_FAILURES]]
         if len(bad) > README_FAILURES:

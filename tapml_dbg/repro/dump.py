@@ -131,6 +131,7 @@ def _readme(meta: dict, unit, data_bytes: int, total_bytes: int) -> str:
                     + ", ".join(f"#{u['index']} `{u['name']}` (`{u['relax_op']}`)" for u in op["unit"]))]
           if op.get("unit") else []),
         ("layer", f"`{op['layer']}`" if op["layer"] else "(top level)"),
+        *([("model line", files.markdown_location(op["source_location"]))] if op.get("source_location") else []),
         ("source op", f"`{op['op']}`" + (f" (FX node `{op['fx_node']}`)" if op.get("fx_node") else "")),
         ("recorded with", ", ".join(f"{k} {v}" for k, v in rec.items())),
         ("dumped with", ", ".join(f"{k} {v}" for k, v in now.items())),

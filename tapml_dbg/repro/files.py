@@ -156,6 +156,16 @@ def human_bytes(count: float) -> str:
     return f"{count:.1f} GiB"
 
 
+def markdown_location(location: dict | None) -> str:
+    """An op's model line in a README (a table cell too): `` `file:line` `code` ``; "" when unknown."""
+    if not location:
+        return ""
+    code = location.get("code", "")
+    span = f"`` {code} ``" if "`" in code else f"`{code}`"
+    cell = f"`{location['file']}:{location['line']}`" + (f" {span}" if code else "")
+    return cell.replace("|", "\\|")  # a `|` in the code would end the table cell
+
+
 def safe_name(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
 

@@ -68,6 +68,7 @@ class OpModule:
         entry = {
             "index": op.index, "name": op.name, "op": op.op, "relax_op": op.relax_op, "layer": op.layer,
             "fx_node": op.fx_node, "module": module_path, "lifted_constants": self.lifted,
+            "source_location": op.source_location.to_json() if op.source_location else None,
             "inputs": [_entry(ref) for ref in self.inputs],
             "outputs": [dict(_entry(ref), rtol=rtol, atol=atol, judged=k not in self.unread)
                         for k, (ref, (rtol, atol)) in enumerate(zip(self.outputs, self.tolerances))],

@@ -42,7 +42,8 @@ def trace_info(path: str) -> dict:
             "ops": [{"index": op["index"], "name": op["name"], "op": op["op"], "layer": op.get("layer", ""),
                      "relax_op": op.get("relax_op", ""), "recorded": op["index"] in finished,
                      "stats": op["index"] in finished or op["index"] in stats_only,
-                     "outputs": op.get("outputs", [])} for op in ops],
+                     "outputs": op.get("outputs", []), "source_location": op.get("source_location")}
+                    for op in ops],
         }
 
 

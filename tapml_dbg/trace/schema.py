@@ -93,13 +93,19 @@ ALLOWED_FILTERS = {1: "deflate", 2: "shuffle", 3: "fletcher32", 32000: "lzf"}
 # defaults of missing optional keys and drop keys they do not know (a newer minor may add some).
 OP_REQUIRED_FIELDS = ("index", "name")
 OP_OPTIONAL_FIELDS = {"op": "", "relax_op": "", "layer": "", "fx_node": "", "inputs": [], "outputs": [],
-                      "is_tuple": False}
+                      "is_tuple": False, "source_location": None}
 # Names (an op's, and the values it reads) are Relax / FX identifiers; the other op-table words
 # (op, relax_op, layer, fx_node: "aten.add.Tensor", "<built-in function getitem>") are one line of
 # text without quotes or backslashes. Nothing else is accepted, so a crafted op table cannot smuggle
 # quotes, newlines or terminal escapes into a repro file, a message or the screen.
 OP_NAME_PATTERN = r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,255}"
 OP_TEXT_PATTERN = r"[^\x00-\x1f\x7f-\x9f\"'\\\u2028\u2029\u202a-\u202e\u2066-\u2069]{0,256}"
+# An op's "source_location" (null, or {"file": str, "line": int >= 1, "code": str}): the user's model line
+# it came from. Code holds quotes and backslashes, so its texts may too; never a control, line-break or
+# bidi character (every renderer escapes the rest), and at most these many characters.
+SOURCE_UNPRINTABLE = r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]"
+SOURCE_FILE_MAX_CHARS = 4096
+SOURCE_CODE_MAX_CHARS = 240
 
 
 def checksum(data) -> int:

@@ -20,6 +20,7 @@ from tapml_dbg.trace.stats import STATS_FIELDS
 
 _OP_NAME = re.compile(S.OP_NAME_PATTERN)
 _OP_TEXT = re.compile(S.OP_TEXT_PATTERN)
+_SOURCE_UNPRINTABLE = re.compile(S.SOURCE_UNPRINTABLE)
 
 
 class SchemaError(ValueError):
@@ -229,8 +230,23 @@ def validate_op_table(value) -> list[dict]:
         op["inputs"] = [_name(item, part, f"{where}'s 'inputs'[{k}]") for k, item in enumerate(op["inputs"])]
         _want(isinstance(op["is_tuple"], bool), part, f"{where}'s 'is_tuple'", "a boolean", op["is_tuple"])
         op["outputs"] = _output_specs(op["outputs"], part, f"{where}'s 'outputs'")
+        op["source_location"] = _optional(_source_location, op["source_location"], part,
+                                          f"{where}'s 'source_location'")
         ops.append(op)
     return ops
+
+
+def _source_location(value, part: str, where: str) -> dict:
+    """`{"file", "line", "code"}`: texts of one line each (quotes allowed: code has them), a line >= 1."""
+    _want(isinstance(value, dict), part, where, 'an object {"file", "line", "code"}', value)
+    location = {"file": value.get("file"), "line": value.get("line"), "code": value.get("code", "")}
+    for key, limit in (("file", S.SOURCE_FILE_MAX_CHARS), ("code", S.SOURCE_CODE_MAX_CHARS)):
+        text = _str(location[key], part, f"{where}'s {key!r}")
+        if len(text) > limit or _SOURCE_UNPRINTABLE.search(text) or (key == "file" and not text):
+            raise SchemaError(part, f"{where}'s {key!r} is {text[:40]!r}: not one line of at most {limit} "
+                                    "printable characters")
+    _int(location["line"], part, f"{where}'s 'line'", low=1)
+    return location
 
 
 def _name(value, part: str, where: str) -> str:

@@ -24,8 +24,9 @@ from tapml_dbg.trace.inspect import trace_info
 from tapml_dbg.trace.verify import verify_trace
 from tapml_dbg.ui.console import error_line, make_console, progress
 from tapml_dbg.ui.render import NextCommands, TraceSummary, render
-from tapml_dbg.ui.repl.app import run_replay
+from tapml_dbg.ui.repl.app import DEBUG_ENV, run_replay
 from tapml_dbg.ui.report.html import prepare_folder, write_report
+from tapml_dbg.ui.report.model_explorer import write_model_explorer
 
 os.environ.setdefault("TVM_LOG_DEBUG", "0")
 
@@ -206,6 +207,10 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--migrate", action="store_true",
                         help="also run `migrate` (one mixed run per top-level block) and chart the model output's "
                              "error per step")
+    report.add_argument("--model-explorer", action="store_true",
+                        help="also write DIR/model_explorer/: the op graph and every op's error as JSON for Google's "
+                             "AI Edge Model Explorer (pip install ai-edge-model-explorer), and print the command "
+                             "that opens it")
     _add_target_options(report)
     return parser
 
@@ -233,7 +238,10 @@ def main(argv: list[str] | None = None) -> int:
         handler = _HANDLERS[args.command]
         return handler(args, out, err) or 0
     except TapmlError as exc:
-        error_line(str(exc), err)
+        if exc.detail and os.environ.get(DEBUG_ENV) == "1":  # the full text behind the line (torch's message)
+            err.print(exc.detail, markup=False, highlight=False, soft_wrap=True)
+        error_line(str(exc) + (f" (set {DEBUG_ENV}=1 for the full text)" if exc.detail and
+                               os.environ.get(DEBUG_ENV) != "1" else ""), err)
         return 1
     except KeyboardInterrupt:
         error_line("interrupted", err)
@@ -294,7 +302,18 @@ def _info(args, out, err) -> int:
         print(strict_json(info))
     else:
         render(TraceSummary.from_info(info), out)
+        render(_info_next(args.trace, info), out)
     return 0
+
+
+def _info_next(trace: str, info: dict) -> NextCommands:
+    """After `info`: search the trace (a trace whose recording stopped: record it again first)."""
+    search = [(_command("bisect", trace), "find the first op that diverges on llvm"),
+              (_command("replay", trace), "step through it op by op")]
+    if info.get("complete") or not info.get("model"):
+        return NextCommands(search)
+    return NextCommands([(" ".join(shlex.quote(part) for part in ("tapml-dbg", "record", info["model"], "-o", trace)),
+                          "the recording stopped before the end: record it again"), *search])
 
 
 def _verify(args, out) -> int:
@@ -304,6 +323,8 @@ def _verify(args, out) -> int:
         print(strict_json(report.to_json()))
     else:
         render(report, out)
+        if report.ok:
+            render(NextCommands([(_command("bisect", args.trace), "find the first op that diverges on llvm")]), out)
     return 0 if report.ok else 1
 
 
@@ -378,6 +399,12 @@ def _migrate(args, out, err) -> int:
                                        args=args), "the culprit as a standalone repro (tvm + numpy only)"),
                              (_command("replay", args.trace, args=args) + f' -c "compare {culprit.index}"',
                               "both verdicts side by side")]), out)
+    else:  # the output stays right (or no op could be blamed): every op alone, and the whole picture
+        render(NextCommands([(_command("bisect", args.trace, args=args),
+                              "judge every op alone too: an op whose error the output washes out"
+                              if result.first_failing_step is None else "find the first op that diverges"),
+                             (_command("report", args.trace, "-o", DEFAULT_REPORT_DIR, args=args),
+                              "every op's error along the model, as a page")]), out)
     return 0
 
 
@@ -418,7 +445,12 @@ def _report(args, out, err) -> int:
     folder = prepare_folder(args.output)
     with _open(args) as replay:
         written = _write_report(args, replay.session, err, folder)
+        session = replay.session
+        explorer = (write_model_explorer(written.report, session.ops, session.reader.input_names,
+                                         session.reader.param_names, folder) if args.model_explorer else None)
     render(written, out)
+    if explorer is not None:
+        render(explorer, out)
     culprit = written.report.culprit
     if culprit is not None:
         render(NextCommands([(written.dump_command, "the culprit as a standalone repro (tvm + numpy only)")]), out)

@@ -33,6 +33,7 @@ from tapml_dbg.repro.files import human_bytes
 from tapml_dbg.trace.verify import VerifyReport
 from tapml_dbg.ui.repl import results as R
 from tapml_dbg.ui.report.html import ReportWritten
+from tapml_dbg.ui.report.model_explorer import ModelExplorerWritten
 
 PRINT_PRECISION = 5  # digits `print` shows per element
 PRINT_THRESHOLD = 64  # arrays with more elements are summarized (numpy's threshold)
@@ -43,6 +44,8 @@ HELP_USAGE_WIDTH = 40  # the usage column of `help`; longer usages wrap
 SKIPPED_SHOWN = 20  # `carve` lists this many left-out ops, then counts the rest
 INHERITED_SHOWN = 12  # `triage` names this many inherited failures of a cause, then counts the rest
 UNKNOWN = "?"  # a figure the result does not hold
+AS_ABOVE = "(as above)"  # a verdict cell whose message the lines above already show
+AS_BELOW = "(below)"  # ... or the lines below it (a migration's culprit)
 TOP_LAYER = "<top>"  # how an op outside every layer is named
 FAILED_RUN_STYLE = "bold magenta"  # the unit did not run to a value: compile-error, crash, timeout, error
 STATUS_STYLES = {Status.PASS: "green", Status.FAIL: "bold red", Status.MISSING: "yellow", Status.UNDEFINED: "dim"}
@@ -162,8 +165,16 @@ def op_label(op) -> str:
     return f"#{op.index} [bold]{escape(op.name)}[/]"
 
 
-def verdict_cell(verdict: Verdict | None) -> str:
-    """`pass rel=1.2e-07`, `FAIL rel=1.0e-02 nan!=128`, `crash <message>`."""
+def print_source_location(location, console: Console, indent: str = "  ") -> None:
+    """`  at examples/model.py:21  weights = torch.softmax(...)` under an op's first line; nothing when unknown."""
+    if location is not None:
+        console.print(f"{indent}at [cyan]{escape(str(location))}[/]  {escape(location.code)}", soft_wrap=True,
+                      highlight=False)
+
+
+def verdict_cell(verdict: Verdict | None, said: str = "") -> str:
+    """`pass rel=1.2e-07`, `FAIL rel=1.0e-02 nan!=128`, `crash <message>`; `crash (as above)` when the
+    message is `said` already (a compile error's TVM text is printed once, not on every line)."""
     if verdict is None:
         return "-"
     style = verdict_style(verdict.status)
@@ -171,7 +182,14 @@ def verdict_cell(verdict: Verdict | None) -> str:
     if verdict.status in (Status.PASS, Status.FAIL):
         worst = verdict.worst
         return f"[{style}]{status}[/] {escape(metrics_text(worst, compact=True)) if worst else ''}"
+    if said and verdict.message and _first_text(verdict.message) in said:
+        return f"[{style}]{status}[/] {AS_ABOVE}"
     return f"[{style}]{status}[/] {escape(_cut(verdict.message))}"
+
+
+def _first_text(message: str) -> str:
+    lines = message.strip().splitlines()
+    return lines[0] if lines else ""
 
 
 def short_cell(verdict: Verdict | None) -> str:
@@ -207,6 +225,14 @@ def capture_text(capture: dict) -> str:
 def size_text(count: int | None) -> str:
     """`human_bytes`, or `?` where the result does not know the size."""
     return UNKNOWN if count is None else human_bytes(count)
+
+
+def seconds_text(seconds: float) -> str:
+    """A duration with three significant digits at any scale: `2.13 s`, `41.2 ms`, `96.3 us`."""
+    for unit, scale in (("s", 1.0), ("ms", 1e-3)):
+        if seconds >= scale:
+            return f"{seconds / scale:.3g} {unit}"
+    return f"{seconds / 1e-6:.3g} us"
 
 
 def eager_diff_text(diff: float | None) -> str:
@@ -350,6 +376,7 @@ def _(result: R.WhereResult, console: Console) -> None:
 def _(result: R.ShowResult, console: Console) -> None:
     op = result.op
     console.print(f"{op_label(op)}  source op [bold]{escape(op.op)}[/]  relax op {escape(op.relax_op)}")
+    print_source_location(op.source_location, console)
     console.print(f"  layer {escape(layer_text(op.layer))}   fx node {escape(op.fx_node or '-')}   "
                   f"{'offloaded' if result.offloaded else 'not offloaded'}")
     if result.note:
@@ -452,6 +479,7 @@ def _(result: RunResult, console: Console) -> None:
 def _(result: R.CompareResult, console: Console) -> None:
     op, step = result.op, result.step
     console.print(f"{op_label(op)} ({escape(op.op)}) in layer [cyan]{escape(layer_text(op.layer))}[/]")
+    print_source_location(op.source_location, console)
     table = Table(box=None, pad_edge=False, header_style="bold")
     table.add_column("")
     table.add_column("isolated (recorded inputs)", overflow=PROSE)
@@ -691,7 +719,8 @@ def _(result: R.BreakResult, console: Console) -> None:
 
 # ------------------------------------------------------------------ engine, record and repro results
 def culprit_detail(culprit, console: Console) -> None:
-    """A culprit's verdict, what that verdict means, its class and message (bisect's and migrate's)."""
+    """A culprit's source line, verdict, what that verdict means, its class and message (bisect's and migrate's)."""
+    print_source_location(culprit.source_location, console)
     console.print(f"  verdict: [{verdict_style(Status.FAIL)}]{escape(culprit.verdict)}[/]  {escape(culprit.summary or '')}")
     if culprit.wrong == WrongClass.TYPE:
         console.print(f"  {escape(TYPE_MEANING)}")
@@ -722,7 +751,7 @@ def _(result: BisectResult, console: Console) -> None:
             table.add_column(column, overflow=PROSE if column == "isolated" else "ellipsis")
         for row in result.neighbourhood:
             table.add_row("→" if row.index == culprit.index else "", str(row.index), escape(row.name),
-                          escape(row.op), escape(layer_text(row.layer)), verdict_cell(row.isolated))
+                          escape(row.op), escape(layer_text(row.layer)), verdict_cell(row.isolated, culprit.message))
         print_table(console, table)
     _print_notes(result.notes, console)
 
@@ -744,6 +773,7 @@ def _(result: TriageResult, console: Console) -> None:
         for op in group.ops:
             console.print(f"   #{op.index:<4} {escape(op.name):<22} {escape(layer_text(op.layer)):<16} "
                           f"[{verdict_style(Status.FAIL)}]{escape(op.verdict)}[/] {escape(_cut(op.summary))}")
+        print_source_location(first.source_location, console, indent="   ")
         if first.evidence and first.evidence != first.summary:
             console.print(f"   evidence: {escape(first.evidence)}")
         if group.inherited:
@@ -795,12 +825,23 @@ def _(result: ReportWritten, console: Console) -> None:
 
 
 @render.register
+def _(result: ModelExplorerWritten, console: Console) -> None:
+    keyed = ", ".join(f"{name}: {count} of {result.ops} ops" for name, count in result.keyed.items())
+    console.print(f"wrote the Model Explorer graph ({result.nodes} nodes) and node data ({escape(keyed)}) to "
+                  f"{escape(str(result.folder))}", soft_wrap=True)
+    console.print(f"  open: {escape(result.command)}", soft_wrap=True)
+
+
+@render.register
 def _(result: RecordResult, console: Console) -> None:
     run = result.run_seconds or result.seconds
-    ratio = f"{run / result.eager_seconds:.1f}x" if result.eager_seconds else UNKNOWN
+    ratio = result.overhead_ratio  # None for a forward too short to time (record.recorder.EAGER_RATIO_MIN_SECONDS)
+    eager = seconds_text(result.eager_seconds) if result.eager_seconds else UNKNOWN
+    versus = (f" = {ratio:.1f}x the bare eager forward ({eager}, warm)" if ratio is not None else
+              f" (the bare eager forward: {eager}, warm, too short for a ratio)")
     console.print(f"recorded [bold]{result.ops}[/] ops to {escape(str(result.path))} ({size_text(result.file_bytes)}) "
                   f"in {result.seconds:.2f} s: prepare (export + import) {result.prepare_seconds:.2f} s, "
-                  f"run {run:.2f} s = {ratio} the bare eager forward ({result.eager_seconds:.2f} s, warm)")
+                  f"run {run:.2f} s{versus}")
     console.print(f"  {result.helper_ops} helper ops: {result.host_helpers} on the host (numpy / torch), "
                   f"{result.helper_ops - result.host_helpers} on tvm:llvm")
     if result.capture:
@@ -883,9 +924,10 @@ def _(result: VerifyReport, console: Console) -> None:
 MIXED_FAILING_SHOWN = 8  # ops failing in a mixed run listed by name; the rest are counted
 
 
-def _output_line(check) -> str:
+def _output_line(check, failure: str = "") -> str:
     status = "[green]pass[/]" if check.passed else f"[{verdict_style(Status.FAIL)}]FAIL[/]"
-    figures = escape(metrics_text(check.metrics)) if check.metrics else escape(check.message)
+    figures = escape(metrics_text(check.metrics)) if check.metrics else \
+        f"no value {AS_ABOVE}" if failure and check.message == failure else escape(check.message)
     top1 = f"  argmax agrees on {check.top1:.1%} of positions" if check.top1 is not None else ""
     return f"  output {escape(check.op)}[{check.output}]: {status} {figures}{top1}"
 
@@ -898,17 +940,19 @@ def _(result: MixedRun, console: Console) -> None:
     if result.failure:
         console.print(f"  [{FAILED_RUN_STYLE}]stopped[/]: {escape(result.failure)}")
     for check in result.outputs:
-        console.print(_output_line(check), soft_wrap=True)
+        console.print(_output_line(check, result.failure), soft_wrap=True)
     verdict = "[green]the output is right[/]" if result.passed else "[bold red]the output is wrong[/]"
     reused = f", {result.reused} reused from an earlier run" if result.reused else ""
     console.print(f"  {verdict}; {result.units} target unit(s) run, {result.compiled} compiled{reused}, "
                   f"in {result.seconds:.1f} s")
     failing = result.failing_ops()
     if failing:
-        shown = ", ".join(f"#{i} {escape(result.verdicts[i].name)} {verdict_cell(result.verdicts[i])}"
-                          for i in failing[:MIXED_FAILING_SHOWN])
+        cells = [verdict_cell(result.verdicts[i], result.failure) for i in failing[:MIXED_FAILING_SHOWN]]
+        shown = ", ".join(f"#{i} {escape(result.verdicts[i].name)} {cell.removesuffix(f' {AS_ABOVE}')}"
+                          for i, cell in zip(failing, cells))
         more = f" and {len(failing) - MIXED_FAILING_SHOWN} more" if len(failing) > MIXED_FAILING_SHOWN else ""
-        console.print(f"  {len(failing)} op(s) fail in this run: {shown}{more}", soft_wrap=True)
+        said = " (the stopped unit's error, as above)" if any(cell.endswith(AS_ABOVE) for cell in cells) else ""
+        console.print(f"  {len(failing)} op(s) fail in this run: {shown}{more}{said}", soft_wrap=True)
     _print_notes(result.notes, console)
 
 
@@ -923,12 +967,16 @@ def _(result: MigrateResult, console: Console) -> None:
     for column in columns:
         table.add_column(column, justify="right" if column in ("step", "output error", "top-1", "rank") else "left")
     rank = {number: position for position, number in enumerate(result.ranking, start=1)}
+    said = _first_text(result.culprit.message) if result.culprit is not None else ""  # culprit_detail prints it
     for step in result.steps:
         error = "nan/inf" if step.run.not_finite else "-" if step.error is None else f"{step.error:.1e}"
         top1 = f"{step.run.top1:.1%}" if step.run.top1 is not None else "-"
         status = "[green]pass[/]" if step.passed else f"[{verdict_style(Status.FAIL)}]FAIL[/]"
         if step.run.failure:
-            status += f" {escape(step.run.failure[:MESSAGE_CHARS])}"
+            failure = step.run.failure
+            if said and failure.endswith(said):
+                failure = f"{failure[:-len(said)].rstrip(': ')} {AS_BELOW}"
+            status += f" {escape(failure[:MESSAGE_CHARS])}"
         row = [str(step.number), escape(step.label), escape(spans_text(step.offload, result.ops)), error, top1, status]
         table.add_row(*row, *([str(rank[step.number])] if result.ranking else []))
     print_table(console, table)

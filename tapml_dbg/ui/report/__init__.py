@@ -2,4 +2,5 @@
 
 - `chart.py`: the per-op error chart (matplotlib, inline SVG);
 - `html.py`: the page (headline, chart, culprit card, migration, summary, op table) and its folder.
+- `model_explorer.py`: `--model-explorer`: the op graph and per-op error as Model Explorer JSON.
 """

@@ -166,6 +166,9 @@ def _culprit_card(report: ErrorReport, dump_command: str, replay_command: str) -
     rows = [("op", f"#{culprit.index} <b>{_e(culprit.name)}</b>"), ("source op", f"<code>{_e(culprit.op)}</code>"),
             ("layer", f"<code>{_e(culprit.layer or TOP)}</code>"), ("verdict", _e(culprit.verdict)),
             ("found by", _e(found))]
+    location = culprit.source_location
+    if location is not None:  # the user's model line it came from, under the op
+        rows.insert(1, ("model line", f"<code>{_e(str(location))}</code> <code>{_e(location.code)}</code>"))
     if kind:
         rows.append(("class", _e(kind) + (f" <span class=\"note\">({_e(evidence)})</span>" if evidence else "")))
     if culprit.message:
