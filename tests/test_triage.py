@@ -118,3 +118,24 @@ def test_triage_in_the_repl(traces, command):
     assert result.returncode == 0, result.stderr
     assert "cause(s) of divergence" in result.stdout
     assert "_softmax (float16): precision" in result.stdout
+
+
+def test_the_report_lists_every_cause_with_its_repro_command(traces, tmp_path):
+    """`report` shows triage's answer too: each cause, its ops, the user's line and a dump command."""
+    trace = traces.get("qwen2_several_bugs")
+    result = run_cli("report", str(trace), "-o", str(tmp_path / "page"))
+    assert result.returncode == 0, result.stderr
+    page = (tmp_path / "page" / "index.html").read_text()
+    causes = page[page.index('<table id="causes">'):]
+    causes = causes[:causes.index("</table>")]
+    assert causes.count("<tr>") == 1 + 5, "a header and the model's five causes"
+    assert f"tapml-dbg dump {trace} --op 14 -o repro/cumsum/" in causes
+    assert "examples/qwen2_several_bugs.py:15" in causes, "the select and the mul come from the user's last line"
+
+
+def test_triage_json_gives_each_op_its_source_line(traces):
+    found = json.loads(run_cli("triage", str(traces.get("fp16_memory_attention")), "--json").stdout)
+    first = found["groups"][0]["ops"][0]
+    assert first["index"] == 9
+    assert first["source_location"] == {"file": "examples/fp16_memory_attention.py", "line": 21,
+                                        "code": "weights = torch.softmax(q @ self.keys.t(), dim=-1)"}

@@ -154,6 +154,7 @@ class ErrorReport:
     seconds: float = 0.0
     units: int = 0
     migration: list[MigrationPoint] | None = None  # [9]; None: not asked for
+    causes: object | None = None  # a TriageResult over these points (engine/triage.py builds on this module)
     notes: list[str] = field(default_factory=list)
 
     @property

@@ -15,6 +15,7 @@ from importlib import metadata
 
 from tapml_dbg.api import Replay
 from tapml_dbg.engine.report import build_report, migration_points
+from tapml_dbg.engine.triage import triage
 from tapml_dbg.errors import TapmlError
 from tapml_dbg.record.recorder import record
 from tapml_dbg.repro.carve import carve
@@ -420,10 +421,15 @@ def _triage(args, out, err) -> int:
     return 0
 
 
+def _cause_dump(args, group) -> str:
+    """The repro of a cause's first op, in a folder named for it."""
+    return _command("dump", args.trace, "--op", str(group.first.index), "-o", f"{DEFAULT_REPRO_DIR}{group.first.name}/",
+                    args=args)
+
+
 def _triage_next(args, result) -> NextCommands:
     """After a triage: a repro of each cause's first op (three at most), then the page."""
-    dumps = [(_command("dump", args.trace, "--op", str(group.first.index), "-o", f"repro/{group.first.name}/",
-                       args=args), f"cause {number}: {group.cause}")
+    dumps = [(_cause_dump(args, group), f"cause {number}: {group.cause}")
              for number, group in enumerate(result.groups[:TRIAGE_DUMPS_SUGGESTED], 1)]
     return NextCommands([*dumps, (_command("report", args.trace, "-o", DEFAULT_REPORT_DIR, args=args),
                                   "every op's error along the model, as a page")])
@@ -435,10 +441,12 @@ def _write_report(args, session, err, folder, bisect=None):
     if getattr(args, "migrate", False):
         with progress("migrating", err, show=_bar(args)) as report:
             data.migration = migration_points(session.migrate(progress=report))
+    data.causes = triage(session, points=data.points)  # the verdicts are computed: grouping them is free
     culprit = data.culprit
     dump = _command("dump", args.trace, "--op", str(culprit.index), "-o", DEFAULT_REPRO_DIR, args=args) if culprit else ""
     replay = (_command("replay", args.trace, args=args) + f' -c "compare {culprit.index}"') if culprit else ""
-    return write_report(data, folder, dump_command=dump, replay_command=replay)
+    causes = {group.first.index: _cause_dump(args, group) for group in data.causes.groups}
+    return write_report(data, folder, dump_command=dump, replay_command=replay, cause_commands=causes)
 
 
 def _report(args, out, err) -> int:

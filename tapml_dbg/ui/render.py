@@ -46,6 +46,7 @@ INHERITED_SHOWN = 12  # `triage` names this many inherited failures of a cause, 
 UNKNOWN = "?"  # a figure the result does not hold
 AS_ABOVE = "(as above)"  # a verdict cell whose message the lines above already show
 AS_BELOW = "(below)"  # ... or the lines below it (a migration's culprit)
+AS_ISOLATED = "(as isolated)"  # `compare`: the propagated run failed with the isolated run's very message
 TOP_LAYER = "<top>"  # how an op outside every layer is named
 FAILED_RUN_STYLE = "bold magenta"  # the unit did not run to a value: compile-error, crash, timeout, error
 STATUS_STYLES = {Status.PASS: "green", Status.FAIL: "bold red", Status.MISSING: "yellow", Status.UNDEFINED: "dim"}
@@ -509,8 +510,9 @@ def _(result: R.CompareResult, console: Console) -> None:
         table.add_row("class", *(escape(f"{v.wrong}: {v.evidence}") if v is not None and v.wrong else "-"
                                  for v in (iso, prop)))
     messages = (iso.message if iso else "", prop.message if prop else "")
-    if any(messages):
-        table.add_row("message", escape(messages[0]), escape(messages[1]))
+    if any(messages):  # one compile error fails both runs: its text once
+        table.add_row("message", escape(messages[0]),
+                      AS_ISOLATED if messages[1] and messages[1] == messages[0] else escape(messages[1]))
     print_table(console, table)
     if len(op.outputs) > 1:
         console.print(f"  ({len(op.outputs)} outputs: the worst one is shown)")

@@ -67,15 +67,18 @@ def prepare_folder(folder: str | Path) -> Path:
     return path
 
 
-def write_report(report: ErrorReport, folder: str | Path, dump_command: str = "", replay_command: str = "") -> ReportWritten:
-    """Write `folder/index.html`; `dump_command` and `replay_command` are what the culprit's card offers."""
+def write_report(report: ErrorReport, folder: str | Path, dump_command: str = "", replay_command: str = "",
+                 cause_commands: dict[int, str] | None = None) -> ReportWritten:
+    """Write `folder/index.html`; `dump_command` and `replay_command` are what the culprit's card offers,
+    `cause_commands` the dump command of each cause's first op (by op index)."""
     path = prepare_folder(folder) / INDEX_NAME
-    text = page(report, dump_command, replay_command)
+    text = page(report, dump_command, replay_command, cause_commands or {})
     path.write_text(text, encoding="utf-8")
     return ReportWritten(path, len(text.encode("utf-8")), report, dump_command)
 
 
-def page(report: ErrorReport, dump_command: str = "", replay_command: str = "") -> str:
+def page(report: ErrorReport, dump_command: str = "", replay_command: str = "",
+         cause_commands: dict[int, str] | None = None) -> str:
     """The whole page as one string."""
     model = report.summary.get("model") or Path(report.trace).name
     title = f"{TITLE_PREFIX}: {model} on {report.target}"
@@ -83,7 +86,8 @@ def page(report: ErrorReport, dump_command: str = "", replay_command: str = "") 
              f"<title>{_e(title)}</title>\n<style>{STYLE}</style>\n</head>\n<body>\n",
              f"<h1>{_e(title)}</h1>\n", _headline(report),
              "<h2>Error along the model</h2>\n", _chart(report),
-             _culprit_card(report, dump_command, replay_command), _migration(report), _summary(report),
+             _culprit_card(report, dump_command, replay_command), _causes(report, cause_commands or {}),
+             _migration(report), _summary(report),
              _ops_table(report), _footer(report), "</body>\n</html>\n"]
     return "".join(parts)
 
@@ -187,6 +191,27 @@ def _culprit_card(report: ErrorReport, dump_command: str, replay_command: str) -
         text.append(f"<p>Both verdicts side by side in the debugger:</p>\n<pre>{_e(replay_command)}</pre>\n")
     text.append("</div>\n")
     return "".join(text)
+
+
+def _causes(report: ErrorReport, commands: dict[int, str]) -> str:
+    """`triage`'s answer: every divergence of the model, one row per cause, inherited failures folded in."""
+    causes = report.causes
+    if causes is None or not causes.groups:
+        return ""
+    rows = []
+    for number, group in enumerate(causes.groups, 1):
+        ops = ", ".join(f"#{op.index} {_e(op.name)} ({_e(op.verdict)})" for op in group.ops)
+        where = group.first.source_location
+        line = f"<br><code>{_e(str(where))}</code> <code>{_e(where.code)}</code>" if where else ""
+        command = commands.get(group.first.index, "")
+        rows.append(f"<tr><td class=\"num\">{number}</td><td>{_e(group.cause)}{line}</td><td>{_e(group.wrong)}</td>"
+                    f"<td>{ops}</td><td class=\"num\">{len(group.inherited)}</td>"
+                    f"<td>{f'<code>{_e(command)}</code>' if command else ''}</td></tr>\n")
+    return (f'<h2>Every cause</h2>\n<p>{len(causes.groups)} cause(s) of divergence, as <code>tapml-dbg triage</code> '
+            "lists them: the ops that diverge by themselves, grouped by source op, class and failure signature; "
+            "the failures they hand downstream are counted as inherited.</p>\n<table id=\"causes\">\n"
+            "<tr><th></th><th>cause</th><th>class</th><th>ops</th><th>inherited</th><th>repro</th></tr>\n"
+            f"{''.join(rows)}</table>\n")
 
 
 def _migration(report: ErrorReport) -> str:
