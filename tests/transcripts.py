@@ -10,8 +10,10 @@ A transcript is a fenced block that either
   made with `-c` or `--script`); `$ ` lines at its top are what a reader would type and are shown,
   not compared.
 Before a block, `<!-- transcript setup: COMMAND -->` lines run first without being shown (a trace
-the block reads, a damaged copy), and `<!-- transcript file: NAME -->` before a block writes that
-block to NAME (a `--script` file) in the doc's folder.
+the block reads, a damaged copy), `<!-- transcript file: NAME -->` before a block writes that
+block to NAME (a `--script` file) in the doc's folder, and `<!-- transcript varies: REGEX -->` says,
+in the doc, which part of the block differs from run to run by nature (the values of an
+out-of-bounds read): what REGEX matches is not compared.
 
 Each doc runs in a scratch folder of its own, its blocks in document order (a block reads what the
 blocks above it wrote), with `examples/` and `tests/` linked in and `/tmp/` mapped into the
@@ -30,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 BLOCK = re.compile(r"^```[^\n]*\n(.*?)^```\n?", re.S | re.M)
-MARKER = re.compile(r"^<!-- transcript(?: (?P<kind>setup|file))?: (?P<text>.*?) -->$")
+MARKER = re.compile(r"^<!-- transcript(?: (?P<kind>setup|file|varies))?: (?P<text>.*?) -->$")
 COMMAND_TIMEOUT_S = 900
 TIMINGS = [(re.compile(r"\b\d+(\.\d+)? (s|ms|us)\b"), "N \\2"), (re.compile(r"\b\d+(\.\d+)?x the bare"), "Nx the bare"),
            (re.compile(r"\b\d+:\d\d\b"), "M:SS")]
@@ -53,6 +55,7 @@ class Transcript:
     setup: list[str] = field(default_factory=list)
     typed: list[str] = field(default_factory=list)  # `$ ` lines shown above a marker's output
     file: str = ""  # a script block: written to this name, not run
+    varies: list[str] = field(default_factory=list)  # regexes of what differs between runs by nature
     made_by: bool = False  # made by a marker's command, not by the `$ ` lines it shows
 
     @property
@@ -85,13 +88,14 @@ def transcripts(doc: Path) -> list[Transcript]:
         setup = [m.group("text") for m in markers if m.group("kind") == "setup"]
         files = [m.group("text") for m in markers if m.group("kind") == "file"]
         made_by = [m.group("text") for m in markers if m.group("kind") is None]
+        varies = [m.group("text") for m in markers if m.group("kind") == "varies"]
         span = (block.start(1), block.end(1))
         if files:
             found.append(Transcript(doc, *span, [], setup, file=files[0]))
         elif made_by:  # one command line for all of them: their output is the block's
             typed = [line[2:] for line in _leading_typed(lines)]
             found.append(Transcript(doc, *span, [Command("; ".join(made_by), lines[len(typed):])], setup, typed,
-                                    made_by=True))
+                                    made_by=True, varies=varies))
         elif lines and lines[0].startswith("$ "):
             commands = []
             for line in lines:
@@ -99,7 +103,7 @@ def transcripts(doc: Path) -> list[Transcript]:
                     commands.append(Command(line[2:]))
                 else:
                     commands[-1].shown.append(line)
-            found.append(Transcript(doc, *span, commands, setup))
+            found.append(Transcript(doc, *span, commands, setup, varies=varies))
         elif setup:
             raise ValueError(f"{doc.name}: a `transcript setup` marker before a block that is not a transcript")
     return found
@@ -165,10 +169,12 @@ def make(doc: Path, folder: Path) -> list[tuple[Transcript, list[list[str]]]]:
     return made
 
 
-def blank_timings(lines: list[str]) -> list[str]:
+def blank_timings(lines: list[str], varies: list[str] = ()) -> list[str]:
+    """The lines as compared: timings blanked, and what the doc says varies by nature."""
+    patterns = TIMINGS + [(re.compile(regex), "…") for regex in varies]
     out = []
     for line in lines:
-        for pattern, replacement in TIMINGS:
+        for pattern, replacement in patterns:
             line = pattern.sub(replacement, line)
         out.append(line.rstrip())
     while out and not out[-1]:
@@ -178,9 +184,9 @@ def blank_timings(lines: list[str]) -> list[str]:
 
 def drift(found: Transcript, outputs: list[list[str]]) -> list[tuple[str, list[str], list[str]]]:
     """(command, shown, printed) of each command whose output is not what the doc shows."""
-    return [(command.line, blank_timings(command.shown), blank_timings(output))
+    return [(command.line, blank_timings(command.shown, found.varies), blank_timings(output, found.varies))
             for command, output in zip(found.commands, outputs)
-            if blank_timings(command.shown) != blank_timings(output)]
+            if blank_timings(command.shown, found.varies) != blank_timings(output, found.varies)]
 
 
 def write(doc: Path, made: list[tuple[Transcript, list[list[str]]]]) -> int:
