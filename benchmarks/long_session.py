@@ -74,6 +74,7 @@ def loop_commands(loop: int, ops: int, dump_dir: Path) -> list[str]:
         "step 2",
         f"offload add {k}:{k + 4}",
         f"boundary {min(last, k + 16)}",
+        "tol fixed",  # a dtype's rtol/atol count under the fixed rule only (the noise-floor rule refuses them)
         "tol float32 1e-4 1e-6",
         f"tol op {k + 1} 1e-3",
         "where",

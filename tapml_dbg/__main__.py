@@ -2,6 +2,6 @@
 
 import sys
 
-from tapml_dbg.ui.cli import main
+from tapml_dbg.entry import main
 
 sys.exit(main())

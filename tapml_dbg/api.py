@@ -7,6 +7,7 @@ For scripts and notebooks (docs/api.md):
         found = replay.bisect()          # BisectResult, .to_json() as `bisect --json` prints it
         frame = replay.table()           # a pandas DataFrame, one row per op
         causes = replay.triage()         # every divergence grouped by cause
+        fixed = replay.fix("fix/")       # verified rewrites: fix/fix.py, for transform="fix/fix.py:fix"
 
 Each method returns the result object the CLI renders (each has `to_json()`); the CLI's commands
 are this layer plus rendering. pandas is needed only by `table()` (`pip install tapml-dbg[api]`).
@@ -18,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from tapml_dbg.engine.fix import FixResult, fix as fix_causes
 from tapml_dbg.engine.migrate import MigrateResult
 from tapml_dbg.engine.mixed import MixedRun, parse_offload
 from tapml_dbg.engine.report import OpPoint, error_points
@@ -46,6 +48,7 @@ class Replay:
     def __init__(self, session: Session):
         self.session = session
         self._points: list[OpPoint] | None = None  # both verdicts of every op, once asked for
+        self._points_kept: frozenset[int] = frozenset()  # the kept set they were computed with
 
     @classmethod
     def from_spec(cls, trace: str | Path, spec: TargetSpec, *, searching: bool = False,
@@ -73,6 +76,14 @@ class Replay:
         return self.session.where
 
     # ------------------------------------------------------------------ what the CLI's commands ask
+    def keep(self, ops: str | list[int] | None) -> list[int]:
+        """Keep ops on the source (`--keep OPS`: selectors such as `"14,37"`, `"cumsum"`, a layer, or
+        `"none"`; or indices), so that every method below goes on past them (docs/keep.md); the
+        kept ops, with the other bindings of their source ops."""
+        if ops is None or isinstance(ops, str):
+            return self.session.keep(ops or "none")
+        return self.session.set_kept(ops)
+
     def bisect(self, sweep: bool = True, progress: Progress = _noop) -> BisectResult:
         """The first divergent op (`tapml-dbg bisect`)."""
         return self.session.bisect(sweep=sweep, progress=progress)
@@ -86,6 +97,14 @@ class Replay:
         started = time.perf_counter()
         result = triage(self.session, progress, self._verdicts(progress))
         result.seconds = time.perf_counter() - started  # with the verdicts' sweeps, when they ran here
+        return result
+
+    def fix(self, folder: str | Path, progress: Progress = _noop) -> FixResult:
+        """Verified rewrites for the causes `triage()` finds, written as `folder/fix.py` (FUNC `fix`, for
+        `transform="folder/fix.py:fix"` or the user's own pipeline) and `folder/README.md` (`tapml-dbg fix`)."""
+        started = time.perf_counter()
+        result = fix_causes(self.session, folder, progress, triaged=self.triage(progress))
+        result.seconds = time.perf_counter() - started  # with the triage's sweeps, when they ran here
         return result
 
     def migrate(self, by: str = "layer", one_at_a_time: bool = False, progress: Progress = _noop) -> MigrateResult:
@@ -119,8 +138,9 @@ class Replay:
 
     def _verdicts(self, progress: Progress) -> list[OpPoint]:
         """Both verdicts of every op, computed once per transform text (an edited pass recomputes)."""
-        if self.session.notice_transform_edit() or self._points is None:
+        if self.session.notice_transform_edit() or self._points is None or self._points_kept != self.session.kept:
             self._points = error_points(self.session, progress=progress)
+            self._points_kept = self.session.kept
         return self._points
 
 
@@ -144,9 +164,17 @@ def _mode_columns(point: OpPoint, mode: Mode) -> dict:
 
 def open(trace: str | Path, target: str = "llvm", *, transform: str | None = None, rpc: str | None = None,
          tracker: str | None = None, key: str | None = None, timeout: float | None = None,
-         parallel: int | None = None, cache_dir: str | Path = DEFAULT_CACHE_DIR) -> Replay:
+         parallel: int | None = None, cache_dir: str | Path = DEFAULT_CACHE_DIR, keep: str | None = None) -> Replay:
     """Open a trace for replay on `target` (options as the CLI's: `transform="FILE.py:FUNC"`,
-    `rpc="HOST:PORT"` or `tracker=` + `key=`). A bad path, trace or target raises a `TapmlError`."""
+    `rpc="HOST:PORT"` or `tracker=` + `key=`; `keep="14,37"`: ops kept on the source, `Replay.keep`).
+    A bad path, trace, target or selector raises a `TapmlError`."""
     spec = TargetSpec(target=target, rpc=rpc, tracker=tracker, key=key, transform=transform,
                       timeout_s=timeout or DEFAULT_UNIT_TIMEOUT_S, parallel=parallel)
-    return Replay.from_spec(trace, spec, cache_dir=cache_dir)
+    replay = Replay.from_spec(trace, spec, cache_dir=cache_dir)
+    if keep is not None:
+        try:
+            replay.keep(keep)
+        except BaseException:
+            replay.close()
+            raise
+    return replay

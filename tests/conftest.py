@@ -14,6 +14,10 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tapml_dbg import settings
+
+settings.apply_process_defaults()  # the suite's process runs sessions too: as `tapml-dbg` does, before numpy
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 FAULTS = ROOT / "tests" / "transforms" / "faults.py"

@@ -21,10 +21,10 @@ from tapml_dbg.errors import TraceError
 from tapml_dbg.judge.verdict import PROPAGATED
 from tapml_dbg.model.serialize import function_to_json
 from tapml_dbg.model.units import build_unit
-from tapml_dbg import portable
+from tapml_dbg import portable, settings
 from tapml_dbg.runtime import compile_cache, lanes
 from tapml_dbg.runtime.target import parse_target
-from test_bad_input import _flip_dataset_bit
+from damage_trace import flip_dataset_bit
 
 LOCK_WAIT_S = 1.0  # long enough for the waiter to reach the lock
 GELU_OPS = ("gelu", "gelu_1", "gelu_2")  # the same op in blocks.0, .1 and .2 (other variable names)
@@ -158,7 +158,7 @@ def test_a_compile_lane_building_ahead_leaves_a_key_another_worker_is_building_t
 def test_compile_lanes_give_the_run_lanes_answers(mlp, tmp_path, monkeypatch):
     """Units compiled on two compile lanes and run on one lane: every op its own verdict."""
     transform = fault_transform(tmp_path, "scale", "gelu_1")
-    monkeypatch.setenv(lanes.COMPILE_LANES_ENV, "2")
+    monkeypatch.setenv(settings.COMPILE_LANES, "2")
     monkeypatch.setattr(lanes, "UNITS_PER_COMPILE_LANE", 4)  # 12 units are enough for two lanes
     with Session.open(mlp, transform=transform, cache_dir=tmp_path / "cache") as session:
         assert session.lanes.compile_lanes == 2
@@ -174,7 +174,7 @@ def test_a_corrupt_value_read_by_the_worker_is_the_traces_error(mlp, tmp_path):
     """Before: the worker's TraceError became an `error` verdict of the op that read the value."""
     path = tmp_path / "flipped.h5"
     path.write_bytes(mlp.read_bytes())
-    _flip_dataset_bit(path, "ops/12/0")  # addmm_2: read by gelu_1 (op 13) as its input
+    flip_dataset_bit(path, "ops/12/0")  # addmm_2: read by gelu_1 (op 13) as its input
     with Session.open(path, cache_dir=tmp_path / "cache") as session:
         with pytest.raises(TraceError, match=r"op 12's recorded output 0 is corrupt \(checksum mismatch\)"):
             session.isolated(13)

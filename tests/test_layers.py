@@ -1,6 +1,7 @@
 """The package's layers (DESIGN.md "Architecture"): arrows point down, never up, and never round.
 
-ui -> repro -> engine / record / frontend -> judge / runtime -> trace -> model -> portable / errors
+(entry ->) ui -> repro -> engine / record / frontend -> judge / runtime -> trace -> model
+-> portable / errors / settings
 (trace sits above model: the capture window of a recording is parsed by model.select).
 Read with `ast` from the source files: nothing is imported, so a broken module still gets judged.
 """
@@ -15,18 +16,19 @@ ROOT = "tapml_dbg"
 
 # rank of each top-level part; a module may import only parts of a lower rank (or its own part)
 RANKS = {
-    "errors": 0, "portable": 0,
+    "errors": 0, "portable": 0, "settings": 0,
     "model": 1, "trace": 2,
     "judge": 3, "runtime": 3,
     "frontend": 4, "record": 4, "engine": 4,
     "repro": 5,
     "api": 6,
     "ui": 7,
-    "__main__": 8,
+    "entry": 8, "__main__": 9,
 }
 # the package's `open()` imports the API when called: a worker process imports the package first
-# and must not import the engine (the one import of the package inside a function)
-LAZY_IMPORTS = {("tapml_dbg", "tapml_dbg.api")}
+# and must not import the engine; the entry point imports the CLI after it set the process's
+# defaults (settings.PROCESS_DEFAULTS), which numpy reads when first imported
+LAZY_IMPORTS = {("tapml_dbg", "tapml_dbg.api"), ("tapml_dbg.entry", "tapml_dbg.ui.cli")}
 SIDEWAYS = {("record", "frontend")}  # the recorder runs the model the frontend imported
 UI_LIBRARIES = ("rich", "prompt_toolkit")  # only ui/ may draw on a terminal
 

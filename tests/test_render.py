@@ -99,9 +99,10 @@ def test_cli_bisect_shows_markup_literally_and_no_propagated_column(monkeypatch,
 def test_cli_bisect_ends_with_the_commands_to_run_next(monkeypatch, capsys):
     """The README's first command ended on a note and no next step."""
     lines = cli_output(monkeypatch, capsys, bisect_result()).rstrip().splitlines()
-    tail = [line.split("  #")[0].strip() for line in lines[-3:]]
+    tail = [line.split("  #")[0].strip() for line in lines[-4:]]
     assert tail == [f"next: tapml-dbg dump stub.h5 --op {CULPRIT_INDEX} -o repro/",
-                    "tapml-dbg report stub.h5 -o report/", f'tapml-dbg replay stub.h5 -c "compare {CULPRIT_INDEX}"']
+                    "tapml-dbg report stub.h5 -o report/", f'tapml-dbg replay stub.h5 -c "compare {CULPRIT_INDEX}"',
+                    f"tapml-dbg bisect stub.h5 --keep {CULPRIT_INDEX}"]  # then past it: the next divergence
     from tapml_dbg.engine.session import Session
 
     monkeypatch.setattr(Session, "open", classmethod(lambda cls, *a, **k: StubSession(bisect_result())))

@@ -186,7 +186,7 @@ def test_continue_stops_at_the_planted_fault(t):
     out = t.run("continue")
     assert "ran #0..#13 (14 ops): 13 passed, 1 failed (isolated or propagated verdict)" in out
     assert "stopped after #13 gelu_1: divergence: the isolated and propagated verdicts failed" in out
-    assert "the op alone is wrong on the target (isolated), and the error reaches its value" in out
+    assert "the op alone, fed the recorded source inputs, is wrong on the target: a kernel or codegen bug" in out
     assert out.rstrip().splitlines()[-1].startswith("  next: `compare 13`")  # the result ends with what to run
     assert t.repl.prompt_text() == "(llvm) #14 add_1 [blocks.1]> "
     out = t.run("where")
@@ -256,7 +256,7 @@ def test_compare_and_print_side_by_side(t):
     assert "#13 gelu_1 (aten.gelu.default) in layer blocks.1" in out
     assert verdict_rows(out) == [["verdict", "FAIL", "FAIL"]]
     assert lines_with(out, "err / absmax")[0].split()[3:6] == ["0.01", "(rtol", "0.0001)"]
-    assert "the op alone is wrong on the target" in out
+    assert "→ the op alone, fed the recorded source inputs, is wrong on the target: a kernel or codegen bug" in out
     out = t.run(f"print {FAULT_OP} 0,:4")
     assert "#13 gelu_1[0,:4]  (4,) float32  (target value: propagated)" in out
     assert lines_with(out, "absmax")[0].split()[0] == "absmax"

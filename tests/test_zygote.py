@@ -9,8 +9,8 @@ import time
 
 import psutil
 
+from tapml_dbg import settings
 from tapml_dbg.engine.session import Session
-from tapml_dbg.runtime.zygote import ZYGOTE_ENV
 
 
 def _worker(session) -> psutil.Process:
@@ -30,7 +30,7 @@ def test_workers_are_forked_from_the_sessions_zygote_and_judge_as_fresh_ones(tra
         assert os.getpgid(worker.pid) == worker.pid  # its own group: a kill takes the compiler it runs too
         zygote_pid = zygote._popen.pid
     assert not psutil.pid_exists(zygote_pid) or psutil.Process(zygote_pid).status() == psutil.STATUS_ZOMBIE
-    monkeypatch.setenv(ZYGOTE_ENV, "0")
+    monkeypatch.setenv(settings.ZYGOTE, "0")
     with Session.open(trace) as session:
         fresh = session.step(4)
         assert _worker(session).ppid() == os.getpid()

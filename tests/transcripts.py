@@ -35,7 +35,9 @@ BLOCK = re.compile(r"^```[^\n]*\n(.*?)^```\n?", re.S | re.M)
 MARKER = re.compile(r"^<!-- transcript(?: (?P<kind>setup|file|varies))?: (?P<text>.*?) -->$")
 COMMAND_TIMEOUT_S = 900
 TIMINGS = [(re.compile(r"\b\d+(\.\d+)? (s|ms|us)\b"), "N \\2"), (re.compile(r"\b\d+(\.\d+)?x the bare"), "Nx the bare"),
-           (re.compile(r"\b\d+:\d\d\b"), "M:SS")]
+           # `record`'s eager figure: a ratio, or too short for one, by how fast the machine ran it
+           (re.compile(r" = Nx the bare eager forward \(N \w+, warm\)| \(the bare eager forward: N \w+, warm, too "
+                       r"short for a ratio\)"), " (the bare eager forward: N, warm)")]
 TMP = "/tmp/"
 ENV_DROPPED = ("COLUMNS", "LINES", "TAPML_FAULT_OP", "FORCE_COLOR")  # the tool's output must not depend on them
 

@@ -9,8 +9,10 @@ judged in full, in order: its isolated verdict first (its kernel on recorded inp
 kernel ends the search at once), then its propagated verdict (the value the chain computed). The
 first suspect that fails is the answer; suspects that pass are accepted and the chain runs again.
 
-Ops whose import changed their type are not judged here (the type phase of `engine.search` finds
-them from the trace alone); their consumers are. A chain that does not come back (a kernel that
+Kept ops (engine/kept.py) are left out of the chain: the ops after one are fed its recorded
+value, so the search goes on past a known bug (the worker's chain needs nothing new for that).
+Ops whose import changed their type are not judged here (the type phase of `engine.search`
+finds them from the trace alone); their consumers are. A chain that does not come back (a kernel that
 kills the worker, a timeout) says so (`lost`), and the caller searches another way.
 """
 
@@ -21,7 +23,6 @@ import threading
 from dataclasses import dataclass, field
 
 from tapml_dbg.errors import TapmlError
-from tapml_dbg.judge.judge import failed_run
 from tapml_dbg.judge.verdict import PROPAGATED, Verdict
 from tapml_dbg.runtime.lanes import MIN_COMPILE_LANES
 
@@ -50,7 +51,8 @@ class ChainSearch:
         """`unscreened`: the ops only a full verdict may judge (`Session.unscreened`)."""
         self.session = session
         self.first, self.last = first, last
-        self.indices = [i for i in range(first, last + 1) if session.ops[i].outputs]
+        # a kept op is no unit of the chain: its consumers read its recorded value (engine/kept.py)
+        self.indices = [i for i in range(first, last + 1) if session.ops[i].outputs and i not in session.kept]
         typed = {session.ops[i].name for i in session.type_changed_ops()}
         self.accept, self.unscreened = set(typed), unscreened - typed
         self.screen = session.screen_rule(PROPAGATED)
@@ -100,8 +102,7 @@ class ChainSearch:
                     return finding
                 index = session.by_name[result.failed_op].index
                 isolated = session.isolated(index)
-                verdict = isolated if isolated.failed else failed_run(index, result.failed_op, PROPAGATED,
-                                                                      result.status, result.message)
+                verdict = isolated if isolated.failed else session.judge(index, PROPAGATED, result, None)
                 return self._found(finding, index, verdict, {})
             if len(result.suspects) < wanted:  # it ran to the end
                 finding.probes.append((self.last, False))

@@ -48,9 +48,12 @@ class FusedUnit:
 
 
 def producers_within(session, index: int, first: int) -> list[int]:
-    """Op `index` and the ops in [first, index) its value depends on, in order."""
+    """Op `index` and the ops in [first, index) its value depends on, in order; a kept op
+    (engine/kept.py) is cut out, its recorded value an input of the unit."""
     keep = {index}
     for op in reversed(session.ops[first:index]):
+        if op.index in session.kept:
+            continue
         if any(op.name in session.ops[i].inputs for i in keep):
             keep.add(op.index)
     return sorted(keep)

@@ -13,6 +13,7 @@ The culprit: in the first failing step (the top-ranked failing entry one at a ti
 over the ops that step newly offloads finds the first whose offload breaks the output, and its
 verdicts say whether it is wrong alone (isolated) or breaks it with the values it is fed.
 Every step cuts its target units at the same block ends, so a step compiles only its new block.
+Kept ops (engine/kept.py) stay on the source in every step and are never the culprit.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Callable
 
+from tapml_dbg.engine.kept import kept_note
 from tapml_dbg.engine.mixed import MixedRun, MixedRunner
 from tapml_dbg.engine.results import Culprit
 from tapml_dbg.engine.search import SearchTrace, first_failing
@@ -169,6 +171,8 @@ class Migration:
             self.progress(number - 1, len(plan), f"step {number}: {label}")
             result.steps.append(MigrationStep(number, label, offload, new, self.runner.run(offload)))
         self.progress(len(plan), len(plan), "steps done")
+        if self.session.kept:
+            result.notes.append(kept_note(self.session.ops, self.session.kept, mixed=True))
         failing = [step for step in result.steps if not step.passed]
         if self.one_at_a_time:
             ranked = sorted(result.steps, key=lambda step: (-step.run.error, step.number))
@@ -191,6 +195,7 @@ class Migration:
         the output, with its verdicts; and the mixed runs the search took."""
         trace = SearchTrace()
         runs: dict[int, MixedRun] = {}
+        new = [index for index in new if index not in self.session.kept]  # offloading one changes nothing
 
         def breaks(j: int) -> bool:
             self.progress(len(trace.probes), None, f"culprit search: {len(new[:j + 1])} of {len(new)} ops")

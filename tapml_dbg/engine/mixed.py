@@ -15,6 +15,9 @@ Rules that decide the edge cases:
 - a target value enters the source as its node's value, cast back to the source's dtype and
   shape where the import changed them; a node the target computes only in part (one field of a
   tuple) keeps the source's recomputation of the other fields;
+- a kept op (`Session.kept`, engine/kept.py) is never offloaded, whatever the offload spec says:
+  it runs on the source, fed the run's values, and cuts the target unit it sat in; it gets no
+  verdict in the run;
 - a trace without a source graph (`--source tvm:*`, format v1.0/1.1) cannot re-execute anything:
   a source op takes its recorded value when nothing upstream of it is offloaded (then the value
   is exact), and the run is refused (one line) when something is.
@@ -30,6 +33,7 @@ from typing import Callable
 
 import numpy as np
 
+from tapml_dbg.engine.kept import kept_note
 from tapml_dbg.errors import TraceError, UsageError
 from tapml_dbg.judge.compare import Metrics
 from tapml_dbg.judge.verdict import PROPAGATED, Status, Verdict
@@ -162,6 +166,7 @@ class MixedRun:
     reused: int = 0  # units not run again: an earlier run fed them the same values (a migration's prefix)
     failure: str = ""  # a unit that did not run: the run stopped there
     notes: list[str] = field(default_factory=list)
+    kept: list[int] = field(default_factory=list)  # ops the spec offloads but that are kept on the source
     values: dict[str, list[np.ndarray]] | None = None  # every op's value in the run, when asked for
 
     @property
@@ -206,7 +211,7 @@ class MixedRun:
                 "failing": [{"index": index, "name": self.verdicts[index].name, **self.verdicts[index].to_json()}
                             for index in self.failing_ops()] if self.verdicts else None,
                 "units": self.units, "compiled": self.compiled, "reused": self.reused,
-                "seconds": round(self.seconds, 3),
+                "seconds": round(self.seconds, 3), "kept": list(self.kept),
                 "notes": self.notes}
 
 
@@ -274,9 +279,13 @@ class MixedRunner:
         `keep_values`: return every op's value too."""
         started = time.perf_counter()
         session = self.session
-        on_target = self.placement(set(offload))
+        kept = session.kept  # whole source ops (engine/kept.py): the placement moves no helper of one back
+        on_target = self.placement(set(offload) - kept)
         state = _State()
         result = MixedRun(sorted(on_target), len(self.ops), session.where, [])  # what ran there, helpers moved
+        result.kept = sorted(kept & set(offload))
+        if result.kept:
+            result.notes.append(kept_note(self.ops, result.kept, mixed=True))
         chunks = self._chunks(on_target)
         done = 0
         for placed, indices in chunks:
@@ -290,8 +299,8 @@ class MixedRunner:
             done += len(indices)
             progress(done, len(self.ops), f"{'target' if placed else 'source'} #{indices[0]}..#{indices[-1]}")
         result.outputs = self._check_outputs(state, result)
-        if verdicts:
-            result.verdicts = {op.index: self._verdict(op, state, result) for op in self.ops}
+        if verdicts:  # a kept op's is no verdict to name
+            result.verdicts = {op.index: self._verdict(op, state, result) for op in self.ops if op.index not in kept}
         if keep_values:
             result.values = state.values
         result.seconds = time.perf_counter() - started

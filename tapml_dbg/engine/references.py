@@ -6,7 +6,8 @@ From the trace's source graph (absent: every reference is empty and the fixed ru
 - `propagated(i)`: op i's value in one float64 run of the whole source graph from the model's
   inputs and params (computed once, on first use, for every op): every propagated reference;
 - which elements are undefined (uninitialised memory in the source) and which ops are nothing else;
-- the type changes (declared vs source dtype / shape) of every op, and the casts replay makes;
+- the type changes (declared vs source dtype / shape) of every op, and the casts replay makes; the
+  stock importer's where an import fix hides them (frontend/stock_import.py) are type changes too;
 - `low_precision(i)`: op i recomputed summing in its output dtype, the `precision` evidence.
 """
 
@@ -26,8 +27,8 @@ from tapml_dbg.runtime.source_runner import SourceRunError, SourceRunner, source
 from tapml_dbg.runtime.torch_values import to_numpy
 from tapml_dbg.trace import TraceReader
 from tapml_dbg.trace.recent import RecentOpOutputs
-from tapml_dbg.trace.schema import CAST_NOTE_PREFIX
-from tapml_dbg.trace.source_graph import SourceGraph, TypeChange, parse_source_graph
+from tapml_dbg.trace.schema import CAST_NOTE_PREFIX, META_STOCK_IMPORT
+from tapml_dbg.trace.source_graph import SourceGraph, TypeChange, parse_source_graph, stock_type_changes
 
 RECORDED_CACHE_BYTES = 256 * 2**20  # recorded op outputs kept for the source runner's inputs
 NO_GRAPH_NOTE = ("the trace has no source graph (recorded with --source tvm:TARGET, or by a tapml-dbg "
@@ -59,6 +60,8 @@ class SourceReference:
         self._low_precision: dict[int, list | None] = {}  # op index -> its low-precision value (low_precision)
         self._masks: dict[int, list] | None = None
         self.full_run_seconds = 0.0
+        self.stock_meta = reader.meta.get(META_STOCK_IMPORT) or {}  # what the stock import does (or {})
+        self.stock_widened: list[TypeChange] = []
         self.type_changes = self._type_changes()
 
     @property
@@ -68,9 +71,14 @@ class SourceReference:
 
     # -- type changes ----------------------------------------------------------------------------
     def _type_changes(self) -> dict[int, list[TypeChange]]:
+        """Op index -> its outputs whose declared type differs from the source's: the recorded import's
+        own changes, then the stock importer's where an import fix hides them (a type verdict each, the
+        same way; a stock change that only widens a float, fp16 -> fp32, is listed in `stock_widened`)."""
         changes: dict[int, list[TypeChange]] = {}
         if self.graph is not None:
-            for change in self.graph.type_changes:
+            stock = stock_type_changes(self.ops, self.graph.type_changes, self.stock_meta.get("fixes") or [])
+            self.stock_widened = [change for change in stock if change.widens]
+            for change in self.graph.type_changes + [c for c in stock if not c.widens]:
                 op = self.by_name.get(change.op)
                 if op is not None:
                     changes.setdefault(op.index, []).append(change)
@@ -85,6 +93,17 @@ class SourceReference:
                         changes[op.index] = [TypeChange(op.name, 0, declared, source)]
         return changes
 
+    def stock_import_note(self) -> str:
+        """One line on a stock import that fails outright (the import-error finding), "" otherwise."""
+        error = self.stock_meta.get("error")
+        if not error:
+            return ""
+        op = self.by_name.get(self.stock_meta.get("error_op") or "")
+        where = f" at #{op.index} {op.name} ({op.op})" if op is not None else ""
+        fixes = ", ".join(self.stock_meta.get("fixes") or []) or "import"
+        why = first_sentence(self.stock_meta.get("reason") or error)  # `info` holds the whole message
+        return f"TVM's stock import fails{where}: {why} (tapml-dbg's {fixes} workaround imports it)"
+
     def replay_casts(self) -> dict[tuple[str, int], TensorSpec]:
         """(op name, output) -> the declared spec a recorded value must be cast to before it feeds the target.
 
@@ -93,7 +112,7 @@ class SourceReference:
         if self.graph is None:
             return {}
         return {(change.op, change.output): change.declared for changes in self.type_changes.values()
-                for change in changes}
+                for change in changes if not change.stock}  # a stock type is not what the target runs
 
     # -- references -------------------------------------------------------------------------------
     def isolated(self, index: int) -> Reference:
@@ -208,7 +227,7 @@ class SourceReference:
     def low_precision(self, index: int) -> Evidence:
         """Op `index` recomputed from its recorded inputs summing in its output dtype (None per output
         where no recipe exists). Computed once per op: a culprit is judged by the search, then
-        explained (a GPT-2 addmm's term-by-term sum is ~0.1 s)."""
+        explained (a big matmul's term-by-term sum is slow; figures: docs/perf.md)."""
         if index not in self._low_precision:
             self._low_precision[index] = self._recompute_low_precision(index)
         return Evidence(low_precision=self._low_precision[index])
@@ -266,3 +285,8 @@ def _promoted(array: np.ndarray) -> np.ndarray:
     array = np.asarray(array)
     return array.astype(np.float64) if array.dtype.kind == "f" or array.dtype.name == "bfloat16" else array
 
+
+def first_sentence(text: str) -> str:
+    """`TypeError: Binary operators must have the same datatype.  However, ...` -> up to its first period."""
+    head, dot, _ = text.partition(". ")
+    return head + "." if dot else text

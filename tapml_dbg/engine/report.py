@@ -23,6 +23,7 @@ from typing import Callable
 
 import numpy as np
 
+from tapml_dbg.engine.kept import segments as kept_segments
 from tapml_dbg.engine.migrate import MigrateResult
 from tapml_dbg.engine.results import BisectResult, Culprit, StepResult
 from tapml_dbg.engine.stops import first_divergence
@@ -194,12 +195,13 @@ def error_points(session, indices: list[int] | None = None, progress: Progress =
     """Both verdicts of ops `indices` (default: all), as `report` and the REPL's `plot` show them.
 
     The propagated chain runs from op 0 to the last op asked for: values flow from the start.
+    A kept op (engine/kept.py) gets neither verdict.
     """
     ops = session.ops
     wanted = sorted(set(range(len(ops)) if indices is None else indices))
     if not wanted:
         return []
-    judged = [i for i in wanted if ops[i].outputs]
+    judged = [i for i in wanted if ops[i].outputs and i not in session.kept]
     isolated = session.isolated_many(judged, progress)
     propagated = propagated_chain(session, progress, last=wanted[-1])
     return [OpPoint(ops[i].index, ops[i].name, ops[i].op, ops[i].layer, ops[i].outputs[0].dtype if ops[i].outputs
@@ -216,20 +218,23 @@ def culprit_of(step: StepResult, op: OpInfo) -> Culprit:
     """A diverging op as bisect names one: isolated when its kernel is wrong, else propagated."""
     verdict = step.isolated if step.isolated is not None and step.isolated.failed else step.propagated
     kind = verdict.mode if verdict.status.judged else verdict.status
-    return Culprit(op.index, op.name, op.op, op.layer, kind, verdict.worst, verdict.message,
-                   source_location=op.source_location)
+    return Culprit(op.index, op.name, op.op, op.layer, kind, verdict.worst, verdict.message, verdict.wrong,
+                   verdict.evidence, source_location=op.source_location)
 
 
 def propagated_chain(session, progress: Progress = _noop, last: int | None = None) -> dict[int, Verdict]:
     """Every op (up to `last`) on the target fed the target's own upstream values, in fused segments.
 
     A segment that does not run (a compile error, a crash) is redone op by op, so a failed run is
-    that op's verdict only; a value the target did not give is then read from the trace.
+    that op's verdict only; a value the target did not give is then read from the trace. Segments
+    are cut at kept ops (engine/kept.py), which get no verdict: the ops after one read its recorded value.
     """
     ops = session.ops[:None if last is None else last + 1]
     values: dict[str, list[np.ndarray]] = {}  # target values still read by a later op
     verdicts: dict[int, Verdict] = {}
-    segments = [ops[start:start + CHAIN_SEGMENT_OPS] for start in range(0, len(ops), CHAIN_SEGMENT_OPS)]
+    segments = [[ops[i] for i in run[start:start + CHAIN_SEGMENT_OPS]]
+                for run in kept_segments([op.index for op in ops], session.kept)
+                for start in range(0, len(run), CHAIN_SEGMENT_OPS)]
     for number, segment in enumerate(segments):
         progress(number, len(segments), f"propagated chain {segment[0].index}..{segment[-1].index}")
         result = _run(session, segment, values)

@@ -115,7 +115,7 @@ class RequestBuilder:
 
     def one_op_unit(self, name: str) -> tuple[dict, UnitSpec]:
         """Op `name` alone as a unit (its json and spec), built once: a bisect asks for each op's
-        unit three times (compile ahead, chain, sweep), ~0.5 ms each for GPT-2's 717 ops."""
+        unit three times (compile ahead, chain, sweep), for every op (figures: docs/perf.md)."""
         if name not in self._one_op:
             func, spec = build_unit(self.main, [name], [name])
             self._one_op[name] = (function_to_json(func), spec)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tapml_dbg.judge.compare import Metrics
+from tapml_dbg.judge.diagnosis import diagnose, diagnosis
 from tapml_dbg.judge.verdict import ISOLATED, Mode, Verdict, WrongClass
 from tapml_dbg.model.graph import SourceLocation
 
@@ -23,6 +24,11 @@ class StepResult:
 
     def verdict(self, mode: Mode) -> Verdict | None:
         return self.isolated if mode == ISOLATED else self.propagated
+
+    @property
+    def diagnosis(self) -> str:
+        """What its verdicts say about where the bug is (judge/diagnosis.py: the one wording)."""
+        return diagnose(self.isolated, self.propagated)
 
     def to_json(self) -> dict:
         return {"index": self.index, "name": self.name, "op": self.op, "layer": self.layer,
@@ -48,11 +54,17 @@ class Culprit:
     def summary(self) -> str:
         return self.metrics.summary() if self.metrics else self.message
 
+    @property
+    def diagnosis(self) -> str:
+        """What its verdict and class say about where the bug is (judge/diagnosis.py: the one wording)."""
+        return diagnosis(self.verdict, self.wrong)
+
     def to_json(self) -> dict:
         fused = {"first": self.unit[0][0], "last": self.unit[-1][0], "size": len(self.unit),
                  "ops": [{"index": i, "name": n} for i, n in self.unit]} if self.unit else None
         return {"index": self.index, "name": self.name, "op": self.op, "layer": self.layer,
                 "verdict": self.verdict, "class": self.wrong, "evidence": self.evidence,
+                "diagnosis": self.diagnosis,
                 "metrics": self.metrics.to_json() if self.metrics else {}, "message": self.message,
                 "fused": fused,
                 "source_location": self.source_location.to_json() if self.source_location else None}
@@ -69,12 +81,14 @@ class BisectResult:
     neighbourhood: list[StepResult] = field(default_factory=list)
     search: list[tuple[int, bool]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    kept: list[int] = field(default_factory=list)  # ops kept on the source: never searched (engine/kept.py)
 
     def to_json(self) -> dict:
         return {"diverged": self.diverged, "ops": self.ops, "probes": self.probes,
                 "seconds": round(self.seconds, 3), "target": self.target,
                 "op": self.culprit.to_json() if self.culprit else None,
-                "search": [{"index": k, "failed": f} for k, f in self.search], "notes": self.notes}
+                "search": [{"index": k, "failed": f} for k, f in self.search], "kept": list(self.kept),
+                "notes": self.notes}
 
 
 @dataclass

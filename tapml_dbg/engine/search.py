@@ -23,6 +23,9 @@ the object, not on the session:
 6. fused diagnosis: only when the culprit is still the fused search's propagated candidate (its
    isolated verdict passes and the probe just before it passed, so every input it reads is
    right), the op is told from a fusion bug (`engine.fused`); nothing runs in this phase otherwise.
+Kept ops (`Session.kept`, engine/kept.py) are in no phase: no chain unit, no probe's unit, no
+sweep, no type verdict; the ops after one are fed its recorded value, so the search names the
+next divergence past a known bug.
 The culprit's failing verdict is then judged once more with a second run of its unit
 (`Session.explain`), so a nondeterministic kernel is told from a wrong one; it carries its class.
 """
@@ -37,7 +40,9 @@ from typing import Callable
 
 from tapml_dbg.engine import fused
 from tapml_dbg.engine.chain import ChainFinding, ChainSearch
+from tapml_dbg.engine.kept import kept_note
 from tapml_dbg.engine.results import BisectResult, Culprit, StepResult
+from tapml_dbg.judge.classify import type_evidence
 from tapml_dbg.judge.verdict import FUSED, ISOLATED, PROPAGATED, Mode, Status, Verdict, WrongClass
 from tapml_dbg.model.analysis import frontier
 from tapml_dbg.runtime.messages import UnitResult
@@ -155,6 +160,11 @@ class Bisection:
         self.sweep_enabled = sweep
         self.progress = progress
         self.first, self.last, self.notes = self._search_range()
+        self.kept = session.kept  # never a unit nor a verdict of this search (engine/kept.py)
+        if self.kept:
+            self.notes.append(kept_note(session.ops, self.kept))
+        if session.reference.stock_import_note():  # the import-error finding (frontend/stock_import.py)
+            self.notes.append(session.reference.stock_import_note())
         self.search_trace = SearchTrace()
         self.probe_results: dict[int, UnitResult] = {}  # prefix end k -> the probe's result
         self.parallel = session.lanes.size > 1
@@ -173,19 +183,19 @@ class Bisection:
         earliest = None
         if self.sweep_enabled and self.parallel:  # the sweep's batches and the candidate's unit side by side
             earliest = session.isolated_verdicts.lowest_failing(
-                list(range(self.first, end)), self.progress, also=[candidate] if candidate is not None else [],
+                self._judged(self.first, end), self.progress, also=[candidate] if candidate is not None else [],
                 screen=self.screen, compiled=True, unscreened=self.unscreened)
         culprit = self.confirm(candidate) if candidate is not None else None
         if self.sweep_enabled:
             if not self.parallel:
                 earliest = session.isolated_verdicts.lowest_failing(
-                    list(range(self.first, end)), self.progress, screen=self.screen, compiled=True,
+                    self._judged(self.first, end), self.progress, screen=self.screen, compiled=True,
                     unscreened=self.unscreened)
             if earliest is not None:
                 if culprit is None:
                     self.notes.append(TYPE_NOTE if earliest.wrong == WrongClass.TYPE else WASHED_OUT_NOTE)
                 culprit = self._culprit(earliest.index, earliest, ISOLATED)
-        typed = [i for i in session.type_changed_ops() if self.first <= i < end]
+        typed = [i for i in session.type_changed_ops() if self.first <= i < end and i not in self.kept]
         if typed and (culprit is None or typed[0] < culprit.index):
             if culprit is None:
                 self.notes.append(TYPE_NOTE)
@@ -200,7 +210,8 @@ class Bisection:
             self.notes.append(session.lanes.plan.note)
         return BisectResult(diverged=culprit is not None, ops=len(session.ops), probes=probes,
                             seconds=time.perf_counter() - started, target=session.target, culprit=culprit,
-                            neighbourhood=neighbourhood, search=self.search_trace.probes, notes=self.notes)
+                            neighbourhood=neighbourhood, search=self.search_trace.probes, notes=self.notes,
+                            kept=sorted(self.kept))
 
     # -- phases 1 and 2: search --------------------------------------------------------------
     def search(self) -> int | None:
@@ -254,7 +265,7 @@ class Bisection:
         """While the compile lanes build ahead, the sweep runs the ops whose units are built and
         leaves the others to the end (it does not wait for a build the chain waits for too)."""
         self.session.isolated_verdicts.fill(
-            list(range(self.first, self.last + 1)), self.progress, stop_at_failure=True, screen=self.screen,
+            self._judged(self.first, self.last + 1), self.progress, stop_at_failure=True, screen=self.screen,
             bound=lambda: chain.bound(box["result"]) if "result" in box else None,
             compiled=True,  # prepared ahead, or built by a run lane itself
             unscreened=self.unscreened, building=preparing.is_alive if preparing is not None else None)
@@ -271,7 +282,8 @@ class Bisection:
 
     def _prefix_fails(self, k: int) -> bool:
         self.progress(len(self.search_trace.probes), self._total_steps(), f"probe ops {self.first}..{k}")
-        return self._outcome(k, self.session.lanes.run(self._prefix_request(k)))
+        request = self._prefix_request(k)
+        return request is not None and self._outcome(k, self.session.lanes.run(request))
 
     def _prefixes_fail(self, ks: list[int]) -> list[bool]:
         """One round of speculative probes, side by side."""
@@ -280,17 +292,27 @@ class Bisection:
         outcomes = {}
         with self.session.lanes.dispatch() as work:
             for k in ks:
-                work.submit(k, k, self._prefix_request(k))
+                request = self._prefix_request(k)
+                if request is None:  # nothing but kept ops: nothing on the target to fail
+                    outcomes[k] = False
+                else:
+                    work.submit(k, k, request)
             for k, result in work:
                 outcomes[k] = self._outcome(k, self.session.lanes.counted(result))
         return [outcomes[k] for k in ks]
 
     def _frontier(self, k: int) -> list[str]:
-        return frontier(self.session.ops, self.session.consumers, self.first, k)
+        kept = {self.session.ops[i].name for i in self.kept}
+        return [name for name in frontier(self.session.ops, self.session.consumers, self.first, k) if name not in kept]
 
     def _prefix_request(self, k: int):
-        names = [op.name for op in self.session.ops[self.first:k + 1]]
-        return self.session.requests.ops_request(names, self._frontier(k))
+        """The fused probe of ops [first, k], kept ops cut out (their recorded values are its inputs);
+        None when it holds nothing but kept ops."""
+        names = [op.name for op in self.session.ops[self.first:k + 1] if op.index not in self.kept]
+        outputs = self._frontier(k)
+        if not names or not outputs:
+            return None
+        return self.session.requests.ops_request(names, outputs)
 
     def _outcome(self, k: int, result: UnitResult) -> bool:
         """Whether the probe of prefix [first, k] failed: it did not run, or a frontier value diverges."""
@@ -372,6 +394,10 @@ class Bisection:
         return first, last, [f"the trace holds tensors for ops {first}..{end - 1} only (recorded with {how}): "
                              f"searched ops {first}..{last}; record another window to search elsewhere"]
 
+    def _judged(self, start: int, end: int) -> list[int]:
+        """Ops [start, end) whose verdicts a search may name: all but the kept ones."""
+        return [i for i in range(start, end) if i not in self.kept]
+
     def _last_recorded(self, first: int) -> int:
         """The last op of the unbroken run of recorded ops from `first`."""
         last = first - 1
@@ -386,9 +412,8 @@ class Bisection:
         self.explain_units += self.session.lanes.units - before
         kind = mode if verdict.status.judged else verdict.status
         wrong, evidence = verdict.wrong, verdict.evidence
-        if wrong is None and index in self.session.type_changed_ops():  # a failed run of a type-changed op
-            changes = self.session.reference.type_changes[index]
-            wrong, evidence = WrongClass.TYPE, "; ".join(c.describe() for c in changes)
+        if wrong is None and index in self.session.type_changed_ops():  # e.g. no verdict (missing): still a type one
+            wrong, evidence = WrongClass.TYPE, type_evidence(self.session.reference.type_changes[index])
         return Culprit(op.index, op.name, op.op, op.layer, kind, verdict.worst, verdict.message, wrong, evidence,
                        source_location=op.source_location)
 

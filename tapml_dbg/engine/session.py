@@ -17,6 +17,7 @@ import numpy as np
 
 from tapml_dbg.engine.compile_check import compile_all
 from tapml_dbg.engine.isolated import IsolatedVerdicts
+from tapml_dbg.engine.kept import parse_kept, with_node_groups
 from tapml_dbg.engine.migrate import MigrateResult, Migration
 from tapml_dbg.engine.mixed import MixedRun, MixedRunner
 from tapml_dbg.engine.references import SourceReference, load_source_graph
@@ -89,6 +90,7 @@ class Session:
         self.requests = RequestBuilder(reader, self.main, self.ops, self.reference.replay_casts())
         self.isolated_verdicts = IsolatedVerdicts(self.ops, self.requests, self.lanes, self.judge)
         self._mixed_runner: MixedRunner | None = None
+        self.kept: frozenset[int] = frozenset()  # ops kept on the source (engine/kept.py); `reset` keeps them
         self.reset()
 
     @classmethod
@@ -181,6 +183,23 @@ class Session:
         self.offload.difference_update(indices)
         self.target_values = {}
 
+    # ---------------------------------------------------------------- kept ops (engine/kept.py)
+    def set_kept(self, indices) -> list[int]:
+        """Keep these ops on the source (a known bug, or one assumed fixed), with the other bindings of
+        their source ops: cut out of the target's units, no verdict named. Replaces the kept set."""
+        self.kept = with_node_groups(self.ops, indices)
+        self.target_values = {}
+        return sorted(self.kept)
+
+    def keep(self, text: str) -> list[int]:
+        """`--keep OPS`, the REPL's `keep OPS`: op selectors (`14,37`, `cumsum`, a layer) or `none`."""
+        return self.set_kept(parse_kept(self.op_table, text))
+
+    @property
+    def on_target(self) -> set[int]:
+        """The ops the propagated replay runs on the target: the offload set without the kept ops."""
+        return self.offload - self.kept
+
     # ---------------------------------------------------------------- lookup
     # one set of selector rules for the whole tool: see tapml_dbg.model.select
     def resolve(self, text: str | int) -> OpInfo:
@@ -216,8 +235,10 @@ class Session:
         the evidence of a `nondeterministic` class; `fed_by_target`: the ops whose target values fed
         it, when not the session's propagated replay, e.g. in a mixed run)."""
         op = self.ops[index]
-        if not result.ok:
-            return failed_run(index, op.name, mode, result.status, result.message)
+        if not result.ok:  # of class `type` when the op's import changed a type the model reads
+            dead = self.dead_fields.get(op.name, set())
+            changes = [c for c in self.reference.type_changes.get(index, []) if c.output not in dead]
+            return failed_run(index, op.name, mode, result.status, result.message, Facts(changes))
         if index not in self.recorded:
             return Verdict(index, op.name, mode, Status.MISSING, message=self.reader.missing_values_message(index))
         reference = self.reference.isolated(index) if mode == ISOLATED else self.reference.propagated(index)
@@ -348,7 +369,7 @@ class Session:
         outputs = result.outputs[-1] if result.ok else None
         if result.ok:  # only offloaded ops feed later ops with target values
             for i, values in zip(chain, result.outputs):
-                if i in self.offload:
+                if i in self.on_target:
                     self.target_values[self.ops[i].name] = values
         return result, outputs
 
@@ -358,7 +379,7 @@ class Session:
         while stack:
             name = stack.pop()
             op = self.by_name.get(name)
-            if op is None or op.index in seen or op.index not in self.offload:
+            if op is None or op.index in seen or op.index not in self.on_target:
                 continue
             seen.add(op.index)
             stack.extend(op.inputs)
@@ -387,7 +408,10 @@ class Session:
         for _ in range(count):
             if self.position >= len(self.ops):
                 break
-            results.append(self.compare(self.position))
+            if self.position in self.kept:  # runs on the source: no verdict (engine/kept.py)
+                results.append(self.step_result(self.position))
+            else:
+                results.append(self.compare(self.position))
             self.position += 1
             progress(len(results), count)
         return results
@@ -403,7 +427,7 @@ class Session:
     def warm_up_torch(self) -> None:
         """Import torch in a thread, for the full verdicts (their float64 references), once a search
         waits on its workers: started any earlier, the import holds the GIL while this thread
-        builds the chain's request (on GPT-2 that took 1.5 s instead of 0.2)."""
+        builds the chain's request, several times slower (figures: docs/perf.md)."""
         if self.reference.available and self._torch_import is None:
             self._torch_import = warm_up_torch()
 

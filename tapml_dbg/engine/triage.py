@@ -12,7 +12,10 @@ needs to see which failures share a cause. The rule, from the same two sweeps th
   and so is a failure of an op that reads a value whose type the import changed (it computes in
   the declared type);
 - divergent ops are grouped by (source op, class, failure signature): two `aten.index.Tensor`
-  ops that both import as bool where torch gives int64 are one cause, listed once with both ops.
+  ops that both import as bool where torch gives int64 are one cause, listed once with both ops;
+- kept ops (`Session.kept`, engine/kept.py: known bugs) are no cause: they get no verdict, the
+  propagated chain feeds their recorded values on, and a failure that reads a kept op's changed
+  type is that known bug's, not listed; the rest of the model's causes are.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from tapml_dbg.model.graph import OpInfo, SourceLocation
 
 Progress = Callable[..., None]
 TYPE_CLASS = "type"  # the class of a group whose root cause is the import's declared type
+IMPORT_ERROR_CLASS = "import-error"  # the class of the group of a stock import that fails outright
 EXPLAINED_OPS = 32  # failing isolated verdicts run a second time to tell a nondeterministic kernel
 SIGNATURE_CHARS = 120  # a failed run's message is compared on its first line, this long at most
 _VOLATILE = re.compile(r"0x[0-9a-f]+|%\w+|\d+")  # what differs between two messages of one cause
@@ -86,6 +90,10 @@ class TriageResult:
     groups: list[CauseGroup]
     seconds: float = 0.0
     unjudged: list[int] = field(default_factory=list)  # ops with no verdict (no recorded value)
+    kept: list[int] = field(default_factory=list)  # ops kept on the source: no cause (engine/kept.py)
+    # what TVM's stock import does that no target run shows: its failure outright (`stock_import_group`),
+    # listed after the target's causes (in JSON among the groups) and not a cause a `fix` rewrites
+    findings: list[CauseGroup] = field(default_factory=list)
 
     @property
     def diverged(self) -> bool:
@@ -93,7 +101,8 @@ class TriageResult:
 
     def to_json(self) -> dict:
         return {"target": self.target, "ops": self.ops, "diverged": self.diverged,
-                "groups": [group.to_json() for group in self.groups], "seconds": round(self.seconds, 3)}
+                "groups": [group.to_json() for group in self.groups + self.findings], "kept": list(self.kept),
+                "seconds": round(self.seconds, 3)}
 
 
 def triage(session, progress: Progress = _noop, points: list[OpPoint] | None = None) -> TriageResult:
@@ -106,25 +115,37 @@ def triage(session, progress: Progress = _noop, points: list[OpPoint] | None = N
     for point in failing[:EXPLAINED_OPS]:
         point.isolated = session.explain(point.isolated)
     type_changed = {index: session.reference.type_changes[index] for index in session.type_changed_ops()}
-    result = group_causes(session.where, session.ops, points, type_changed)
+    result = group_causes(session.where, session.ops, points, type_changed, session.kept)
+    stock = stock_import_group(session.ops, session.reference.stock_meta, type_changed, session.kept)
+    if stock is not None:  # a finding of the stock import, not of the target
+        result.findings.append(stock)
     result.seconds = time.perf_counter() - started
     return result
 
 
-def group_causes(target: str, ops: list[OpInfo], points: list[OpPoint], type_changed: dict) -> TriageResult:
-    """The grouping rule of the module docstring, on verdicts already computed."""
+def group_causes(target: str, ops: list[OpInfo], points: list[OpPoint], type_changed: dict,
+                 kept=frozenset()) -> TriageResult:
+    """The grouping rule of the module docstring, on verdicts already computed (`kept`: kept ops)."""
     by_name = {op.name: op for op in ops}
+    # ops whose only change is the stock import's: the target computes them in torch's type, so no
+    # failure downstream comes from them (frontend/stock_import.py)
+    stock_only = {index for index, changes in type_changed.items() if all(c.stock for c in changes)}
     divergent: dict[int, TriagedOp] = {}
     folded: dict[int, list[int]] = {}  # divergent op -> inherited failures
     for point in points:
         op = ops[point.index]
+        if op.index in kept:
+            continue
         own = _own_divergence(point, op, type_changed.get(point.index))
         producer = _type_changed_producer(op, type_changed, by_name) if own is None or own.verdict in \
             ("isolated", "propagated") else None  # a failed build or run is the op's own bug
+        if producer in kept:  # it computes in a kept op's changed type: that known bug's
+            continue
         if own is not None and own.verdict != "propagated" and producer is None:
             divergent[op.index] = own
             continue
-        cause = producer if producer is not None else _upstream(op, divergent, by_name)
+        cause = producer if producer is not None else _upstream(op, {i: t for i, t in divergent.items()
+                                                                     if i not in stock_only}, by_name)
         if own is not None and cause is None:  # a propagated failure with nothing wrong upstream
             divergent[op.index] = own
         elif cause is not None and (own is not None or _failing(point)):
@@ -140,7 +161,33 @@ def group_causes(target: str, ops: list[OpInfo], points: list[OpPoint], type_cha
     for group in groups.values():
         group.inherited.sort()
     unjudged = [p.index for p in points if not _judged_any(p) and ops[p.index].outputs]
-    return TriageResult(target, len(ops), list(groups.values()), unjudged=unjudged)
+    unjudged = [index for index in unjudged if index not in kept]
+    return TriageResult(target, len(ops), list(groups.values()), unjudged=unjudged, kept=sorted(kept))
+
+
+def stock_import_group(ops: list[OpInfo], stock: dict, type_changed: dict, kept=frozenset()) -> CauseGroup | None:
+    """The import-error finding of a trace whose stock import fails outright (meta `stock_import`,
+    frontend/stock_import.py) as a group of its own: the op of the FX node it fails at, the stock
+    importer's one-line error; None when the stock import works (or was not tried)."""
+    error = (stock or {}).get("error")
+    if not error:
+        return None
+    by_name = {op.name: op for op in ops}
+    op = by_name.get(stock.get("error_op") or "")
+    if op is None or op.index in kept:
+        return None
+    fixes = ", ".join(stock.get("fixes") or []) or "import"
+    node = stock.get("error_node") or op.fx_node
+    typed = [ops[i] for i, changes in sorted(type_changed.items())
+             if ops[i].fx_node == node and any(c.stock for c in changes)]
+    after = f" (after the stock type change at #{typed[0].index} {typed[0].name})" if typed else ""
+    evidence = f"TVM's stock from_exported_program fails here; tapml-dbg's {fixes} workaround imports it{after}"
+    short = op.op.removeprefix("aten.").rsplit(".", 1)[0] if op.op.startswith("aten.") else op.op
+    why = " ".join((stock.get("reason") or error).split()).split(". ", 1)[0]  # "TypeError: Binary operators ..."
+    cause = f"{short}: the stock import fails: {why[:SIGNATURE_CHARS]}"
+    triaged = TriagedOp(op.index, op.name, op.op, op.layer, IMPORT_ERROR_CLASS, error, evidence, IMPORT_ERROR_CLASS,
+                        op.source_location)
+    return CauseGroup(cause, IMPORT_ERROR_CLASS, [triaged])
 
 
 def _failing(point: OpPoint) -> bool:
@@ -200,8 +247,8 @@ def _type_changed_producer(op: OpInfo, type_changed: dict, by_name: dict[str, Op
         if producer is None or producer.index in seen:
             continue
         seen.add(producer.index)
-        if producer.index in type_changed:
-            return producer.index
+        if producer.index in type_changed and not all(c.stock for c in type_changed[producer.index]):
+            return producer.index  # (a stock type change is not what the target computes in)
         if producer.name.startswith(f"{op.name}_p"):  # a helper binding of the same source op
             frontier.extend(producer.inputs)
     return None
@@ -232,6 +279,8 @@ def _cause_text(triaged: TriagedOp, op: OpInfo, changes: list | None) -> str:
         failure = f": {triaged.verdict}" if triaged.verdict not in ("isolated", "propagated", TYPE_CLASS) else ""
         what = f"declared {declared} where the source computed {source}" if declared != source else \
             "; ".join(c.describe() for c in changes)
+        if all(c.stock for c in changes) and declared != source:
+            return f"{short}: the stock import declares {declared} where the source computed {source}{failure}"
         return f"{short} {what}{failure}"
     if triaged.verdict in ("isolated", "propagated"):
         dtype = f" ({op.outputs[0].dtype})" if op.outputs else ""

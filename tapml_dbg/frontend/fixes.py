@@ -13,6 +13,21 @@ from __future__ import annotations
 from functools import partial
 
 MATMUL_DTYPE = "matmul-dtype"
+# the stock converters each fix replaces (importer.convert_map keys): the only nodes whose declared
+# types the stock import can differ at (frontend/stock_import.py compares them and nothing else)
+FIXED_CONVERTERS = {MATMUL_DTYPE: ("mm.default", "bmm.default", "matmul.default", "addmm.default")}
+STOCK_MATMUL_DTYPE = "float32"  # what the stock mm/bmm/matmul/addmm converters declare, whatever they are fed
+
+
+def fixes_changing(node) -> list[str]:
+    """The fixes whose converter imports FX `node` differently from the stock one: the matmul-dtype fix
+    changes a matmul only when one of its tensors is not float32 (the dtype the stock one declares)."""
+    key = getattr(node.target, "__name__", "")
+    if node.op != "call_function" or key not in FIXED_CONVERTERS[MATMUL_DTYPE]:
+        return []
+    vals = [arg.meta.get("val") for arg in node.all_input_nodes]
+    dtypes = {str(getattr(val, "dtype", "")).replace("torch.", "") for val in vals}
+    return [MATMUL_DTYPE] if dtypes - {STOCK_MATMUL_DTYPE} else []
 
 
 def apply_import_fixes(importer) -> list[str]:

@@ -31,6 +31,7 @@ OUTPUT_OP_NAME = "output"
 SPARSE_FIX = "sparse-as-dense"  # "sparse-as-dense: w (sparse_coo)": stored dense, graph not decomposed
 EXPORT_HINT = "make forward() exportable: no data-dependent control flow"  # ends a torch.export error
 # where torch's message names the user's line that raised (torch 2.13)
+_OUTPUT_TYPE_RE = re.compile(r"Found <class '(?P<cls>[^']+)'> in output, which is not a known type")
 _RAISED_AT_RE = re.compile(r'The following call raised this error:\s*File "(?P<file>[^"]+)", line (?P<line>\d+)'
                            r'[^\n]*\n(?P<code>[^\n]+)')
 
@@ -60,7 +61,8 @@ def export_program(module, inputs):
         with contextlib.redirect_stderr(printed):  # on a failure torch prints the partial graph, twice
             program = torch.export.export(module, tuple(inputs))
     except Exception as exc:
-        error = ModelError(f"torch.export failed: {type(exc).__name__}: {_first_line(exc)}{_raised_at(exc)} "
+        error = ModelError(_output_type_failure(exc) or
+                           f"torch.export failed: {type(exc).__name__}: {_first_line(exc)}{_raised_at(exc)} "
                            f"({EXPORT_HINT})")
         partial = getattr(exc, "partial_fx_graph", None)
         error.detail = str(exc).strip() + (f"\n\nthe graph exported up to the failure:\n{partial}" if partial else "")
@@ -95,6 +97,22 @@ def _sparse_tensors(program) -> list[str]:
     return found
 
 
+def _output_type_failure(exc: BaseException) -> str | None:
+    """The message for an export that failed on what forward returns (torch: "Found <class X> in
+    output, which is not a known type"): a KV cache object says to return logits; else None."""
+    match = _OUTPUT_TYPE_RE.search(str(exc))
+    if match is None:
+        return None
+    kind = match["cls"]
+    if "cache" in kind.lower():
+        return (f"torch.export failed: the model's output holds a {kind} (a KV cache object), which cannot be "
+                "exported: call the model with use_cache=False and return its .logits, or return the unwrapped "
+                "transformers causal LM and its input ids from build() (tapml-dbg then drives it itself: "
+                "attention mask, positions, use_cache=False, logits; see docs/causal-lm.md)")
+    return (f"torch.export failed: the model's output holds a {kind}, which is not a tensor: make forward() "
+            "return tensors (or tuples, lists or dicts of them)")
+
+
 def _raised_at(exc: BaseException) -> str:
     """` at FILE:LINE: code`, the user's line torch names in its message (`The following call raised
     this error:`), else nothing."""
@@ -125,14 +143,73 @@ def _clean_module_path(path: str) -> str:
 
 
 def import_program(program) -> tuple[Graph, dict[str, Provenance]]:
-    """Import a decomposed ExportedProgram; return the graph and each op's FX provenance."""
+    """Import a decomposed ExportedProgram; return the graph and each op's FX provenance.
+
+    `graph.emitted` keeps which ops each FX node's converter emitted, in order: what
+    `frontend/stock_import.py` lines the stock importer's bindings up with."""
     from tvm import relax
     from tvm.relax.frontend.torch.exported_program_translator import ExportedProgramImporter
 
     importer = ExportedProgramImporter()
     fixes = apply_import_fixes(importer)
+    nodes = {node.name: node for node in program.graph.nodes}
+    missing = sorted({str(node.target) for node in program.graph.nodes
+                      if node.op == "call_function" and node.target.__name__ not in importer.convert_map})
+    if missing:
+        raise ModelError(f"TVM 0.27 cannot import aten op(s) {', '.join(missing)} "
+                         "(no Relax converter; rewrite that part of the model or add a converter)")
+    run = instrumented_import(importer, program)
+    if run.failure is not None:
+        raise ModelError(run.failure.message) from run.failure.cause
+
+    fixed = specialization_of(program)
+    mod = relax.transform.ToNonDataflow()(run.mod)
+    main, static_fixes = make_static(mod["main"], fixed.symbols)
+    if not main.same_as(mod["main"]):
+        mod = _replace_main(mod, main)
+    final_of_node = _final_bindings(run.returned)
+    graph, provenance, names = _build_graph(mod, nodes, run.emitted, final_of_node)
+    graph.import_fixes = fixes + fixed.fixes + static_fixes
+    graph.emitted = {node: [names.get(old) for old in olds] for node, olds in run.order.items()}
+    return graph, provenance
+
+
+@dataclass
+class ImportFailure:
+    """Where an import stopped: the FX node whose converter raised (None: outside any), and why."""
+
+    node: object
+    cause: BaseException
+    message: str  # one line: "TVM import of aten.addmm.default (FX node addmm, layer fc) failed: ..."
+
+    @property
+    def reason(self) -> str:
+        """The converter's own error, one line: "TypeError: Binary operators must ..."."""
+        return f"{type(self.cause).__name__}: {_first_line(self.cause)}"
+
+
+@dataclass
+class InstrumentedImport:
+    """One `from_exported_program` run with every binding attributed to the FX node it came from."""
+
+    mod: object  # None when the import failed
+    emitted: dict[str, str]  # relax var name -> fx node name
+    returned: dict[str, object]  # fx node name -> its value as its converter returned it
+    order: dict[str, list[str]]  # fx node name -> the vars its converter emitted, in order
+    types: dict[str, object]  # relax var name -> its type (struct info) when emitted
+    failure: ImportFailure | None = None
+
+
+def instrumented_import(importer, program) -> InstrumentedImport:
+    """Run `importer` on `program`, wrapping its converters and `BlockBuilder.emit` (and
+    `match_cast`) so that each binding is attributed to the FX node whose converter emitted it; the
+    patched import and the stock one (`frontend/stock_import.py`) are attributed the same way."""
+    from tvm import relax
+
     current: dict[str, object] = {"node": None}
     emitted: dict[str, str] = {}  # relax var name -> fx node name
+    order: dict[str, list[str]] = {}
+    types: dict[str, object] = {}
     # Each node's value as its converter returned it. Not `importer.env`: in-place converters
     # (copy_, fill_, index_put_) overwrite the env entry of the node they write into.
     returned: dict[str, object] = {}
@@ -159,38 +236,44 @@ def import_program(program) -> tuple[Graph, dict[str, Provenance]]:
         def emit(builder, *args, **kwargs):  # whatever the builder takes (name_hint=, ...)
             var = original(builder, *args, **kwargs)
             if current["node"] is not None:
-                emitted.setdefault(var.name, current["node"].name)
+                node = current["node"].name
+                if var.name not in emitted:
+                    order.setdefault(node, []).append(var.name)
+                emitted.setdefault(var.name, node)
+                types.setdefault(var.name, var.ty)
             return var
         return emit
 
-    nodes = {node.name: node for node in program.graph.nodes}
-    missing = sorted({str(node.target) for node in program.graph.nodes
-                      if node.op == "call_function" and node.target.__name__ not in importer.convert_map})
-    if missing:
-        raise ModelError(f"TVM 0.27 cannot import aten op(s) {', '.join(missing)} "
-                         "(no Relax converter; rewrite that part of the model or add a converter)")
     relax.BlockBuilder.emit = attributed(original_emit)
     relax.BlockBuilder.match_cast = attributed(original_match_cast)
+    run = InstrumentedImport(None, emitted, returned, order, types)
     try:
-        mod = importer.from_exported_program(program, True, False, False, None)
+        run.mod = importer.from_exported_program(program, True, False, False, None)
     except _ImportFailure as failure:
-        raise ModelError(f"TVM import of {failure.node.target} (FX node {failure.node.name}, layer "
-                         f"{layer_of(failure.node) or '<top>'}) failed: {type(failure.cause).__name__}: "
-                         f"{_first_line(failure.cause)}") from failure.cause
+        run.failure = ImportFailure(failure.node, failure.cause, (
+            f"TVM import of {failure.node.target} (FX node {failure.node.name}, layer "
+            f"{layer_of(failure.node) or '<top>'}) failed: {type(failure.cause).__name__}: "
+            f"{_first_line(failure.cause)}"))
     except Exception as exc:
-        raise ModelError(f"TVM import failed: {type(exc).__name__}: {_first_line(exc)}") from exc
+        run.failure = ImportFailure(None, exc, f"TVM import failed: {type(exc).__name__}: {_first_line(exc)}")
     finally:
         relax.BlockBuilder.emit, relax.BlockBuilder.match_cast = original_emit, original_match_cast
+    if run.failure is not None:
+        _close_blocks(getattr(importer, "block_builder", None))
+    return run
 
-    fixed = specialization_of(program)
-    mod = relax.transform.ToNonDataflow()(mod)
-    main, static_fixes = make_static(mod["main"], fixed.symbols)
-    if not main.same_as(mod["main"]):
-        mod = _replace_main(mod, main)
-    final_of_node = _final_bindings(returned)
-    graph, provenance = _build_graph(mod, nodes, emitted, final_of_node)
-    graph.import_fixes = fixes + fixed.fixes + static_fixes
-    return graph, provenance
+
+MAX_OPEN_BLOCKS = 8  # blocks a failed import can leave open (a function's dataflow block, nested scopes)
+
+
+def _close_blocks(builder) -> None:
+    """End the blocks a failed import left open, so that TVM does not warn "BlockBuilder destroyed with
+    remaining blocks!" on stderr when the builder is freed."""
+    for _ in range(MAX_OPEN_BLOCKS if builder is not None else 0):
+        try:
+            builder._end_block()
+        except Exception:  # noqa: BLE001 - TVM says "no block is being built": all closed
+            return
 
 
 class _ImportFailure(Exception):
@@ -236,7 +319,8 @@ def _relax_op_name(value) -> str:
     return type(value).__name__
 
 
-def _build_graph(mod, nodes, emitted, final_of_node) -> tuple[Graph, dict[str, Provenance]]:
+def _build_graph(mod, nodes, emitted, final_of_node) -> tuple[Graph, dict[str, Provenance], dict[str, str]]:
+    """The graph, each op's provenance, and the new name of every binding (old var name -> op name)."""
     from tvm import relax
 
     main = mod["main"]
@@ -316,7 +400,7 @@ def _build_graph(mod, nodes, emitted, final_of_node) -> tuple[Graph, dict[str, P
             provenance[name] = prov
 
     outputs = _output_names(main)
-    return Graph(mod=mod, ops=ops, inputs=inputs, params=params, outputs=outputs), provenance
+    return Graph(mod=mod, ops=ops, inputs=inputs, params=params, outputs=outputs), provenance, names
 
 
 def _check_single_function(mod) -> None:

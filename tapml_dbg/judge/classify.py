@@ -55,7 +55,7 @@ def classify(metrics: list[Metrics], outputs: list, source: list, references: li
     `evidence` may be a function: it is called only when the static facts do not decide the class."""
     live = list(range(len(metrics))) if live is None else live
     if facts.type_changes:
-        return Classified(WrongClass.TYPE, "; ".join(f"output {c.output}: {c.describe()}" for c in facts.type_changes))
+        return Classified(WrongClass.TYPE, type_evidence(facts.type_changes))
     if facts.cast_inputs:
         return Classified(WrongClass.TYPE, "fed values the import changed the type of (cast at replay time): "
                           + ", ".join(facts.cast_inputs))
@@ -83,6 +83,11 @@ def classify(metrics: list[Metrics], outputs: list, source: list, references: li
     why = "no low-precision accumulation explains it" if evidence.low_precision is not None \
         else "no low-precision recomputation exists for this op"
     return Classified(WrongClass.SEMANTIC, f"{how}; {why}")
+
+
+def type_evidence(changes: list) -> str:
+    """The evidence of a `type` class: each output whose import changed its type, and how."""
+    return "; ".join(f"output {c.output}: {c.describe()}" for c in changes)
 
 
 def _explains(lowp, target, reference, source) -> str:

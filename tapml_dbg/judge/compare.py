@@ -69,6 +69,14 @@ class TolerancePolicy:
             tol = replace(tol, rtol=tol.rtol * self.propagated_factor, atol=tol.atol * self.propagated_factor)
         return tol
 
+    def ignores(self, setting: str, references: bool = True) -> bool:
+        """Whether the active rule ignores a setting of the fixed rule: `"by_dtype"` (a dtype's rtol /
+        atol) or `"propagated_factor"`. The noise floor judges every float output that has a float64
+        reference against it (with its own propagated floor), so it ignores both; `references`: the
+        trace has them (a source graph), else the fixed rule judges every op whatever the kind.
+        (Per-op overrides are never ignored: an op with one is judged by the fixed rule.)"""
+        return setting in ("by_dtype", "propagated_factor") and self.kind == PolicyKind.NOISE_FLOOR and references
+
     def to_json(self) -> dict:
         return {"kind": str(self.kind), "noise": self.noise.to_json(),
                 "by_dtype": {k: asdict(v) for k, v in self.by_dtype.items()},

@@ -6,17 +6,23 @@ from typing import Callable
 
 import numpy as np
 
-from tapml_dbg.judge.classify import Evidence, Facts, classify
+from tapml_dbg.judge.classify import Evidence, Facts, classify, type_evidence
 from tapml_dbg.judge.compare import PolicyKind, TolerancePolicy, compare_output, dtype_name
 from tapml_dbg.judge.noise_floor import Reference
-from tapml_dbg.judge.verdict import Mode, Status, Verdict
+from tapml_dbg.judge.verdict import Mode, Status, Verdict, WrongClass
 
 UNDEFINED_MESSAGE = "uninitialised memory in the source (torch.empty): not judged"
 
 
-def failed_run(index: int, name: str, mode: Mode, status: str, message: str) -> Verdict:
-    """The verdict of a unit that did not run to the end (compile-error, crash, timeout, error)."""
-    return Verdict(index, name, mode, Status(status), message=message)
+def failed_run(index: int, name: str, mode: Mode, status: str, message: str, facts: Facts | None = None) -> Verdict:
+    """The verdict of a unit that did not run to the end (compile-error, crash, timeout, error). An op
+    whose import changed the type of an output it hands on (`facts`) is of class `type`: the failure is
+    that frontend divergence's symptom (a bool cumsum does not compile), as any other verdict of it says."""
+    verdict = Verdict(index, name, mode, Status(status), message=message)
+    if facts is not None and facts.type_changes:
+        verdict.wrong = WrongClass.TYPE
+        verdict.evidence = type_evidence(facts.type_changes)
+    return verdict
 
 
 def judge_outputs(index: int, name: str, mode: Mode, outputs: list[np.ndarray], source: list[np.ndarray],

@@ -60,11 +60,15 @@ class OpInfo:
     outputs: list[TensorSpec] = field(default_factory=list)  # flattened when a tuple
     is_tuple: bool = False
     source_location: SourceLocation | None = None  # None: no frame of the user's files (see frontend/source_location.py)
+    # (output, spec) where TVM's stock importer declares another type than `outputs` (an import fix
+    # changed it; see frontend/stock_import.py); [] when they agree, and in traces before it existed
+    stock_outputs: list[tuple[int, TensorSpec]] = field(default_factory=list)
 
     def to_json(self) -> dict:
         data = asdict(self)
         data["outputs"] = [spec.to_json() for spec in self.outputs]
         data["source_location"] = self.source_location.to_json() if self.source_location else None
+        data["stock_outputs"] = [{"output": k, **spec.to_json()} for k, spec in self.stock_outputs]
         return data
 
     @staticmethod
@@ -73,6 +77,8 @@ class OpInfo:
         fields["outputs"] = [TensorSpec.from_json(spec) for spec in data.get("outputs", [])]
         fields["inputs"] = list(data.get("inputs", []))
         fields["source_location"] = SourceLocation.from_json(data.get("source_location"))  # absent before it existed
+        fields["stock_outputs"] = [(int(item["output"]), TensorSpec.from_json(item))
+                                   for item in data.get("stock_outputs") or []]  # absent before it existed
         return OpInfo(**fields)
 
 
@@ -86,3 +92,6 @@ class Graph:
     params: list[tuple[str, TensorSpec]]
     outputs: list[str]  # names of the ops (or inputs) the model returns
     import_fixes: list[str] = field(default_factory=list)  # see frontend/fixes.py
+    stock: object = None  # frontend.stock_import.StockImport: what TVM's stock importer does (None: not compared)
+    # FX node -> the ops its converter emitted, in order (None: one the graph no longer holds); set by the import
+    emitted: dict[str, list[str | None]] = field(default_factory=dict)

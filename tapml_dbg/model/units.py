@@ -26,8 +26,8 @@ class UnitSpec:
 
 
 def bindings_by_name(main) -> dict:
-    """Binding name -> binding of `main`; the last function's table is kept (walking a GPT-2 `main`
-    through TVM's containers costs ~4 ms, and a sweep builds one unit per op)."""
+    """Binding name -> binding of `main`; the last function's table is kept (walking a big `main`
+    through TVM's containers is not free, and a sweep builds one unit per op; docs/perf.md)."""
     if _last_table and _last_table[0] is main:
         return _last_table[1]
     table = {b.var.name: b for block in main.body.blocks for b in block.bindings}

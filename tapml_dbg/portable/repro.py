@@ -182,16 +182,25 @@ def check_op(here: str, meta: dict, op: dict, runner: Runner, data: Data) -> OpC
                    outputs=outputs)
 
 
+def _reference(out: dict, expected: np.ndarray, data: "Data") -> np.ndarray | None:
+    """The float64 reference an output's noise-floor rule judges it against (None: the fixed rule judges it)."""
+    rule = out.get("noise")
+    if not rule:
+        return None
+    reference = data.get(rule["reference"])
+    return reference if tuple(reference.shape) == tuple(np.shape(expected)) else None
+
+
 def judge_output(target: np.ndarray, expected: np.ndarray, out: dict, data: "Data") -> dict:
     """One output's metrics: the fixed rule's figures, and the verdict of the noise floor where the dump
     stored the session's rule for it (`noise`: its float64 reference and numbers), so a repro judges
-    exactly as the session that dumped it."""
+    exactly as the session that dumped it (and so does its --tvmscript-only script)."""
     metrics = compare(target, expected, out["rtol"], out["atol"])
     rule = out.get("noise")
     if not rule or metrics["shape_mismatch"] or metrics["dtype_mismatch"]:
         return metrics
-    reference = data.get(rule["reference"])
-    if tuple(reference.shape) != tuple(np.shape(expected)):
+    reference = _reference(out, expected, data)
+    if reference is None:
         return metrics
     figures = noise_figures(target, expected, reference, rule["source_factor"], rule["relative_floor"])
     metrics.update(policy="noise-floor", source_err=figures.source_err, target_err=figures.target_err,
@@ -239,6 +248,7 @@ def tvmscript_only(here: str, meta: dict) -> str:
     try:
         inputs = [data.get(entry) for entry in op["inputs"]]
         expected = [data.get(entry) for entry in op["outputs"]]
+        references = [_reference(out, value, data) for out, value in zip(op["outputs"], expected)]
     finally:
         data.close()
     path = os.path.join(here, op["module"])
@@ -247,7 +257,7 @@ def tvmscript_only(here: str, meta: dict) -> str:
             text = handle.read()
     except OSError as exc:
         raise PortableError(f"cannot read the op's module {path}: {exc}") from exc
-    return standalone_script(here, meta, op, inputs, expected, text, f"{describe(op)} ({op['op']})")
+    return standalone_script(here, meta, op, inputs, expected, text, f"{describe(op)} ({op['op']})", references)
 
 
 def repro_main(here: str, argv=None, out=None) -> int:

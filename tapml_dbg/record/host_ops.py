@@ -2,8 +2,8 @@
 
 A torch source has no value of its own for a helper binding (the matmul inside an `addmm`, the
 index cast inside an `embedding`): the recorder must compute it from recorded inputs. Doing
-that with TVM costs a compile per helper and, for a matmul, an unscheduled kernel (~0.3 s for
-one 64x768x2304 matmul on llvm). Worse, a reference computed by the compiler under test hides
+that with TVM costs a compile per helper and, for a matmul, an unscheduled kernel (figures:
+docs/perf.md). Worse, a reference computed by the compiler under test hides
 that compiler's bugs (TVM 0.27's llvm matmul accumulates fp16 in fp16: 2% off at k=4096). Here:
 
 - ops that only move bits (reshape, permute_dims, expand_dims, squeeze, flatten, broadcast_to,
@@ -30,19 +30,19 @@ helper).
 from __future__ import annotations
 
 import math
-import os
 from collections import Counter
 from typing import Callable
 
 import numpy as np
 
+from tapml_dbg import settings
 from tapml_dbg.errors import ModelError
 from tapml_dbg.model.graph import OpInfo
 from tapml_dbg.model.units import bindings_by_name, tuple_item_values
 from tapml_dbg.record.tensors import to_numpy
 
 HOST_OPS_MODES = ("verify-first", "verify-all", "off")
-HOST_OPS_MODE = os.environ.get("TAPML_HOST_OPS", "verify-first")
+HOST_OPS_MODE = settings.value(settings.HOST_OPS)
 
 MOVE_OPS = frozenset({"relax.reshape", "relax.permute_dims", "relax.expand_dims", "relax.squeeze",
                       "relax.flatten", "relax.broadcast_to", "relax.take", "relax.zeros_like",
@@ -57,7 +57,7 @@ class HostOps:
     def __init__(self, main, tvm_run: Callable[[OpInfo], list[np.ndarray]], mode: str | None = None):
         mode = mode or HOST_OPS_MODE
         if mode not in HOST_OPS_MODES:
-            raise ValueError(f"TAPML_HOST_OPS must be one of {', '.join(HOST_OPS_MODES)}, not {mode!r}")
+            raise ValueError(f"{settings.HOST_OPS} must be one of {', '.join(HOST_OPS_MODES)}, not {mode!r}")
         self.mode = mode
         self.bindings = bindings_by_name(main)
         self.tvm_run = _named_failures(tvm_run)

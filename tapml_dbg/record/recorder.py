@@ -28,11 +28,14 @@ from typing import Callable
 
 import numpy as np
 
+from tapml_dbg import settings
 from tapml_dbg.errors import ModelError, UsageError
 from tapml_dbg.model.graph import Graph, OpInfo
+from tapml_dbg.frontend.causal_lm import as_recorded, causal_lm_of
 from tapml_dbg.frontend.importer import Provenance, export_program, import_program
 from tapml_dbg.frontend.model_loader import check_model_file, load_model
 from tapml_dbg.frontend.source_graph import source_graph_json, type_changes
+from tapml_dbg.frontend.stock_import import compare_stock_import
 from tapml_dbg.model.serialize import function_to_json
 from tapml_dbg.record.heap import use_mmap_for_large_blocks
 from tapml_dbg.record.host_ops import HostOps
@@ -41,14 +44,14 @@ from tapml_dbg.runtime.in_process import LocalRunner
 from tapml_dbg.runtime.source_runner import source_outputs
 from tapml_dbg.trace import TraceWriter
 from tapml_dbg.trace.capture import parse_size, plan_capture
-from tapml_dbg.trace.schema import HELPER_NOTE, HOST_NOTE, TYPE_NOTE_PREFIX
+from tapml_dbg.trace.schema import HELPER_NOTE, HOST_NOTE, META_CAUSAL_LM, META_STOCK_IMPORT, TYPE_NOTE_PREFIX
 
 DEFAULT_SEED = 0
 WRITE_QUEUE_BYTES = 128 * 2**20  # values handed to the writer thread but not yet written
-WRITE_IN_BACKGROUND = os.environ.get("TAPML_WRITE_THREAD", "1") != "0"  # "0": stats and writes inline
+WRITE_IN_BACKGROUND = settings.value(settings.WRITE_THREAD)  # "0": stats and writes inline
 EAGER_REPEATS = 3  # best-of-N warm eager forwards timed after recording, for the ratio
 EAGER_RATIO_MIN_SECONDS = 0.01  # an eager forward shorter than this gets no overhead ratio: below ~10 ms
-# the timing is dispatch and timer noise (the 26-op mlp: 0.1 ms, a ratio of 31x on one run, 499x on the next)
+# the timing is dispatch and timer noise: the ratio of a tiny model changed tenfold between runs (docs/perf.md)
 
 Progress = Callable[[int, int], None]
 
@@ -68,6 +71,7 @@ class RecordResult:
     stored_ops: int = 0  # ops whose tensors are in the trace (all of them without a budget)
     capture: dict | None = None  # the capture budget (trace meta "capture"), None for a full trace
     phases: dict = field(default_factory=dict)  # seconds per phase, as in the trace's meta
+    causal_lm: str | None = None  # "causal LM: Qwen2ForCausalLM, logits of 8 positions, ...": how it was driven
 
     @property
     def overhead_ratio(self) -> float | None:
@@ -107,13 +111,15 @@ def record(model_spec: str, out_path: str | Path, *, source: str = "torch", inpu
     module, inputs = load_model(model_spec)
     if inputs_npz:
         inputs = _load_inputs(inputs_npz, inputs)
+    module, inputs = as_recorded(module, inputs)  # an unwrapped causal LM: (ids, mask) -> logits, as generate() runs it
     started = time.perf_counter()
     with torch.no_grad():
         program = export_program(module, inputs)
     exported = time.perf_counter()
     graph, provenance = import_program(program)
+    graph.stock = compare_stock_import(program, graph)  # what TVM's stock importer does differently
     phases = {"export": exported - started, "import": time.perf_counter() - exported}
-    ops_json = [op.to_json() for op in graph.ops]  # the op table (dataclasses.asdict: ~0.3 s for 700 ops)
+    ops_json = [op.to_json() for op in graph.ops]  # the op table (not dataclasses.asdict: slow; docs/perf.md)
     plan = plan_capture(ops_json, window, max_bytes)
     return _record_graph(model_spec, out_path, graph, provenance, program, module, inputs, source,
                          seed, compression, progress, started, plan, phases, ops_json)
@@ -156,8 +162,14 @@ def _record_graph(model_spec, out_path, graph: Graph, provenance, program, modul
         "inputs": [name for name, _ in graph.inputs], "params": [name for name, _ in graph.params],
         "outputs": graph.outputs, "num_ops": len(graph.ops), "import_fixes": graph.import_fixes,
     }
+    if graph.stock is not None:  # what TVM's stock importer does differently (frontend/stock_import.py)
+        meta[META_STOCK_IMPORT] = graph.stock.to_meta()
+        phases["stock_import"] = graph.stock.seconds  # part of "import"
     if plan is not None:
         meta["capture"] = plan.to_meta()
+    causal_lm = causal_lm_of(module)  # None unless an unwrapped causal LM was driven as generate() runs it
+    if causal_lm is not None:
+        meta[META_CAUSAL_LM] = causal_lm.to_meta()
     header = dict(meta=meta, graph_json=_graph_json(graph), tvmscript=graph.mod.script(),
                   ops=ops_json, inputs=input_arrays, params=param_arrays,
                   compression=compression, capture=plan is not None,
@@ -228,7 +240,8 @@ def _record_graph(model_spec, out_path, graph: Graph, provenance, program, modul
                         prepare_seconds=prepare, run_seconds=phases["run"], host_helpers=host_helpers,
                         tvm_helpers=helpers - host_helpers,
                         stored_ops=len(stored) if stored is not None else len(graph.ops),
-                        capture=plan.to_meta() if plan is not None else None, phases=phases)
+                        capture=plan.to_meta() if plan is not None else None, phases=phases,
+                        causal_lm=causal_lm.text if causal_lm is not None else None)
 
 
 class _TraceSink:

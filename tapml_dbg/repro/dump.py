@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from tapml_dbg import portable as lib
 from tapml_dbg.engine import fused
 from tapml_dbg.errors import UsageError
+from tapml_dbg.judge.diagnosis import diagnosis
 from tapml_dbg.judge.verdict import FUSED, ISOLATED
 from tapml_dbg.repro import files
 from tapml_dbg.repro.minimize import Minimized, minimize as minimize_unit
@@ -87,6 +88,8 @@ def dump_op(session, op_text, output, command: str | None = None, ops: str | Non
     seen = {"target": session.target, "rpc": session.spec.rpc, "tracker": session.spec.tracker, "mode": mode,
             "status": verdict.status, "message": verdict.message,
             "class": verdict.wrong, "evidence": verdict.evidence,  # what kind of wrong (judge/classify.py)
+            "diagnosis": diagnosis(mode if verdict.status.judged else verdict.status, verdict.wrong)
+            if verdict.failed else "",  # what that says of the bug, as bisect and compare word it
             "metrics": [m.to_json() for m in verdict.metrics]}
     if shrunk is not None and shrunk.best is not None:  # what the minimized unit gave, judged as repro.py will
         seen.update(status="fail" if shrunk.best.failed else "pass", message="", metrics=shrunk.best.metrics)
@@ -227,6 +230,8 @@ def _bug_report(meta: dict, unit, where: str, env_prefix: str) -> list[str]:
              "", f"- **TVM** {now.get('tvm')}, numpy {now.get('numpy')}, Python {now.get('python')}; target "
              f"`{meta['target']}`" + (f" ({where})" if where != meta["target"] else ""),
              f"- **status when dumped**: {status}"]
+    if seen.get("diagnosis"):
+        lines.append(f"- **diagnosis**: {seen['diagnosis']}")
     shapes = ", ".join(f"`{i['name']}` {tuple(i['shape'])} {i['dtype']}" for i in op["inputs"])
     if shrunk and shrunk.get("minimized"):
         full = ", ".join(str(tuple(s)) for s in shrunk["from"])

@@ -28,12 +28,12 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
-from tapml_dbg import portable
+from tapml_dbg import portable, settings
 from tapml_dbg.errors import UsageError
 from tapml_dbg.model.serialize import function_from_json
 from tapml_dbg.runtime.target import parse_target
 
-DEFAULT_CACHE_DIR = Path(os.environ.get("TAPML_CACHE_DIR", Path.home() / ".cache" / "tapml-dbg"))
+DEFAULT_CACHE_DIR = settings.value(settings.CACHE_DIR)
 KEY_CHARS = 32
 BUILD_RECIPE = 2  # bump when portable.build's pipeline changes what the library of a key holds
 LOCK_FOLDER = "locks"
@@ -204,8 +204,8 @@ class UnitIndex:
 class KeyLedger:
     """The keys a session's workers computed, shared while its commands run: a worker that computed
     a unit's key (a compile lane building ahead, the sweep, the chain) appends it, and one about to
-    run the same unit takes it from here instead of running the transform again (GPT-2 on the H200:
-    2.3 ms of the chain's ~6 ms an op went on that, while the compile lanes had just done it).
+    run the same unit takes it from here instead of running the transform again (on a fast device
+    that was a third of the chain's time an op, while the compile lanes had just done it; docs/perf.md).
 
     A line is `SCOPE/IDENTITY UNIT_ID KEY`; a worker takes only the lines of the transform text it
     has loaded itself (`transform_identity`) and of its own environment (`scope`: a transform may

@@ -14,6 +14,16 @@ unit it compiles (about 0.3 MiB per small unit on llvm, more for long ranges), s
 has grown `WORKER_GROWTH_MIB` past what it held after its first unit is replaced by a fresh one
 between two units (`recycled` counts them; a fresh worker is a fork of the session's zygote, or a
 TVM import without one).
+
+A fault can poison a worker's context (a CUDA fault is sticky: every later call in that process
+fails), so no verdict is taken from a poisoned process. A result that can have poisoned its
+worker (`messages.poisons_worker`: a crash, a timeout, a device runtime error such as "CUDA
+Runtime Error: misaligned address") retires the worker and is marked `poisoned`; and when its fault
+may have been inherited, the request runs again in a fresh worker, whose result is the one
+returned (`fresh_rerun`): when the worker had run device units before the request, or when the
+failing unit came after others of the same request (a chain runs again with a device sync after
+each unit, so that an asynchronous fault is reported by the unit that made it; a batch of
+independent units runs again from the failing unit, which so runs first in a fresh process).
 """
 
 from __future__ import annotations
@@ -26,19 +36,20 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from multiprocessing.connection import Connection
 from pathlib import Path
 
+from tapml_dbg import settings
 from tapml_dbg.runtime import zygote
-from tapml_dbg.runtime.messages import ChainRequest, UnitRequest, UnitResult, UnitStatus, WorkerConfig
+from tapml_dbg.runtime.messages import ChainRequest, UnitRequest, UnitResult, UnitStatus, WorkerConfig, poisons_worker
 
 REPLY_POLL_S = 0.2  # how often a waiting request checks that its worker is still alive
 REAP_TIMEOUT_S = 5.0  # how long a stopped worker gets to exit before it is killed
 LOG_LINE_CHARS = 200  # a quoted worker log line is cut to this
 LOG_TAIL_LINES = 3  # log lines quoted after a crash
 WORKER_TMP_PREFIX = "tapml-worker-tmp-"  # the worker's TMPDIR, removed when the worker ends
-GROWTH_ENV = "TAPML_WORKER_GROWTH_MIB"
-WORKER_GROWTH_MIB = float(os.environ.get(GROWTH_ENV, "512"))  # RSS past the first unit's before a fresh worker
+WORKER_GROWTH_MIB = settings.value(settings.WORKER_GROWTH_MIB)  # RSS past the first unit's before a fresh worker
 MIB = 2**20
 
 
@@ -57,9 +68,12 @@ class TargetExecutor:
         self._last_rss: int | None = None  # what the running worker said it held, with its last reply
         self._answered = False  # the running worker has replied: it was forked and runs
         self._stop_asked = False  # the running worker was told to exit
+        self._device_requests = 0  # requests the running worker ran on the device (not compile-only)
+        self.interrupted = False  # killed on purpose (Ctrl-C, a search stopped): its crash is not re-run
         self.growth_limit = int(WORKER_GROWTH_MIB * MIB)
         self.restarts = 0  # workers that died (crash, timeout, Ctrl-C) and were started again
         self.recycled = 0  # workers replaced because they had grown past `growth_limit`
+        self.retired = 0  # workers ended because a result could have poisoned them (sticky faults)
         handle, self.log_path = tempfile.mkstemp(prefix="tapml-worker-", suffix=".log")
         os.close(handle)
 
@@ -78,22 +92,67 @@ class TargetExecutor:
         self._ensure_started()
 
     def run(self, request: UnitRequest | ChainRequest, timeout_s: float | None = None) -> UnitResult:
-        """Run one request; never raises for failures inside TVM."""
+        """Run one request; never raises for failures inside TVM. A result that can have poisoned
+        its worker retires it, and is run again in a fresh worker when its fault may be inherited
+        (the module's docstring)."""
+        result, used = self._run_once(request, timeout_s)
+        while poisons_worker(result.status, result.message):
+            result.poisoned = True
+            self.retire()
+            again = self._again(request, result, used)
+            if again is None:
+                return result
+            request, earlier = again
+            spent = result.seconds
+            rerun, used = self._run_once(request, timeout_s)
+            result = _after(earlier, rerun) if earlier is not None else rerun
+            result.fresh_rerun = True
+            result.seconds += spent
+        return result
+
+    def retire(self) -> None:
+        """End a worker whose context a fault may have poisoned (one that died already is gone)."""
+        self.stop(kill=True)
+        self.retired += 1
+
+    def _again(self, request: UnitRequest | ChainRequest, result: UnitResult,
+               used: int) -> tuple[UnitRequest | ChainRequest, UnitResult | None] | None:
+        """What to run in a fresh worker after a poisoning result, and the part of that result that
+        stands (a batch's units before the failing one); None: the result is trustworthy as it is
+        (the failing unit was the first its process ran on the device, or nothing ran there)."""
+        if self.interrupted or not _on_device(request):
+            return None
+        if isinstance(request, ChainRequest):
+            position = request.names.index(result.failed_op) if result.failed_op in request.names else 0
+            if request.independent and position > 0:  # from the failing unit on, it first in a fresh process
+                found = [name for name in result.suspects if name in request.names[:position]]
+                rest = replace(request, units=request.units[position:], names=request.names[position:],
+                               suspects=max(1, request.suspects - len(found)))
+                return rest, result
+            if not request.independent and position > 0 and not request.sync_each:
+                return replace(request, sync_each=True), None
+        return (request, None) if used else None
+
+    def _run_once(self, request: UnitRequest | ChainRequest, timeout_s: float | None) -> tuple[UnitResult, int]:
+        """One request on the worker, and how many device requests that worker had run before it."""
         started = time.perf_counter()
         self._ensure_started()
+        used = self._device_requests
         limit = timeout_s if timeout_s is not None else self.timeout_s
         try:
             self._conn.send(request)
         except (BrokenPipeError, OSError):
             self._reap()
-            return UnitResult(UnitStatus.CRASH, message="the target worker died before the request was sent")
+            return UnitResult(UnitStatus.CRASH, message="the target worker died before the request was sent"), used
         try:
             result = self._wait(limit, started)
         except KeyboardInterrupt:
             self.stop(kill=True)  # its late reply must not answer the next request
             raise
+        if self._process is not None and _on_device(request):
+            self._device_requests += 1
         self._recycle_if_grown()
-        return result
+        return result, used
 
     def _recycle_if_grown(self) -> None:
         """Stop a worker that holds `growth_limit` more than after its first unit; the next unit starts one.
@@ -163,7 +222,7 @@ class TargetExecutor:
         parent, child = socket.socketpair()
         argv = ["--config", self.config.to_json(), "--log", self.log_path]
         self._scratch = tempfile.mkdtemp(prefix=WORKER_TMP_PREFIX)
-        env = dict(os.environ, TMPDIR=self._scratch)
+        env = settings.child_environment(TMPDIR=self._scratch)
         origin = self.zygotes.get() if forked and self.zygotes is not None else None
         try:
             handle = origin.spawn(child.fileno(), argv, env) if origin is not None else None
@@ -211,6 +270,7 @@ class TargetExecutor:
         self._last_rss = None
         self._answered = False
         self._stop_asked = False
+        self._device_requests = 0
 
     def ask_to_stop(self) -> None:
         """Tell the worker to exit, without waiting: a session closing many workers asks them all
@@ -297,6 +357,21 @@ class _Process:
             return self.popen.pid
         except zygote.ZygoteError:  # the zygote died before it forked the worker: nothing runs
             return None
+
+
+def _on_device(request: UnitRequest | ChainRequest) -> bool:
+    """Whether a request runs units on the device (a compile lane's and `compile`'s do not)."""
+    return isinstance(request, ChainRequest) or not (request.prepare or request.compile_only)
+
+
+def _after(earlier: UnitResult, rest: UnitResult) -> UnitResult:
+    """A batch's result from its units before the failing one (`earlier`) and the run of the rest."""
+    rest.suspects = earlier.suspects + rest.suspects
+    rest.outputs = earlier.outputs + rest.outputs
+    rest.upstream = {**earlier.upstream, **rest.upstream}
+    rest.unit_keys = earlier.unit_keys + rest.unit_keys
+    rest.deferred = earlier.deferred + rest.deferred
+    return rest
 
 
 def _describe_exit(code: int | None) -> str:

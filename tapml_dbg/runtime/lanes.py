@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from tapml_dbg import settings
 from tapml_dbg.errors import TargetError, TraceError, UsageError
 from tapml_dbg.runtime.compile_cache import UnitIndex
 from tapml_dbg.runtime.executor import TargetExecutor
@@ -34,8 +35,6 @@ from tapml_dbg.runtime.pool import Deferred, Dispatch, ExecutorPool, LanePlan, P
 from tapml_dbg.runtime.target import TargetSpec
 from tapml_dbg.runtime.zygote import ZygoteSlot
 
-COMPILE_LANES_ENV = "TAPML_COMPILE_LANES"
-SIDE_LANE_ENV = "TAPML_SIDE_LANE"  # 0: no second worker beside the lanes (a search then runs its chain in lane 0)
 COMPILE_LANES_CAP = 16  # compile lanes by default: one per core but one, at most this many
 UNITS_PER_COMPILE_LANE = 48  # a dispatch starts one compile lane per this many units ...
 MIN_COMPILE_LANES = 2  # ... and none unless it would start this many (one would only move the compiles)
@@ -47,12 +46,12 @@ def default_compile_lanes() -> int:
 
     On a 2-core machine that is one, below MIN_COMPILE_LANES: units compile in the run lane there,
     as the test suite (two pytest workers on two cores) wants."""
-    text = os.environ.get(COMPILE_LANES_ENV, "").strip()
-    if text:
-        try:
-            return max(0, int(text))
-        except ValueError:
-            raise UsageError(f"{COMPILE_LANES_ENV} must be a whole number of compile lanes, got {text!r}") from None
+    try:
+        chosen = settings.value(settings.COMPILE_LANES)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if chosen is not None:
+        return chosen
     return max(0, min((os.cpu_count() or 1) - 1, COMPILE_LANES_CAP))
 
 
@@ -114,6 +113,14 @@ class Lanes:
     def size(self) -> int:
         return self.pool.size
 
+    @property
+    def retired(self) -> int:
+        """Workers of every kind (run lanes, the side worker, compile lanes) retired after a fault
+        that could have poisoned them (runtime/executor.py)."""
+        workers = self.pool.lanes + ([self._side] if self._side is not None else []) \
+            + (self.compile_pool.lanes if self.compile_pool is not None else [])
+        return sum(worker.retired for worker in workers)
+
     def run(self, request: UnitRequest | ChainRequest, timeout_s: float | None = None) -> UnitResult:
         """One unit (or one chain of units) on lane 0 (sequential work)."""
         self._ready()
@@ -123,7 +130,7 @@ class Lanes:
         """Start lane 0's worker without waiting for it: the zygote imports TVM while the caller
         does its own start-up. `beside`: a search comes first (`bisect`), start its side worker too,
         where there are 4 cores or more (on two cores it measured no faster, with or without the
-        zygote: the kernels keep both cores busy anyway)."""
+        zygote: the kernels keep both cores busy anyway; docs/perf.md)."""
         self.pool.lanes[0].start()
         if beside and self.has_side and (os.cpu_count() or 1) >= EARLY_SIDE_MIN_CORES:
             self._side_worker().start()
@@ -132,13 +139,15 @@ class Lanes:
     def has_side(self) -> bool:
         """A local target on a machine with a core to spare: a second worker may run beside the lanes."""
         return self.spec.rpc is None and self.spec.tracker is None and (os.cpu_count() or 1) > 1 \
-            and os.environ.get(SIDE_LANE_ENV, "1") != "0"
+            and settings.value(settings.SIDE_LANE)
 
     def run_beside(self, request: UnitRequest | ChainRequest, timeout_s: float | None = None) -> UnitResult:
         """One long request (a search's chain) on a worker of its own, while the lanes do other work
         from another thread: its own process, so nothing it does crosses a lane's pipe. Pass the
         result to `counted` from the thread that owns the lanes."""
-        return self._side_worker().run(request, timeout_s)
+        side = self._side_worker()
+        side.interrupted = False
+        return side.run(request, timeout_s)
 
     def _side_worker(self) -> TargetExecutor:
         if self._side is None:
@@ -160,6 +169,7 @@ class Lanes:
         """Kill the side worker (a search interrupted while its chain runs): the waiting thread
         gets a crash result, and the next request starts a fresh worker."""
         if self._side is not None:
+            self._side.interrupted = True  # (its crash is no fault to run again)
             self._side.stop(kill=True)
 
     def prepare(self, requests: list[UnitRequest], per_lane: int | None = None,
@@ -237,8 +247,8 @@ class Lanes:
         self.pool.resize(self.plan.lanes)
 
     def close(self) -> None:
-        """Stop every worker: all are told first, so they exit side by side (16 workers one after
-        another took 2.8 s on the H200 host)."""
+        """Stop every worker: all are told first, so they exit side by side (one after another, each
+        waits for the last one's teardown; figures: docs/perf.md)."""
         workers = self.pool.lanes + ([self._side] if self._side is not None else []) \
             + (self.compile_pool.lanes if self.compile_pool is not None else [])
         for worker in workers:

@@ -43,8 +43,7 @@ def recompute_relax(op: str, args: list):
 def _one_thread():
     """torch on one thread for these term-by-term loops: each step is a small elementwise op, and
     splitting it over threads costs more than it brings while the target workers keep the cores
-    busy, as they do during a search (GPT-2's addmm on two busy cores: 0.05-0.10 s on one thread,
-    0.16-0.29 s on two; on 16 idle cores one thread is 0.11 s, sixteen 0.03 s)."""
+    busy, as they do during a search (on idle cores more threads win; figures: docs/perf.md)."""
     import torch
 
     threads = torch.get_num_threads()
@@ -127,7 +126,7 @@ def _matmul(a, b):
     k = a.shape[-1]
     if k > MAX_SEQUENTIAL:
         return None
-    # numpy's broadcast_shapes: torch's imports sympy on first use (0.6 s here, 2.3 s on the H200 host)
+    # numpy's broadcast_shapes: torch's imports sympy on first use, which takes seconds (docs/perf.md)
     batch = tuple(np.broadcast_shapes(tuple(a.shape[:-2]), tuple(b.shape[:-2])))
     acc = torch.zeros(batch + (a.shape[-2], b.shape[-1]), dtype=a.dtype)
     for i in range(k):

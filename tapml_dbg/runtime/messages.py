@@ -8,6 +8,7 @@ from enum import StrEnum
 
 import numpy as np
 
+from tapml_dbg import settings
 from tapml_dbg.portable.screen import ScreenRule
 from tapml_dbg.runtime.target import TargetSpec
 
@@ -23,6 +24,29 @@ class UnitStatus(StrEnum):
     TIMEOUT = "timeout"
     TARGET_LOST = "target-lost"
     TRACE_ERROR = "trace-error"
+
+
+# What can poison a worker's context (docs/reliability.md, "Sticky faults"): after one CUDA kernel
+# faults, every later call in that process fails, so a result that ends so retires its worker and
+# no verdict is taken from that process again (runtime/executor.py re-runs what it must).
+POISONING_STATUSES = frozenset({UnitStatus.CRASH, UnitStatus.TIMEOUT})  # the worker died, or was killed
+POISONING_PATTERNS = (  # an error whose message names a device runtime fault (matched case-insensitively)
+    "CUDA Runtime Error", "CUDA error", "cudaError", "CUDA_ERROR", "misaligned address", "illegal memory access",
+    "illegal instruction", "unspecified launch failure", "device-side assert", "VK_ERROR_DEVICE_LOST",
+)
+POISON_PATTERNS_ENV = settings.POISON_PATTERNS  # more patterns, separated by `|` (another backend's words)
+
+
+def poisons_worker(status: UnitStatus, message: str = "") -> bool:
+    """Whether a unit that ended so may have poisoned its process: a crash, a timeout, or an error
+    (a failed run or load) whose message matches POISONING_PATTERNS or $TAPML_POISON_PATTERNS."""
+    if status in POISONING_STATUSES:
+        return True
+    if status not in (UnitStatus.ERROR, UnitStatus.COMPILE_ERROR) or not message:
+        return False
+    extra = settings.value(POISON_PATTERNS_ENV)
+    text = message.lower()
+    return any(pattern.strip().lower() in text for pattern in (*POISONING_PATTERNS, *extra))
 
 
 @dataclass
@@ -102,6 +126,7 @@ class ChainRequest:
     suspects: int = 1
     independent: bool = False  # units fed recorded values only (a batch of isolated runs): nothing is kept
     defer_unbuilt: bool = False
+    sync_each: bool = False  # wait for the device after each unit: a fault is reported by the unit that made it
 
 
 @dataclass
@@ -120,6 +145,8 @@ class UnitResult:
     upstream: dict[str, dict[str, list[np.ndarray]]] = field(default_factory=dict)  # per suspect: its chain-fed inputs
     unit_keys: list[tuple[str, bool]] = field(default_factory=list)  # a chain's units: (cache key, from the cache)
     deferred: list[str] = field(default_factory=list)  # a batch's units skipped, not built yet (`defer_unbuilt`)
+    poisoned: bool = False  # it ended in a fault that can poison its process (`poisons_worker`): that worker is retired
+    fresh_rerun: bool = False  # the first attempt's fault may have been inherited: this is the run in a fresh worker
 
     @property
     def ok(self) -> bool:

@@ -106,8 +106,6 @@ def plan_lanes(parallel: int | None, rpc: str | None, tracker: str | None, key: 
 class _Lane(TargetExecutor):
     """An executor that another thread may interrupt (kill its worker) while it waits."""
 
-    interrupted = False
-
     def interrupt(self) -> None:
         self.interrupted = True  # also covers a worker that is being started right now
         process = self._process  # read once: the lane's own thread may reap it concurrently
@@ -144,6 +142,11 @@ class ExecutorPool:
     @property
     def restarts(self) -> int:
         return sum(lane.restarts for lane in self.lanes)
+
+    @property
+    def retired(self) -> int:
+        """Workers ended because a result could have poisoned them (a sticky fault: executor.py)."""
+        return sum(lane.retired for lane in self.lanes)
 
     @property
     def recycled(self) -> int:

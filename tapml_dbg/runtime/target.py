@@ -60,7 +60,7 @@ class TargetSpec:
 def parse_target(text: str):
     """portable's parse_target (a bare kind, a TVM target string or a JSON dict), failing as a TargetError.
     Once per text and process (a target is immutable; compiling asks for it per unit, and a bare
-    `cuda` asks the device for its architecture: 4 parses took 0.2 s of a chain's worker on the H200)."""
+    `cuda` asks the device for its architecture, each time; figures: docs/perf.md)."""
     try:
         return portable.parse_target(text)
     except portable.PortableError as exc:

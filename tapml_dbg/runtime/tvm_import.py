@@ -1,7 +1,7 @@
 """Import TVM without torch, in a process that does not have torch loaded yet.
 
-`tvm_ffi` imports torch first thing (for a symbol clash seen on Windows only), which costs ~1.9 s
-of a 3 s TVM import. A target worker never uses torch, and a session needs it only for the float64
+`tvm_ffi` imports torch first thing (for a symbol clash seen on Windows only), which costs most of
+a TVM import (figures: docs/perf.md). A target worker never uses torch, and a session needs it only for the float64
 references of the ops it judges in full, so both import TVM with torch hidden; torch imports as
 usual later (a user's transform, the source runner), and a session warms it up in a thread
 while its search runs (`warm_up_torch`).

@@ -130,7 +130,7 @@ class _WorkerState:
                     if unit is None:
                         deferred.append(name)
                         continue
-                reply = self._unit(unit, keep_on_device=True)
+                reply = self._unit(unit, keep_on_device=True, sync=chain.sync_each)
                 if reply["status"] == UnitStatus.TRACE_ERROR:  # the trace's own one-line message
                     return reply
                 if reply["status"] != UnitStatus.OK:
@@ -214,7 +214,9 @@ class _WorkerState:
             return False
         return clearly_passes(values, self._recorded(index), rule)
 
-    def _unit(self, request: UnitRequest, keep_on_device: bool = False) -> dict:
+    def _unit(self, request: UnitRequest, keep_on_device: bool = False, sync: bool = False) -> dict:
+        """Compile (or load) and run one unit. `sync`: wait for the device before replying, so that an
+        asynchronous kernel fault is this unit's error (a chain kept on the device runs on otherwise)."""
         spec = self.config.spec
         started = time.perf_counter()
         try:
@@ -244,6 +246,8 @@ class _WorkerState:
             results = runner.invoke(vm, args)
             # one flat list per unit output (a chain keeps its values on the device)
             outputs = [(on_device(value) if keep_on_device else flatten(value)) for value in results]
+            if sync:
+                runner.device().sync()
         except TraceError as exc:  # a corrupt recorded value: the user's to know, not the op's verdict
             return {"status": UnitStatus.TRACE_ERROR, "message": str(exc)}
         except (TapmlError, PortableError) as exc:

@@ -1,6 +1,6 @@
 """One process that imports TVM once and forks the target workers from it.
 
-A worker started with a fresh interpreter pays a TVM import (0.7-1.3 s of CPU); a session that
+A worker started with a fresh interpreter pays a TVM import (docs/perf.md: a second of CPU); a session that
 bisects starts two to seventeen of them at once (run lanes, the chain's side worker, one compile
 lane per core), and on two cores their imports compete with the session's own start-up. The
 zygote imports what a worker imports, once, and forks each worker on request: a worker starts in
@@ -38,9 +38,9 @@ import traceback
 
 import psutil
 
+from tapml_dbg import settings
 from tapml_dbg.runtime import worker
 
-ZYGOTE_ENV = "TAPML_ZYGOTE"  # 0: no zygote, a fresh interpreter per worker
 START_TIMEOUT_S = 60.0  # the zygote's TVM import, on a loaded machine
 PACKET_BYTES = 1 << 20  # a spawn request carries the worker's config and what differs in its environment
 SEND_BUFFER_BYTES = 1 << 20
@@ -69,7 +69,7 @@ class Zygote:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         command = [sys.executable, "-m", "tapml_dbg.runtime.zygote", "--fd", str(child.fileno())]
         self._popen = subprocess.Popen(command, pass_fds=[child.fileno()], stdin=subprocess.DEVNULL,
-                                       env=self.env, start_new_session=True)
+                                       env=settings.child_environment(self.env), start_new_session=True)
         child.close()
         self._socket = parent
         self._socket.settimeout(START_TIMEOUT_S)
@@ -204,7 +204,7 @@ class ZygoteSlot:
         self._lock = threading.Lock()
 
     def get(self) -> Zygote | None:
-        if os.environ.get(ZYGOTE_ENV, "1") == "0":
+        if not settings.value(settings.ZYGOTE):
             return None
         with self._lock:
             if self._zygote is not None and (not self._zygote.alive() or self._zygote.env != dict(os.environ)):

@@ -5,7 +5,9 @@ from __future__ import annotations
 from tapml_dbg.model.select import OpTable
 from tapml_dbg.trace.capture import op_bytes
 from tapml_dbg.trace.reader import TraceReader
-from tapml_dbg.trace.source_graph import parse_source_graph
+from tapml_dbg.model.graph import OpInfo
+from tapml_dbg.trace.schema import META_CAUSAL_LM, META_STOCK_IMPORT
+from tapml_dbg.trace.source_graph import parse_source_graph, stock_type_changes
 
 
 def trace_info(path: str) -> dict:
@@ -35,8 +37,10 @@ def trace_info(path: str) -> dict:
             "record_seconds": meta.get("record_seconds"),
             "eager_output_max_abs_diff": meta.get("eager_output_max_abs_diff"),
             "import_fixes": meta.get("import_fixes", []),
+            "causal_lm": meta.get(META_CAUSAL_LM),  # None: the model ran as build() returned it
             "source_graph": reader.source_graph_json is not None,
             "type_changes": _type_changes(reader),
+            "stock_import": _stock_import(reader),
             "capture": reader.capture,  # None: every op's tensors are stored
             "stats_only_ops": len(stats_only),
             "ops": [{"index": op["index"], "name": op["name"], "op": op["op"], "layer": op.get("layer", ""),
@@ -59,3 +63,26 @@ def _type_changes(reader: TraceReader) -> dict | None:
     index = {op["name"]: op["index"] for op in reader.ops}
     ops = sorted({c.op for c in changes}, key=lambda name: index.get(name, -1))
     return {"dtype": len(dtype), "shape": len(shape), "ops": [f"#{index.get(name, '?')} {name}" for name in ops]}
+
+
+def _stock_import(reader: TraceReader) -> dict | None:
+    """What TVM's stock importer does where tapml-dbg's import fixes hide it (meta `stock_import`,
+    frontend/stock_import.py): the ops whose stock-declared type is a type verdict, those where it only
+    widens a float (fp16 -> fp32: no verdict), and its error when it fails outright; None when the
+    comparison was not made (no fix changes any node, or a trace recorded before it existed)."""
+    stock = reader.meta.get(META_STOCK_IMPORT)
+    text = reader.source_graph_json
+    if not stock:
+        return None
+    index = {op["name"]: op["index"] for op in reader.ops}
+    graph_changes = parse_source_graph(text, str(reader.path)).type_changes if text is not None else []
+    changes = stock_type_changes([OpInfo.from_json(op) for op in reader.ops], graph_changes, stock.get("fixes") or [])
+
+    def named(found) -> list[str]:
+        names = sorted({c.op for c in found}, key=lambda name: index.get(name, -1))
+        return [f"#{index.get(name, '?')} {name}" for name in names]
+
+    error_op = stock.get("error_op")
+    return {"fixes": stock.get("fixes") or [], "changed": named(c for c in changes if not c.widens),
+            "widened": named(c for c in changes if c.widens), "error": stock.get("error"),
+            "reason": stock.get("reason"), "error_op": f"#{index[error_op]} {error_op}" if error_op in index else None}

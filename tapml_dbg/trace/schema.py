@@ -59,6 +59,16 @@ ATTR_OP_STATS = "stats"  # str: JSON list, one stats object per output, on stats
 
 # meta key describing the capture budget (absent: every op's tensors are stored)
 META_CAPTURE = "capture"
+# meta key of the stock-import comparison (absent: not made, e.g. no import fix changes any node):
+# {"fixes": [str], "nodes": int, "changed_ops": [op name], "error": str | null, "error_node": str | null,
+#  "error_op": op name | null, "reason": str | null, "seconds": float}; "error" is the stock importer's
+# one-line error when it fails outright (an import-error finding), "reason" the converter's own part of it
+META_STOCK_IMPORT = "stock_import"
+STOCK_ERROR_MAX_CHARS = 1000  # an import error is one line, cut to this length
+# meta key saying the model was an unwrapped transformers causal LM, driven as generate() runs a prefill
+# ({"class", "batch", "positions", "mask", "position_ids"}; absent: the model ran as build() returned it)
+META_CAUSAL_LM = "causal_lm"
+CAUSAL_LM_TEXT_MAX_CHARS = 200  # its "class" and "mask" texts: one line each
 
 # dtypes stored as themselves (TVM spelling == numpy spelling)
 NATIVE_DTYPES = frozenset(
@@ -93,7 +103,10 @@ ALLOWED_FILTERS = {1: "deflate", 2: "shuffle", 3: "fletcher32", 32000: "lzf"}
 # defaults of missing optional keys and drop keys they do not know (a newer minor may add some).
 OP_REQUIRED_FIELDS = ("index", "name")
 OP_OPTIONAL_FIELDS = {"op": "", "relax_op": "", "layer": "", "fx_node": "", "inputs": [], "outputs": [],
-                      "is_tuple": False, "source_location": None}
+                      "is_tuple": False, "source_location": None, "stock_outputs": []}
+# An op's "stock_outputs" (a list of {"output": int, "shape": [int], "dtype": str}, default []): the outputs
+# TVM's stock importer declares another type for than "outputs" (an import fix changed it; absent in traces
+# recorded before it existed). The engine judges each as a type verdict (frontend/stock_import.py).
 # Names (an op's, and the values it reads) are Relax / FX identifiers; the other op-table words
 # (op, relax_op, layer, fx_node: "aten.add.Tensor", "<built-in function getitem>") are one line of
 # text without quotes or backslashes. Nothing else is accepted, so a crafted op table cannot smuggle

@@ -147,12 +147,24 @@ class OpValue:
 
 @dataclass(frozen=True)
 class TypeChange:
-    """An op output whose declared (imported) type differs from what the source computed."""
+    """An op output whose declared (imported) type differs from what the source computed.
+
+    `stock`: the import fixes that hide it (frontend/fixes.py): TVM's stock importer declares
+    `declared` where the recorded import declares `imported`; "" for a change of the recorded import
+    itself (the target computes in `declared`, and replay casts the recorded value to it)."""
 
     op: str
     output: int
     declared: TensorSpec
     source: TensorSpec
+    stock: str = ""
+    imported: TensorSpec | None = None
+
+    @property
+    def widens(self) -> bool:
+        """Only the float width grows (float16 -> float32): every source value is held exactly."""
+        return (self.declared.shape == self.source.shape and self.declared.dtype in _WIDER_FLOATS.get(
+            self.source.dtype, ()))
 
     @property
     def what(self) -> str:
@@ -162,8 +174,34 @@ class TypeChange:
         return " and ".join(parts)
 
     def describe(self) -> str:
+        if self.stock:
+            same_shape = self.declared.shape == self.source.shape == (self.imported or self.source).shape
+            text = (lambda spec: spec.dtype) if same_shape else spec_text
+            return (f"the stock import declares {text(self.declared)} where the source computed "
+                    f"{text(self.source)} (tapml-dbg's {self.stock} workaround imports it as "
+                    f"{text(self.imported or self.source)})")
         return (f"the import declares {spec_text(self.declared)} but the source computed "
                 f"{spec_text(self.source)}")
+
+
+_WIDER_FLOATS = {"float16": ("float32", "float64"), "bfloat16": ("float32", "float64"), "float32": ("float64",)}
+
+
+def stock_type_changes(ops, changes: list[TypeChange], fixes: list[str]) -> list[TypeChange]:
+    """The type changes TVM's stock importer makes where the recorded import does not (ops' `stock_outputs`,
+    frontend/stock_import.py), against what the source computed: an output the recorded import changes
+    already (`changes`) is that change's; one whose stock type is the source's is no change.
+    `fixes`: the import fixes that hide them (meta `stock_import`)."""
+    changed = {(c.op, c.output): c for c in changes}
+    found = []
+    for op in ops:
+        for output, stock in op.stock_outputs:
+            if (op.name, output) in changed or output >= len(op.outputs):
+                continue
+            imported = op.outputs[output]
+            if stock != imported:
+                found.append(TypeChange(op.name, output, stock, imported, ", ".join(fixes) or "import", imported))
+    return found
 
 
 @dataclass

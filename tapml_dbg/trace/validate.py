@@ -124,6 +124,8 @@ _META_FIELDS = {
     "eager_seconds": lambda v, p, w: _optional(_number, v, p, w),
     "eager_output_max_abs_diff": lambda v, p, w: _optional(_number, v, p, w),
     "import_fixes": _str_list,
+    S.META_STOCK_IMPORT: lambda v, p, w: _optional(_stock_import, v, p, w),
+    S.META_CAUSAL_LM: lambda v, p, w: _optional(_causal_lm, v, p, w),
     "inputs": _str_list,
     "params": _str_list,
     "outputs": _str_list,
@@ -232,6 +234,8 @@ def validate_op_table(value) -> list[dict]:
         op["outputs"] = _output_specs(op["outputs"], part, f"{where}'s 'outputs'")
         op["source_location"] = _optional(_source_location, op["source_location"], part,
                                           f"{where}'s 'source_location'")
+        op["stock_outputs"] = _stock_outputs(op["stock_outputs"], len(op["outputs"]), part,
+                                             f"{where}'s 'stock_outputs'")
         ops.append(op)
     return ops
 
@@ -247,6 +251,52 @@ def _source_location(value, part: str, where: str) -> dict:
                                     "printable characters")
     _int(location["line"], part, f"{where}'s 'line'", low=1)
     return location
+
+
+def _stock_outputs(value, outputs: int, part: str, where: str) -> list[dict]:
+    """`[{"output": k, "shape", "dtype"}]`: k names one of the op's outputs, each at most once."""
+    _want(isinstance(value, list), part, where, 'a list of {"output", "shape", "dtype"}', value)
+    found, seen = [], set()
+    for k, item in enumerate(value):
+        here = f"{where}[{k}]"
+        _want(isinstance(item, dict), part, here, 'an object {"output", "shape", "dtype"}', item)
+        output = _int(item.get("output"), part, f"{here}'s 'output'", high=max(outputs - 1, 0))
+        if output in seen or output >= outputs:
+            raise SchemaError(part, f"{here} names output {output} of an op of {outputs} output(s), or twice")
+        seen.add(output)
+        found.append({"output": output, **_output_specs([item], part, here)[0]})
+    return found
+
+
+def _stock_import(value, part: str, where: str) -> dict:
+    """Meta `stock_import` (schema.META_STOCK_IMPORT): its texts one line, its lists of names."""
+    _want(isinstance(value, dict), part, where, "an object", value)
+    found = dict(value)
+    found["fixes"] = _str_list(value.get("fixes", []), part, f"{where}'s 'fixes'")
+    found["changed_ops"] = _str_list(value.get("changed_ops", []), part, f"{where}'s 'changed_ops'")
+    for key in ("error", "error_node", "error_op", "reason"):
+        text = _optional(_str, value.get(key), part, f"{where}'s {key!r}")
+        if text is not None and (len(text) > S.STOCK_ERROR_MAX_CHARS or _SOURCE_UNPRINTABLE.search(text)):
+            raise SchemaError(part, f"{where}'s {key!r} is not one line of at most {S.STOCK_ERROR_MAX_CHARS} "
+                                    "printable characters")
+        found[key] = text
+    return found
+
+
+def _causal_lm(value, part: str, where: str) -> dict:
+    """Meta `causal_lm` (schema.META_CAUSAL_LM): how an unwrapped transformers causal LM was driven."""
+    _want(isinstance(value, dict), part, where, "an object", value)
+    found = dict(value)
+    for key in ("class", "mask"):
+        text = _str(value.get(key), part, f"{where}'s {key!r}")
+        if len(text) > S.CAUSAL_LM_TEXT_MAX_CHARS or _SOURCE_UNPRINTABLE.search(text):
+            raise SchemaError(part, f"{where}'s {key!r} is not one line of at most {S.CAUSAL_LM_TEXT_MAX_CHARS} "
+                                    "printable characters")
+    for key in ("batch", "positions"):
+        found[key] = _int(value.get(key), part, f"{where}'s {key!r}")
+    _want(isinstance(value.get("position_ids", False), bool), part, f"{where}'s 'position_ids'", "a boolean",
+          value.get("position_ids"))
+    return found
 
 
 def _name(value, part: str, where: str) -> str:

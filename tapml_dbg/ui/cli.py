@@ -14,8 +14,10 @@ import sys
 from importlib import metadata
 
 from tapml_dbg.api import Replay
+from tapml_dbg.engine.kept import blocks_target, kept_selector
 from tapml_dbg.engine.report import build_report, migration_points
 from tapml_dbg.engine.triage import triage
+from tapml_dbg import settings
 from tapml_dbg.errors import TapmlError
 from tapml_dbg.record.recorder import record
 from tapml_dbg.repro.carve import carve
@@ -25,7 +27,7 @@ from tapml_dbg.trace.inspect import trace_info
 from tapml_dbg.trace.verify import verify_trace
 from tapml_dbg.ui.console import error_line, make_console, progress
 from tapml_dbg.ui.render import NextCommands, TraceSummary, render
-from tapml_dbg.ui.repl.app import DEBUG_ENV, run_replay
+from tapml_dbg.ui.repl.app import run_replay
 from tapml_dbg.ui.report.html import prepare_folder, write_report
 from tapml_dbg.ui.report.model_explorer import write_model_explorer
 
@@ -75,6 +77,15 @@ def _add_target_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--parallel", type=int, default=None, metavar="N",
                         help="worker lanes for independent units (sweep batches, per-op compiles); default: "
                              "one per free tracker server for --tracker/--key, else 1")
+
+
+KEEP_HELP = ("ops kept on the source (a known bug, or one assumed fixed): cut out of the target's units, so the "
+             "search goes on past them; op selectors as in the REPL (14,37 | cumsum | 30:40 | a layer); "
+             "docs/keep.md")
+
+
+def _add_keep_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--keep", metavar="OPS", help=KEEP_HELP)
 
 
 def _subcommand(commands, name: str, summary: str, description: str) -> argparse.ArgumentParser:
@@ -132,6 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     bisect.add_argument("--no-sweep", action="store_true",
                         help="skip the isolated sweep that catches faults which wash out downstream")
     bisect.add_argument("--report", metavar="DIR", help="also write the HTML report (as `tapml-dbg report`) to DIR")
+    _add_keep_option(bisect)
 
     tri = _subcommand(commands, "triage", "list every divergent op, grouped by cause",
                       "Both verdicts of every op (as `report`), then every op that diverges by itself (its "
@@ -141,6 +153,20 @@ def build_parser() -> argparse.ArgumentParser:
     tri.add_argument("trace", metavar="TRACE", help=TRACE_HELP)
     _add_target_options(tri)
     tri.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    _add_keep_option(tri)
+
+    fixer = _subcommand(commands, "fix", "write a verified fix transform for every cause triage finds",
+                        "Triage, then for each cause the rewrites its class suggests (precision: the op in float32, "
+                        "the fewest ops as Polygraphy's `debug precision`; type: casts to the source's dtype; bool "
+                        "operands that do not build: integer casts; pow(x, 2|3): multiplies; x[-1] read out of "
+                        "bounds: the index wrapped; on GPU targets a failing schedule: DefaultGPUSchedule), each kept "
+                        "only when the op's isolated verdict passes under it; the whole transform is verified with "
+                        "a mixed run of the model (`run --offload all`). Writes DIR/fix.py (FUNC `fix`, for "
+                        "`--transform DIR/fix.py:fix` or your own TVM pipeline) and DIR/README.md (docs/fix.md).")
+    fixer.add_argument("trace", metavar="TRACE", help=TRACE_HELP)
+    fixer.add_argument("-o", "--output", required=True, metavar="DIR", help="the folder to write fix.py and README.md into")
+    _add_target_options(fixer)
+    fixer.add_argument("--json", action="store_true", help="one JSON object on stdout")
 
     mixed = _subcommand(commands, "run", "run the model once mixed: the offload set on the target, the rest on "
                                          "the source",
@@ -154,6 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "(0:120, a name, transformer.h.0,transformer.h.3)")
     _add_target_options(mixed)
     mixed.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    _add_keep_option(mixed)
 
     migrate = _subcommand(commands, "migrate", "offload the model step by step and find where its output breaks",
                           "TapML's gradual migration: the offloaded prefix grows one top-level block (or op) per "
@@ -167,6 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
                               "by their effect on the output")
     _add_target_options(migrate)
     migrate.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    _add_keep_option(migrate)
 
     dump = _subcommand(commands, "dump", "write one op as a standalone repro",
                        "A folder with the op's Relax module, its recorded inputs and outputs, and a repro.py "
@@ -213,6 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "AI Edge Model Explorer (pip install ai-edge-model-explorer), and print the command "
                              "that opens it")
     _add_target_options(report)
+    _add_keep_option(report)
     return parser
 
 
@@ -239,10 +268,10 @@ def main(argv: list[str] | None = None) -> int:
         handler = _HANDLERS[args.command]
         return handler(args, out, err) or 0
     except TapmlError as exc:
-        if exc.detail and os.environ.get(DEBUG_ENV) == "1":  # the full text behind the line (torch's message)
+        if exc.detail and settings.value(settings.DEBUG):  # the full text behind the line (torch's message)
             err.print(exc.detail, markup=False, highlight=False, soft_wrap=True)
-        error_line(str(exc) + (f" (set {DEBUG_ENV}=1 for the full text)" if exc.detail and
-                               os.environ.get(DEBUG_ENV) != "1" else ""), err)
+        error_line(str(exc) + (f" (set {settings.DEBUG}=1 for the full text)" if exc.detail and
+                               not settings.value(settings.DEBUG) else ""), err)
         return 1
     except KeyboardInterrupt:
         error_line("interrupted", err)
@@ -276,11 +305,25 @@ def _command(subcommand: str, trace: str, *extra: str, args=None) -> str:
         value = getattr(args, name, None)
         if value and not (name == "target" and value == "llvm"):
             parts += [f"--{name}", str(value)]
+    kept = getattr(args, "keep", None) if args is not None else None
+    if kept and subcommand in _KEEPING and "--keep" not in extra:  # the ops the user keeps, kept again
+        parts += ["--keep", kept]
     return " ".join(shlex.quote(part) for part in parts)
 
 
+_KEEPING = ("bisect", "run", "migrate", "triage", "report")  # the subcommands that take --keep
+
+
+def _keep_next(args, indices, then: str) -> tuple[str, str]:
+    """A `next:` line: `subcommand` (args.command) again with `indices` kept on the source too."""
+    kept = set(indices) | set(getattr(args, "kept", ()))
+    extra = ("--offload", args.offload) if args.command == "run" else ()
+    return (_command(args.command, args.trace, *extra, "--keep", kept_selector(kept), args=args), then)
+
+
 def _bisect_next(args, result) -> NextCommands:
-    """After a bisect: dump the culprit, or look at the whole picture."""
+    """After a bisect: dump the culprit, or look at the whole picture; and get past the culprit (kept on
+    the source) to the next divergence, first when nothing after it can run or be trusted on the target."""
     report = [] if args.report else [(_command("report", args.trace, "-o", DEFAULT_REPORT_DIR, args=args),
                                       "every op's error along the model, as a page")]
     if result.culprit is None:
@@ -288,11 +331,12 @@ def _bisect_next(args, result) -> NextCommands:
     index = str(result.culprit.index)
     which = ("--ops", f"{result.culprit.unit[0][0]}:{result.culprit.index + 1}") if result.culprit.unit \
         else ("--op", index)
-    return NextCommands([(_command("dump", args.trace, *which, "-o", DEFAULT_REPRO_DIR, args=args),
-                          "the fused unit as a standalone repro (tvm + numpy only)" if result.culprit.unit else
-                          "the op as a standalone repro (tvm + numpy only)"), *report,
-                         (_command("replay", args.trace, args=args) + f' -c "compare {index}"',
-                          "both verdicts side by side")])
+    past = _keep_next(args, [result.culprit.index], f"keep #{index} on the source and find the next divergence")
+    lines = [(_command("dump", args.trace, *which, "-o", DEFAULT_REPRO_DIR, args=args),
+              "the fused unit as a standalone repro (tvm + numpy only)" if result.culprit.unit else
+              "the op as a standalone repro (tvm + numpy only)"), *report,
+             (_command("replay", args.trace, args=args) + f' -c "compare {index}"', "both verdicts side by side")]
+    return NextCommands([past, *lines] if blocks_target(result.culprit) else [*lines, past])
 
 
 def _info(args, out, err) -> int:
@@ -349,8 +393,16 @@ def _finite(value):
 
 
 def _open(args, searching: bool = False) -> Replay:
-    """The Python API's replay of a subcommand's trace and target options: one TargetSpec, nothing dropped."""
-    return Replay.from_spec(args.trace, TargetSpec.from_args(args), searching=searching)
+    """The Python API's replay of a subcommand's trace and target options: one TargetSpec, nothing dropped;
+    `--keep OPS` kept on the source (`args.kept`: the ops it resolved to, for the `next:` lines)."""
+    replay = Replay.from_spec(args.trace, TargetSpec.from_args(args), searching=searching)
+    if getattr(args, "keep", None) is not None:
+        try:
+            args.kept = replay.keep(args.keep)
+        except BaseException:
+            replay.close()
+            raise
+    return replay
 
 
 def _bisect(args, out, err) -> int:
@@ -381,8 +433,12 @@ def _run(args, out, err) -> int:
         print(strict_json(result.to_json()))
         return 0
     render(result, out)
-    render(NextCommands([(_command("migrate", args.trace, args=args), "offload block by block: where the output "
-                                                                     "breaks, and the op that breaks it")]), out)
+    lines = [(_command("migrate", args.trace, args=args), "offload block by block: where the output breaks, and "
+                                                          "the op that breaks it")]
+    if result.failure:  # a unit that does not build or run: find the bugs, to keep them on the source
+        lines.insert(0, (_command("triage", args.trace, args=args), "every bug of the model; then --keep them on "
+                                                                    "the source to run past them"))
+    render(NextCommands(lines), out)
     return 0
 
 
@@ -396,10 +452,12 @@ def _migrate(args, out, err) -> int:
     render(result, out)
     culprit = result.culprit
     if culprit is not None:
-        render(NextCommands([(_command("dump", args.trace, "--op", str(culprit.index), "-o", DEFAULT_REPRO_DIR,
-                                       args=args), "the culprit as a standalone repro (tvm + numpy only)"),
-                             (_command("replay", args.trace, args=args) + f' -c "compare {culprit.index}"',
-                              "both verdicts side by side")]), out)
+        past = _keep_next(args, [culprit.index], f"keep #{culprit.index} on the source and migrate on past it")
+        lines = [(_command("dump", args.trace, "--op", str(culprit.index), "-o", DEFAULT_REPRO_DIR, args=args),
+                  "the culprit as a standalone repro (tvm + numpy only)"),
+                 (_command("replay", args.trace, args=args) + f' -c "compare {culprit.index}"',
+                  "both verdicts side by side")]
+        render(NextCommands([past, *lines] if blocks_target(culprit) else [*lines, past]), out)
     else:  # the output stays right (or no op could be blamed): every op alone, and the whole picture
         render(NextCommands([(_command("bisect", args.trace, args=args),
                               "judge every op alone too: an op whose error the output washes out"
@@ -431,8 +489,28 @@ def _triage_next(args, result) -> NextCommands:
     """After a triage: a repro of each cause's first op (three at most), then the page."""
     dumps = [(_cause_dump(args, group), f"cause {number}: {group.cause}")
              for number, group in enumerate(result.groups[:TRIAGE_DUMPS_SUGGESTED], 1)]
-    return NextCommands([*dumps, (_command("report", args.trace, "-o", DEFAULT_REPORT_DIR, args=args),
-                                  "every op's error along the model, as a page")])
+    causes = [op.index for group in result.groups for op in group.ops]
+    kept = set(causes) | set(getattr(args, "kept", ()))
+    past = [(_command("run", args.trace, "--offload", "all", "--keep", kept_selector(kept), args=args),
+             "the whole model on the target with every cause kept on the source")] if causes else []
+    return NextCommands([*dumps, *past, (_command("report", args.trace, "-o", DEFAULT_REPORT_DIR, args=args),
+                                         "every op's error along the model, as a page")])
+
+
+def _fix(args, out, err) -> int:
+    with _open(args) as replay:
+        with progress("fix", err, show=_bar(args)) as report:
+            result = replay.fix(args.output, progress=report)
+    if args.json:
+        print(strict_json(result.to_json()))
+        return 0
+    render(result, out)
+    args_fixed = argparse.Namespace(**{**vars(args), "transform": result.transform})
+    render(NextCommands([(_command("run", args.trace, "--offload", "all", args=args_fixed),
+                          "the whole model on the target with the fix" + ("" if result.output_passed else
+                                                                         " (still failing: see unfixed)")),
+                         (_command("triage", args.trace, args=args_fixed), "what is left with the fix applied")]), out)
+    return 0
 
 
 def _write_report(args, session, err, folder, bisect=None):
@@ -498,7 +576,8 @@ def _replay(args, out, err) -> int:
 
 
 _HANDLERS = {"record": _record, "info": _info, "bisect": _bisect, "run": _run, "migrate": _migrate, "dump": _dump, "carve": _carve,
-             "compile": _compile, "replay": _replay, "report": _report, "triage": _triage}
+             "compile": _compile, "replay": _replay, "report": _report, "triage": _triage,
+             "fix": _fix}
 
 
 if __name__ == "__main__":

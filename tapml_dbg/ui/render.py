@@ -11,6 +11,7 @@ import itertools
 import math
 from dataclasses import dataclass, field, fields
 from functools import singledispatch
+from pathlib import Path
 
 import numpy as np
 from rich.console import Console
@@ -19,13 +20,16 @@ from rich.measure import Measurement
 from rich.segment import Segments
 from rich.table import Table
 
+from tapml_dbg.engine.kept import blocks_target
 from tapml_dbg.engine.migrate import MigrateResult
 from tapml_dbg.engine.mixed import MixedRun, spans_text
 from tapml_dbg.engine.results import BisectResult, CompileReport, StepResult
 from tapml_dbg.engine.stops import Command, RunResult, judge_divergence
+from tapml_dbg.engine.fix import FixResult
 from tapml_dbg.engine.triage import TriageResult
 from tapml_dbg.judge.compare import metrics_text
-from tapml_dbg.judge.verdict import ISOLATED, Status, Verdict, WrongClass
+from tapml_dbg.judge.verdict import ISOLATED, Status, Verdict
+from tapml_dbg.frontend.causal_lm import CausalLMInfo
 from tapml_dbg.record.recorder import RecordResult
 from tapml_dbg.repro.carve import CarveResult
 from tapml_dbg.repro.dump import DumpResult
@@ -61,16 +65,6 @@ PLOT_MAX_CELL = 3  # characters per op when the terminal has room
 PLOT_GLYPHS = {"isolated": "•", "isolated-fail": "✖", "propagated": "○", "propagated-fail": "⊗", "both": "◉",
                "tolerance": "┄", "culprit": "▼"}
 PLOT_STYLES = {"isolated": "blue", "propagated": "dark_orange", "fail": "bold red", "tolerance": "dim"}
-VERDICT_MEANING = {  # what a culprit's verdict kind says, in the words of docs/repl.md
-    "isolated": "the op alone, fed the recorded source inputs, is wrong on the target: a kernel or codegen bug",
-    "propagated": "the op alone is right; the error arriving from upstream grows past the tolerance here",
-    "fused": "every input is right and the op passes alone, yet compiled with its producers as one function it is "
-             "wrong: a fusion or schedule bug (dump --ops writes the unit as a repro)",
-    "compile-error": "the op does not compile for the target",
-    "crash": "running the op crashed the target worker",
-    "timeout": "the op did not finish within --timeout",
-}
-TYPE_MEANING = "the import declares another dtype or shape than the source computed: a frontend divergence"
 
 
 @dataclass
@@ -131,6 +125,8 @@ class TraceSummary:
     stats_only_ops: int = 0
     import_fixes: list[str] = field(default_factory=list)
     type_changes: dict | None = None  # {"dtype": n, "shape": n, "ops": [...]}: ops whose import changed the type
+    stock_import: dict | None = None  # what TVM's stock import does where an import fix hides it (trace/inspect.py)
+    causal_lm: dict | None = None  # trace meta "causal_lm": an unwrapped transformers causal LM, driven as generate()
 
     @classmethod
     def from_info(cls, info: dict) -> TraceSummary:
@@ -144,6 +140,20 @@ def type_changes_text(changes: dict) -> str:
              for what in ("dtype", "shape") if changes.get(what)]
     ops = ", ".join(changes.get("ops", [])[:SKIPPED_SHOWN])
     return "; ".join(parts) + (f": {ops}" if ops else "")
+
+
+def stock_import_text(stock: dict) -> str:
+    """"fails at #2 addmm: TypeError: ...; declares other types at #1 addmm_p0 (type verdicts)"."""
+    parts = []
+    if stock.get("error"):
+        where = f" at {stock['error_op']}" if stock.get("error_op") else ""
+        parts.append(f"fails{where}: {stock.get('reason') or stock['error']}")
+    if stock.get("changed"):
+        parts.append(f"declares other types at {', '.join(stock['changed'][:SKIPPED_SHOWN])} (type verdicts)")
+    if stock.get("widened"):
+        parts.append(f"widens floats at {', '.join(stock['widened'][:SKIPPED_SHOWN])} (no verdict)")
+    fixes = ", ".join(stock.get("fixes") or [])
+    return ("; ".join(parts) or "as the recorded import") + (f" (without tapml-dbg's {fixes})" if fixes else "")
 
 
 def _noise_text(metrics) -> str:
@@ -201,9 +211,11 @@ def short_cell(verdict: Verdict | None) -> str:
 
 
 def step_line(result: StepResult, inherited: bool = False) -> str:
-    """One verdict line per op: index, name, layer, isolated and propagated verdicts."""
-    line = (f"  #{result.index:<4} {escape(result.name):<22} {escape(layer_text(result.layer)):<16} "
-            f"isolated {verdict_cell(result.isolated)}  propagated {verdict_cell(result.propagated)}")
+    """One verdict line per op: index, name, layer, isolated and propagated verdicts (none: a kept op)."""
+    verdicts = (f"isolated {verdict_cell(result.isolated)}  propagated {verdict_cell(result.propagated)}"
+                if result.isolated is not None or result.propagated is not None else
+                "[dim]kept on the source: no verdict[/]")
+    line = f"  #{result.index:<4} {escape(result.name):<22} {escape(layer_text(result.layer)):<16} {verdicts}"
     if inherited:
         line += "  [dim](inherited)[/]"
     return line
@@ -404,6 +416,8 @@ def _(result: R.ShowResult, console: Console) -> None:
         for verdict in (result.seen.isolated, result.seen.propagated):
             if verdict is not None and verdict.wrong:
                 console.print(f"  class ({verdict.mode}): [bold]{escape(verdict.wrong)}[/]: {escape(verdict.evidence)}")
+        if result.seen.diagnosis:
+            console.print(f"  → {escape(result.seen.diagnosis)}")
     console.print("[bold]Relax IR[/] (the op alone, as compiled for the target):")
     _code(console, result.ir.strip())
 
@@ -432,6 +446,13 @@ def _(result: R.OffloadResult, console: Console) -> None:
 
 
 @render.register
+def _(result: R.KeepResult, console: Console) -> None:
+    if result.message:
+        console.print(escape(result.message))
+    console.print(f"kept     {escape(result.kept) if result.kept else 'none'} on the source")
+
+
+@render.register
 def _(result: RunResult, console: Console) -> None:
     steps = result.steps
     if not steps and result.at_end and not result.cancelled:
@@ -442,9 +463,11 @@ def _(result: RunResult, console: Console) -> None:
             console.print(step_line(step, step.index in result.inherited), soft_wrap=True)
     elif steps:
         failed = [s for s in steps if judge_divergence(s, result.mode, False).failing]
+        kept = sum(1 for s in steps if s.isolated is None and s.propagated is None)  # kept on the source
         rule = "isolated verdict" if result.mode == ISOLATED else "isolated or propagated verdict"
         console.print(f"ran #{steps[0].index}..#{steps[-1].index} ({len(steps)} ops): "
-                      f"{len(steps) - len(failed)} passed, {len(failed)} failed ({rule})")
+                      f"{len(steps) - len(failed) - kept} passed, {len(failed)} failed ({rule})"
+                      + (f", {kept} kept on the source" if kept else ""))
         for step in steps:
             if step in failed or step is steps[-1]:
                 console.print(step_line(step, step.index in result.inherited), soft_wrap=True)
@@ -456,16 +479,10 @@ def _(result: RunResult, console: Console) -> None:
                       f"{escape('; '.join(result.reasons))}")
         isolated_failed = last.isolated is not None and last.isolated.failed
         propagated_failed = last.propagated is not None and last.propagated.failed
-        if isolated_failed and propagated_failed:
-            console.print("  the op alone is wrong on the target (isolated), and the error reaches its value in the "
-                          "model (propagated)")
-        elif isolated_failed:
-            console.print("  the op alone is wrong on the target (isolated); with the target's own upstream values it "
-                          "stays within the looser propagated tolerance")
-        elif propagated_failed:
-            console.print("  the isolated verdict passes: the op alone is right; the error arrives from upstream or "
-                          "is amplified here")
-        if isolated_failed or propagated_failed:
+        if isolated_failed or propagated_failed:  # the one wording of what the verdicts say (judge/diagnosis.py)
+            washes = "; with the target's own upstream values it stays within the looser propagated tolerance" \
+                if isolated_failed and last.propagated is not None and last.propagated.passed else ""
+            console.print(f"  {escape(last.diagnosis)}{washes}")
             render(NextCommands([(f"compare {last.index}", "both verdicts side by side"),
                                  (f"dump {last.index} DIR", "a standalone repro"), ("plot", "every op's error")],
                                 repl=True), console)
@@ -516,14 +533,8 @@ def _(result: R.CompareResult, console: Console) -> None:
     print_table(console, table)
     if len(op.outputs) > 1:
         console.print(f"  ({len(op.outputs)} outputs: the worst one is shown)")
-    if iso is not None and iso.wrong == WrongClass.TYPE:
-        console.print(f"  → {escape(TYPE_MEANING)}")
-    elif iso is not None and iso.failed:
-        console.print("  → the op alone is wrong on the target: a kernel (or codegen) bug here")
-    elif prop is not None and prop.failed:
-        console.print("  → the op alone is right; the error arrives from (or is amplified by) upstream ops")
-    elif iso is not None and prop is not None and iso.passed and prop.passed:
-        console.print("  → both verdicts pass")
+    if step.diagnosis:  # the one wording of what the verdicts say (judge/diagnosis.py)
+        console.print(f"  → {escape(step.diagnosis)}")
 
 
 def _stats(array: np.ndarray | None) -> dict:
@@ -724,10 +735,8 @@ def culprit_detail(culprit, console: Console) -> None:
     """A culprit's source line, verdict, what that verdict means, its class and message (bisect's and migrate's)."""
     print_source_location(culprit.source_location, console)
     console.print(f"  verdict: [{verdict_style(Status.FAIL)}]{escape(culprit.verdict)}[/]  {escape(culprit.summary or '')}")
-    if culprit.wrong == WrongClass.TYPE:
-        console.print(f"  {escape(TYPE_MEANING)}")
-    elif culprit.verdict in VERDICT_MEANING:
-        console.print(f"  {escape(VERDICT_MEANING[culprit.verdict])}")
+    if culprit.diagnosis:
+        console.print(f"  {escape(culprit.diagnosis)}")
     if culprit.wrong:
         console.print(f"  class: [bold]{escape(culprit.wrong)}[/]: {escape(culprit.evidence)}")
     if culprit.message and culprit.message != culprit.summary:
@@ -760,16 +769,17 @@ def _(result: BisectResult, console: Console) -> None:
 
 @render.register
 def _(result: TriageResult, console: Console) -> None:
+    findings = f"; {len(result.findings)} finding(s) of TVM's stock import" if result.findings else ""
     if not result.diverged:
         console.print(f"[green]no divergence[/]: {result.ops} ops judged on {escape(result.target)} "
-                      f"in {result.seconds:.1f} s")
-        return
-    ops = sum(len(group.ops) for group in result.groups)
-    inherited = sum(len(group.inherited) for group in result.groups)
-    console.print(f"[bold red]{len(result.groups)} cause(s)[/] of divergence on {escape(result.target)}: {ops} "
-                  f"divergent op(s), {inherited} inherited failure(s) folded in; {result.ops} ops judged in "
-                  f"{result.seconds:.1f} s")
-    for number, group in enumerate(result.groups, 1):
+                      f"in {result.seconds:.1f} s{findings}")
+    else:
+        ops = sum(len(group.ops) for group in result.groups)
+        inherited = sum(len(group.inherited) for group in result.groups)
+        console.print(f"[bold red]{len(result.groups)} cause(s)[/] of divergence on {escape(result.target)}: {ops} "
+                      f"divergent op(s), {inherited} inherited failure(s) folded in; {result.ops} ops judged in "
+                      f"{result.seconds:.1f} s{findings}")
+    for number, group in enumerate(result.groups + result.findings, 1):
         first = group.first
         console.print(f"{number}. [bold]{escape(group.cause)}[/]  class [bold]{escape(group.wrong)}[/]")
         for op in group.ops:
@@ -782,6 +792,36 @@ def _(result: TriageResult, console: Console) -> None:
             shown = ", ".join(f"#{index}" for index in group.inherited[:INHERITED_SHOWN])
             more = f" and {len(group.inherited) - INHERITED_SHOWN} more" if len(group.inherited) > INHERITED_SHOWN else ""
             console.print(f"   [dim]inherited: {shown}{more}[/]")
+    _kept_line(result.kept, console)
+
+
+def _kept_line(kept: list[int], console: Console) -> None:
+    """Triage's kept ops (engine/kept.py): no cause, by the user's choice."""
+    if kept:
+        print_note(f"kept on the source (no verdict, no cause): {', '.join(f'#{index}' for index in kept)}", console)
+
+
+@render.register
+def _(result: FixResult, console: Console) -> None:
+    changed = len(result.rewritten)
+    verdict = "[green]passes[/]" if result.output_passed else "[bold red]still fails[/]"
+    before = result.output_before.text() if result.output_before else "not run"
+    after = result.output_after.text() if result.output_after else "not run"
+    if not result.groups:
+        console.print(f"[green]nothing to fix[/]: triage found no divergence on {escape(result.target)}")
+    else:
+        console.print(f"fix for {result.groups} cause(s) on {escape(result.target)}: {changed} op(s) rewritten, "
+                      f"{len(result.fixed) - changed} right once they are, {len(result.unfixed)} not fixed; the "
+                      f"model's output with everything offloaded {verdict} ({escape(before)} -> {escape(after)}); "
+                      f"{result.sessions} candidate session(s), {result.seconds:.1f} s", soft_wrap=True)
+    for op in result.fixed:
+        console.print(f"  [green]fixed[/]   #{op.index:<4} {escape(op.name):<22} {escape(op.how)}", soft_wrap=True)
+        console.print(f"          op: {escape(op.before.text())} -> {escape(op.after.text())}", soft_wrap=True)
+    for op in result.unfixed:
+        console.print(f"  [red]unfixed[/] #{op.index:<4} {escape(op.name):<22} {escape(op.cause)}", soft_wrap=True)
+        console.print(f"          why: {escape(op.why)}", soft_wrap=True)
+    console.print(f"wrote {escape(str(Path(result.folder) / 'fix.py'))} and README.md (what each rewrite does, "
+                  "what it was verified against)", soft_wrap=True)
 
 
 def _cut(message: str) -> str:
@@ -793,10 +833,11 @@ def _(result: R.BisectDone, console: Console) -> None:
     render(result.result, console)
     culprit = result.result.culprit
     if result.result.diverged and culprit is not None:
-        render(NextCommands([(f"dump {culprit.index} DIR", "a standalone repro"),
-                             (f"compare {culprit.index}", "both verdicts side by side"),
-                             (f"show {culprit.index}", "its Relax IR"), ("plot", "every op's error")], repl=True),
-               console)
+        past = (f"keep {culprit.index}", "keep it on the source: `bisect` then finds the next divergence")
+        lines = [(f"dump {culprit.index} DIR", "a standalone repro"),
+                 (f"compare {culprit.index}", "both verdicts side by side"),
+                 (f"show {culprit.index}", "its Relax IR"), ("plot", "every op's error")]
+        render(NextCommands([past, *lines] if blocks_target(culprit) else [*lines, past], repl=True), console)
     else:
         render(NextCommands([("plot", "how close every op came to its tolerance")], repl=True), console)
 
@@ -844,6 +885,8 @@ def _(result: RecordResult, console: Console) -> None:
     console.print(f"recorded [bold]{result.ops}[/] ops to {escape(str(result.path))} ({size_text(result.file_bytes)}) "
                   f"in {result.seconds:.2f} s: prepare (export + import) {result.prepare_seconds:.2f} s, "
                   f"run {run:.2f} s{versus}")
+    if result.causal_lm:
+        console.print(f"  driven as a {escape(result.causal_lm)} (as generate() runs a prefill, use_cache=False)")
     console.print(f"  {result.helper_ops} helper ops: {result.host_helpers} on the host (numpy / torch), "
                   f"{result.helper_ops - result.host_helpers} on tvm:llvm")
     if result.capture:
@@ -866,10 +909,14 @@ def _(result: TraceSummary, console: Console) -> None:
     if result.capture:
         rows.append(("capture", f"{capture_text(result.capture)}; {result.recorded_ops} ops with tensors, "
                                 f"{result.stats_only_ops} with stats only"))
+    if result.causal_lm:
+        rows.append(("driven as", CausalLMInfo.text_of(result.causal_lm)))
     if result.import_fixes:
         rows.append(("import fixes", ", ".join(result.import_fixes)))
     if (result.type_changes or {}).get("ops"):
         rows.append(("type changes", type_changes_text(result.type_changes)))
+    if result.stock_import:
+        rows.append(("stock import", stock_import_text(result.stock_import)))
     table = Table(show_header=False, box=None)
     table.add_column("key")
     table.add_column("value", overflow=PROSE)

@@ -13,7 +13,6 @@ the prompt so the output reads like a session; the exit status is 1 if any comma
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import traceback
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from rich.markup import escape
 
 from tapml_dbg.engine.session import Session
 from tapml_dbg.engine.stops import Debugger, RunResult
+from tapml_dbg import settings
 from tapml_dbg.errors import TapmlError, UsageError
 from tapml_dbg.runtime.target import TargetSpec
 from tapml_dbg.ui.repl.commands import Context, UnknownCommand, lookup
@@ -34,9 +34,6 @@ from tapml_dbg.ui.render import print_note, render
 from tapml_dbg.ui.repl.completion import make_completer
 from tapml_dbg.ui.repl.results import Quit
 
-HISTORY_ENV = "TAPML_HISTORY"  # path of the persistent history file
-DEFAULT_HISTORY = Path.home() / ".cache" / "tapml-dbg" / "history"
-DEBUG_ENV = "TAPML_DEBUG"  # "1": show tracebacks of internal errors
 EXIT_FAILED = 1  # a command failed in -c / --script mode
 EXIT_INTERRUPTED = 130  # Ctrl-C during -c / --script mode
 
@@ -111,9 +108,9 @@ class Repl:
         except Exception as exc:  # an internal bug: report it, keep the session
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             self.err.print(f"[bold red]internal error:[/] {escape(type(exc).__name__)}: {escape(first)}"
-                           + ("" if os.environ.get(DEBUG_ENV) == "1" else f" (set {DEBUG_ENV}=1 for the traceback)"),
+                           + ("" if settings.value(settings.DEBUG) else f" (set {settings.DEBUG}=1 for the traceback)"),
                            soft_wrap=True)
-            if os.environ.get(DEBUG_ENV) == "1":
+            if settings.value(settings.DEBUG):
                 self.err.print(escape(traceback.format_exc()), soft_wrap=True)
             return Outcome(ok=False)
         if isinstance(result, Quit):
@@ -210,7 +207,7 @@ def open_history():
     """File history at $TAPML_HISTORY or ~/.cache/tapml-dbg/history; in memory if unwritable."""
     from prompt_toolkit.history import FileHistory, InMemoryHistory
 
-    path = Path(os.environ.get(HISTORY_ENV) or DEFAULT_HISTORY).expanduser()
+    path = settings.value(settings.HISTORY)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.touch(exist_ok=True)

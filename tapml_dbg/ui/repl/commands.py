@@ -17,6 +17,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Callable
 
+from tapml_dbg.engine.kept import KEEP_NONE, kept_text, parse_kept, with_node_groups
 from tapml_dbg.engine.mixed import parse_offload, spans_text
 from tapml_dbg.engine.report import error_points, first_divergent
 from tapml_dbg.engine.session import Session
@@ -124,7 +125,7 @@ def cmd_ops(ctx: Context, args: list[str]):
         indices = session.resolve_ops(query)
     else:
         indices = _search_ops(session, query)
-    rows = [R.OpRow(session.ops[i], i in session.offload, i == session.position, ctx.debugger.seen.get(i))
+    rows = [R.OpRow(session.ops[i], i in session.on_target, i == session.position, ctx.debugger.seen.get(i))
             for i in indices[:OPS_PAGE]]
     return R.OpsResult(rows, len(indices), query)
 
@@ -227,6 +228,28 @@ def cmd_offload(ctx: Context, args: list[str]):
     unchanged = len(indices) - changed
     note = f" ({unchanged} of the {len(indices)} selected were {already})" if unchanged else ""
     return R.OffloadResult(f"{verb} {changed} op(s){note}", offload_summary(session))
+
+
+def cmd_keep(ctx: Context, args: list[str]):
+    """`keep` lists the kept ops; `keep OPS` adds, `keep remove OPS` removes, `keep none` clears."""
+    session = ctx.session
+    if not args:
+        return R.KeepResult("", kept_text(session.ops, session.kept))
+    before = set(session.kept)
+    if args[0] == "remove":
+        _need(args, 2, 2)
+        gone = with_node_groups(session.ops, parse_kept(session.op_table, args[1], "keep remove"))  # whole source ops
+        session.set_kept(before - gone)
+        message = f"removed {len(before - session.kept)} op(s)"
+    else:
+        _need(args, 1, 1)
+        chosen = parse_kept(session.op_table, args[0], "keep")
+        session.set_kept(before | set(chosen) if args[0] != KEEP_NONE else set())
+        message = (f"kept {len(session.kept - before)} more op(s) on the source" if args[0] != KEEP_NONE else
+                   f"nothing kept on the source ({len(before)} op(s) back on the target)")
+    ctx.debugger.forget_run()  # target values are gone, so is what diverged
+    past = "; `bisect`, `run`, `migrate`, `triage` and `continue` go on past them" if session.kept else ""
+    return R.KeepResult(message + past, kept_text(session.ops, session.kept))
 
 
 # ---- running
@@ -398,7 +421,9 @@ def cmd_tol(ctx: Context, args: list[str]):
                                        "against the float64 reference and the source's own error"))
     elif head == "propagated":
         _need(args, 2, 2)
-        policy.propagated_factor = parse_float(args[1], "FACTOR", positive=True)
+        factor = parse_float(args[1], "FACTOR", positive=True)
+        _refuse_ignored(session, "propagated_factor", f"tol propagated {args[1]}")
+        policy.propagated_factor = factor
         message = f"propagated verdicts use {policy.propagated_factor:g}x the isolated tolerance"
     elif head == "op":
         _need(args, 3, 4)
@@ -418,6 +443,7 @@ def cmd_tol(ctx: Context, args: list[str]):
         rtol = parse_float(args[1], "RTOL")
         current = policy.by_dtype.get(head, DEFAULT_TOLERANCES.get(head))
         atol = parse_float(args[2], "ATOL") if len(args) > 2 else current.atol
+        _refuse_ignored(session, "by_dtype", " ".join(["tol", *args]))
         policy.by_dtype[head] = Tolerance(rtol, atol)
         message = f"{head}: rtol={rtol:g} atol={atol:g}"
     else:
@@ -425,6 +451,21 @@ def cmd_tol(ctx: Context, args: list[str]):
                        f"reset; not {head!r}")
     session.invalidate_verdicts()
     return R.TolResult(policy.to_json(), message + " (verdicts from now on; `reset` to re-run from op 0)")
+
+
+IGNORED_SETTINGS = {  # a fixed-rule setting the noise floor ignores: why, and how to make it count
+    "by_dtype": ("judges every op that has a float64 reference against it, not by a dtype's rtol/atol",
+                 "`tol fixed` first to judge by the table, or `tol op OP RTOL` for one op"),
+    "propagated_factor": ("has its own propagated floor (docs/tolerance.md)",
+                          "`tol fixed` first to judge by the table and its propagated factor"),
+}
+
+
+def _refuse_ignored(session: Session, setting: str, typed: str) -> None:
+    """A setting the active rule ignores is refused, saying how to make it count."""
+    if session.policy.ignores(setting, session.reference.available):
+        why, instead = IGNORED_SETTINGS[setting]
+        raise UsageError(f"`{typed}` changes nothing: the noise-floor rule {why}; {instead}")
 
 
 def cmd_mode(ctx: Context, args: list[str]):
@@ -503,6 +544,12 @@ COMMANDS: list[Command] = [
             "Add ops to or remove ops from the offload set.\n"
             "The offload set is the ops that run on the target; the others feed recorded source values.\n"
             "Without argument: show it.", cmd_offload, (("add", "remove"), ("<op>", "<layer>"))),
+    Command("keep", (), "keep [OPS | remove OPS | none]",
+            "Keep ops on the source, to get past a known bug (or one assumed fixed).\n"
+            "Kept ops are cut out of the target's units: `bisect`, `run`, `migrate`, `triage` and `continue`\n"
+            "go on past them (a search feeds their recorded values on, a mixed run re-executes them on the\n"
+            "source). OPS: op selectors (`14,37`, `cumsum`, `30:40`, a layer). Without argument: list them\n"
+            "(docs/keep.md).", cmd_keep, (("none", "remove", "<op>", "<layer>"),)),
     Command("step", ("s",), "step [N]",
             "Run the next N ops (default 1), one verdict line each.\n"
             "Each op gets both verdicts (isolated and propagated). Stops early only at a breakpoint.",

@@ -106,6 +106,14 @@ class OffloadResult:
 
 
 @dataclass
+class KeepResult:
+    """`keep`: what changed and the kept ops (engine/kept.py)."""
+
+    message: str
+    kept: str  # `#14 cumsum, #37 eq`, or "" when none
+
+
+@dataclass
 class CompareResult:
     step: StepResult
     op: OpInfo

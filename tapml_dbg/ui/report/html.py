@@ -104,9 +104,7 @@ def _headline(report: ErrorReport) -> str:
         extra = f" ({failing} propagated verdict(s) fail, each inherited)" if failing else ""
         return (f'<p class="verdict clean" id="verdict">No divergence: all {ops} ops of the trace pass on '
                 f"{_e(report.target)}, isolated and propagated{_e(extra)}.</p>\n")
-    meaning = {ISOLATED: "the op alone, fed the recorded source inputs, is wrong on the target: a kernel or codegen bug",
-               PROPAGATED: "the op alone is right, but the error that reaches it from upstream grows past the tolerance here"}
-    why = meaning.get(culprit.verdict, f"its unit did not run to a value ({culprit.verdict})")
+    why = culprit.diagnosis or f"its unit did not run to a value ({culprit.verdict})"  # judge/diagnosis.py
     point = report.culprit_point
     washes = ""
     if culprit.verdict == ISOLATED and point is not None and point.propagated is not None and point.propagated.passed:
@@ -169,7 +167,7 @@ def _culprit_card(report: ErrorReport, dump_command: str, replay_command: str) -
              else "the first op whose verdicts diverge (where `continue` stops)")
     rows = [("op", f"#{culprit.index} <b>{_e(culprit.name)}</b>"), ("source op", f"<code>{_e(culprit.op)}</code>"),
             ("layer", f"<code>{_e(culprit.layer or TOP)}</code>"), ("verdict", _e(culprit.verdict)),
-            ("found by", _e(found))]
+            *([("diagnosis", _e(culprit.diagnosis))] if culprit.diagnosis else []), ("found by", _e(found))]
     location = culprit.source_location
     if location is not None:  # the user's model line it came from, under the op
         rows.insert(1, ("model line", f"<code>{_e(str(location))}</code> <code>{_e(location.code)}</code>"))
@@ -196,10 +194,10 @@ def _culprit_card(report: ErrorReport, dump_command: str, replay_command: str) -
 def _causes(report: ErrorReport, commands: dict[int, str]) -> str:
     """`triage`'s answer: every divergence of the model, one row per cause, inherited failures folded in."""
     causes = report.causes
-    if causes is None or not causes.groups:
+    if causes is None or not (causes.groups or causes.findings):
         return ""
     rows = []
-    for number, group in enumerate(causes.groups, 1):
+    for number, group in enumerate(causes.groups + causes.findings, 1):  # findings: TVM's stock import
         ops = ", ".join(f"#{op.index} {_e(op.name)} ({_e(op.verdict)})" for op in group.ops)
         where = group.first.source_location
         line = f"<br><code>{_e(str(where))}</code> <code>{_e(where.code)}</code>" if where else ""
