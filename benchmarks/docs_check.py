@@ -99,12 +99,12 @@ def check_commands(folder: Path, work: Path) -> tuple[int, int, int]:
     return ok, failed, skipped
 
 
-def check_transcripts(folder: Path, write: bool = False) -> tuple[int, int]:
+def check_transcripts(write: bool = False) -> tuple[int, int]:
     """Make every doc's transcripts again (tests/transcripts.py); print the drifted ones' diffs
     (`write`: put the new output in the doc). Returns (transcripts, drifted)."""
     total = drifted = 0
     for doc in DOCS:
-        made = transcripts.make(doc, folder / doc.stem)
+        made = transcripts.make(doc)
         for found, outputs in made:
             total += 1
             changes = transcripts.drift(found, outputs)
@@ -132,7 +132,7 @@ def main() -> int:
         ok = failed = skipped = 0
         if not args.transcripts:
             ok, failed, skipped = check_commands(folder, work)
-        total, drifted = check_transcripts(folder, args.write)
+        total, drifted = check_transcripts(args.write)
     print(f"\n{ok} commands ran, {failed} failed, {skipped} skipped; {total - drifted} transcripts in step, "
           f"{drifted} drifted")
     return 1 if failed or drifted else 0

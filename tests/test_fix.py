@@ -45,20 +45,11 @@ def test_fix_on_the_fp16_examples_makes_the_whole_model_pass(traces, tmp_path, e
     assert all(op["kind"] == "float32" and "float32" in op["how"] for op in changed), found
     readme = (out / "README.md").read_text()
     assert "op before" in readme and "with the fix: pass" in readme
+    module = _load_fix(out / "fix.py")  # self-contained: tvm only (the text output: docs/fix.md's transcript)
+    assert {op["name"] for op in changed} <= set(module.REWRITES)
     run = run_cli("run", str(trace), "--offload", "all", "--transform", f"{out}/fix.py:fix", "--json")
     assert run.returncode == 0, run.stderr
     assert json.loads(run.stdout)["passed"] is True
-
-
-def test_the_cli_says_what_it_wrote_and_how_to_use_it(traces, tmp_path):
-    trace = traces.get("fp16_memory_attention")
-    out = tmp_path / "fix"
-    result = run_cli("fix", str(trace), "-o", str(out))
-    assert result.returncode == 0, result.stderr
-    assert "fixed   #9" in result.stdout and "_softmax" in result.stdout
-    assert f"--transform {out}/fix.py:fix" in result.stdout and "next:" in result.stdout
-    module = _load_fix(out / "fix.py")  # self-contained: tvm only
-    assert set(module.REWRITES) == {"_softmax", "mm_1"}
 
 
 def test_a_model_with_several_causes_gets_casts_and_an_unfixed_one_with_why(traces, tmp_path):

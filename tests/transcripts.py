@@ -15,7 +15,7 @@ block to NAME (a `--script` file) in the doc's folder, and `<!-- transcript vari
 in the doc, which part of the block differs from run to run by nature (the values of an
 out-of-bounds read): what REGEX matches is not compared.
 
-Each doc runs in a scratch folder of its own, its blocks in document order (a block reads what the
+Each doc runs in a scratch folder of its own (/tmp/tapml-doc-XXXXXXXX), its blocks in document order (a block reads what the
 blocks above it wrote), with `examples/` and `tests/` linked in and `/tmp/` mapped into the
 folder. Only timings are blanked when comparing: every count, size and error is the tool's own.
 """
@@ -26,6 +26,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,6 +40,9 @@ TIMINGS = [(re.compile(r"\b\d+(\.\d+)? (s|ms|us)\b"), "N \\2"), (re.compile(r"\b
            (re.compile(r" = Nx the bare eager forward \(N \w+, warm\)| \(the bare eager forward: N \w+, warm, too "
                        r"short for a ratio\)"), " (the bare eager forward: N, warm)")]
 TMP = "/tmp/"
+# every scratch folder's path is as long as every other's (a fixed prefix and 8 random characters), so
+# what the tool writes with paths in it (a repro's README and meta) has the same size in every run
+SCRATCH_PARENT, SCRATCH_PREFIX = "/tmp", "tapml-doc-"
 ENV_DROPPED = ("COLUMNS", "LINES", "TAPML_FAULT_OP", "FORCE_COLOR")  # the tool's output must not depend on them
 
 
@@ -157,17 +161,19 @@ class Shell:
         return [line.rstrip() for line in output.rstrip("\n").splitlines()]
 
 
-def make(doc: Path, folder: Path) -> list[tuple[Transcript, list[list[str]]]]:
-    """Run every transcript of `doc` in order in `folder`; each with its commands' outputs."""
-    shell = Shell(scratch(folder))
-    made = []
-    for found in transcripts(doc):
-        for line in found.setup:
-            shell.run(line)
-        if found.file:
-            (folder / found.file).write_text(doc.read_text()[found.start:found.end].replace(TMP, f"{folder}/tmp/"))
-            continue
-        made.append((found, [shell.run(command.line) for command in found.commands]))
+def make(doc: Path) -> list[tuple[Transcript, list[list[str]]]]:
+    """Run every transcript of `doc` in order in a scratch folder; each with its commands' outputs."""
+    with tempfile.TemporaryDirectory(prefix=SCRATCH_PREFIX, dir=SCRATCH_PARENT) as tmp:
+        folder = Path(tmp)
+        shell = Shell(scratch(folder))
+        made = []
+        for found in transcripts(doc):
+            for line in found.setup:
+                shell.run(line)
+            if found.file:
+                (folder / found.file).write_text(doc.read_text()[found.start:found.end].replace(TMP, f"{folder}/tmp/"))
+                continue
+            made.append((found, [shell.run(command.line) for command in found.commands]))
     return made
 
 
@@ -192,12 +198,13 @@ def drift(found: Transcript, outputs: list[list[str]]) -> list[tuple[str, list[s
 
 
 def write(doc: Path, made: list[tuple[Transcript, list[list[str]]]]) -> int:
-    """Put the new outputs into `doc` (blocks from the last, so offsets stay right); returns blocks changed."""
+    """Put the new outputs of the drifted blocks into `doc` (a block that differs in its timings only is
+    left as it is: no churn); from the last block, so offsets stay right. Returns the blocks changed."""
     text = doc.read_text()
     changed = 0
     for found, outputs in reversed(made):
         new = found.text(outputs)
-        if text[found.start:found.end] != new:
+        if drift(found, outputs) and text[found.start:found.end] != new:
             text = text[:found.start] + new + text[found.end:]
             changed += 1
     doc.write_text(text)
