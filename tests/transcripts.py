@@ -43,6 +43,7 @@ TMP = "/tmp/"
 # every scratch folder's path is as long as every other's (a fixed prefix and 8 random characters), so
 # what the tool writes with paths in it (a repro's README and meta) has the same size in every run
 SCRATCH_PARENT, SCRATCH_PREFIX = "/tmp", "tapml-doc-"
+CACHE_FOLDER = ".compile-cache"  # in the scratch folder: each doc starts from an empty compile cache
 ENV_DROPPED = ("COLUMNS", "LINES", "TAPML_FAULT_OP", "FORCE_COLOR")  # the tool's output must not depend on them
 
 
@@ -135,11 +136,15 @@ def scratch(folder: Path) -> Path:
     return folder
 
 
-def environment() -> dict:
+def environment(folder: Path) -> dict:
+    """A reader's first run: this interpreter's `tapml-dbg`, and a compile cache of the doc's own that
+    starts empty (what a doc says it compiled, and the probes a search took, are then the same in
+    every run, whatever the suite compiled before it)."""
     env = {key: value for key, value in os.environ.items() if key not in ENV_DROPPED}
     bin_dir = Path(sys.executable).parent
     env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"  # `tapml-dbg` and `python` of this interpreter
     env["PYTHONPATH"] = str(ROOT)
+    env["TAPML_CACHE_DIR"] = str(folder / CACHE_FOLDER)
     return env
 
 
@@ -153,7 +158,7 @@ class Shell:
     def run(self, line: str) -> list[str]:
         """One doc command, stdout and stderr merged, the folder's paths written as the doc writes them."""
         mapped = f"(exit {self.status}); " + line.replace(TMP, f"{self.folder}/tmp/")
-        done = subprocess.run(["bash", "-c", mapped], cwd=self.folder, env=environment(), text=True,
+        done = subprocess.run(["bash", "-c", mapped], cwd=self.folder, env=environment(self.folder), text=True,
                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               timeout=COMMAND_TIMEOUT_S)
         self.status = done.returncode
