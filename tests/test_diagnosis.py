@@ -11,7 +11,6 @@ fp16, judged by the noise floor).
 
 from __future__ import annotations
 
-import io
 import json
 import re
 import shutil
@@ -23,13 +22,13 @@ import numpy as np
 import pytest
 
 from conftest import fresh
+from test_repl import Transcript as ReplTranscript
 from tapml_dbg.engine.report import build_report
 from tapml_dbg.engine.session import Session
 from tapml_dbg.judge.diagnosis import MEANINGS, PASSED, TYPE_MEANING, diagnose, diagnosis
 from tapml_dbg.judge.verdict import FUSED, ISOLATED, PROPAGATED, Status, Verdict, WrongClass
 from tapml_dbg.portable.standalone import standalone_script
 from tapml_dbg.repro.dump import dump_op
-from tapml_dbg.ui.repl.app import Repl, make_console
 from tapml_dbg.ui.report.html import page
 
 CUMSUM = 14  # examples/qwen2_several_bugs.py: aten.cumsum over a bool mask
@@ -37,20 +36,11 @@ SOFTMAX = 9  # examples/fp16_memory_attention.py: the README's fp16 softmax
 KERNEL = MEANINGS[ISOLATED]
 
 
-class Transcript:
-    """A REPL on a session whose output lands in one string (as tests/test_repl.py drives it)."""
-
-    def __init__(self, session):
-        fresh(session)
-        self.buffer = io.StringIO()
-        console = make_console(self.buffer)
-        self.repl = Repl(session, out=console, err=console, launch={"trace": str(session.reader.path)},
-                         show_progress=False)
+class Transcript(ReplTranscript):
+    """tests/test_repl.py's REPL transcript, its output compared as words (tables wrap)."""
 
     def run(self, line: str) -> str:
-        start = self.buffer.tell()
-        self.repl.execute(line)
-        return " ".join(self.buffer.getvalue()[start:].split())  # tables wrap: compare words, not lines
+        return flat(super().run(line))
 
 
 def flat(text: str) -> str:

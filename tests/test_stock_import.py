@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from conftest import run_cli
+from conftest import EXAMPLES, run_cli
 from tapml_dbg.engine.report import OpPoint
 from tapml_dbg.engine.triage import group_causes, stock_import_group
 from tapml_dbg.judge.verdict import ISOLATED, PROPAGATED, Status, Verdict, WrongClass
@@ -19,21 +19,6 @@ from tapml_dbg.trace.schema import META_STOCK_IMPORT
 from tapml_dbg.trace.source_graph import TypeChange, stock_type_changes
 from tapml_dbg.trace.validate import SchemaError, validate_op_table
 
-FLOAT64_LINEAR = """
-    import torch
-
-    class Head(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.fc = torch.nn.Linear(8, 4)
-
-        def forward(self, x):
-            return torch.tanh(self.fc(x)) - 0.5
-
-    def build():
-        torch.manual_seed(0)
-        return Head().double().eval(), (torch.randn(3, 8, dtype=torch.float64),)
-"""
 INT_MATMUL = """
     import torch
 
@@ -64,13 +49,13 @@ FLOAT32_MATMUL = """
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory):
-    """Record each model once: {name: trace path}."""
+    """Record each model once: {name: trace path} (the float64 linear is examples/float64_linear.py)."""
     folder = tmp_path_factory.mktemp("stock")
     paths = {}
-    for name, text in (("float64_linear", FLOAT64_LINEAR), ("int_matmul", INT_MATMUL),
-                       ("float32_matmul", FLOAT32_MATMUL)):
-        model = folder / f"{name}.py"
-        model.write_text(textwrap.dedent(text))
+    for name, text in (("float64_linear", None), ("int_matmul", INT_MATMUL), ("float32_matmul", FLOAT32_MATMUL)):
+        model = EXAMPLES / f"{name}.py" if text is None else folder / f"{name}.py"
+        if text is not None:
+            model.write_text(textwrap.dedent(text))
         paths[name] = folder / f"{name}.h5"
         result = run_cli("record", str(model), "-o", str(paths[name]))
         assert result.returncode == 0, result.stderr

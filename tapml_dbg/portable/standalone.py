@@ -29,14 +29,19 @@ def outputs_of(value):
     return [array for item in value for array in outputs_of(item)]
 
 
+def same_nonfinite_places(got, expected):
+    """NaN where expected is NaN, +-Inf where it is +-Inf, and nowhere else."""
+    return np.array_equal(np.isnan(got), np.isnan(expected)) and np.array_equal(
+        np.where(np.isinf(got), np.sign(got), 0), np.where(np.isinf(expected), np.sign(expected), 0))
+
+
 def passes(got, expected, rtol, atol):
     """max |got - expected| <= atol + rtol * absmax(expected) over finite elements; NaN/Inf where expected has them."""
     got, expected = np.asarray(got, np.float64), np.asarray(expected, np.float64)
     if got.shape != expected.shape:
         return False, f"shape {{got.shape}} vs expected {{expected.shape}}"
     finite = np.isfinite(got) & np.isfinite(expected)
-    same_nonfinite = np.array_equal(np.isnan(got), np.isnan(expected)) and np.array_equal(
-        np.where(np.isinf(got), np.sign(got), 0), np.where(np.isinf(expected), np.sign(expected), 0))
+    same_nonfinite = same_nonfinite_places(got, expected)
     error = float(np.max(np.abs(got - expected)[finite], initial=0.0))
     bound = atol + rtol * float(np.max(np.abs(expected[finite]), initial=0.0))
     return error <= bound and same_nonfinite, f"max_abs_err={{error:.3g}} (bound {{bound:.3g}})"
@@ -49,8 +54,7 @@ def noise_floor(got, expected, reference, source_factor, relative_floor):
     if got.shape != expected.shape:
         return False, f"shape {{got.shape}} vs expected {{expected.shape}}"
     keep = np.isfinite(expected) & np.isfinite(reference)
-    same_nonfinite = np.array_equal(np.isnan(got), np.isnan(expected)) and np.array_equal(
-        np.where(np.isinf(got), np.sign(got), 0), np.where(np.isinf(expected), np.sign(expected), 0))
+    same_nonfinite = same_nonfinite_places(got, expected)
     source_error = float(np.max(np.abs(expected - reference)[keep], initial=0.0))
     error = float(np.max(np.abs(got - reference)[keep & np.isfinite(got)], initial=0.0))
     bound = max(source_factor * source_error, relative_floor * float(np.max(np.abs(reference[keep]), initial=0.0)))

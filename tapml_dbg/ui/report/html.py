@@ -55,11 +55,12 @@ class ReportWritten:
     dump_command: str = ""
 
 
-def prepare_folder(folder: str | Path) -> Path:
-    """The report's folder, created; refused before any work when it cannot hold index.html."""
+def prepare_folder(folder: str | Path, holds: str = INDEX_NAME) -> Path:
+    """The report's folder (or one inside it), created; refused before any work when it cannot hold
+    `holds`."""
     path = Path(folder)
     if path.exists() and not path.is_dir():
-        raise UsageError(f"{path} is a file; give -o a folder to write {INDEX_NAME} into")
+        raise UsageError(f"{path} is a file; give -o a folder to write {holds} into")
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

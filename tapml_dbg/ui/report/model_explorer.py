@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tapml_dbg.engine.report import ErrorReport, OpPoint
-from tapml_dbg.errors import UsageError
 from tapml_dbg.judge.verdict import ISOLATED, PROPAGATED, Mode
 from tapml_dbg.model.graph import OpInfo
+from tapml_dbg.ui.report.html import prepare_folder
 
 FOLDER_NAME = "model_explorer"  # under the report's DIR
 GRAPH_NAME = "graph.json"
@@ -68,13 +68,7 @@ def write_model_explorer(report: ErrorReport, ops: list[OpInfo], inputs: list[st
                          folder: str | Path) -> ModelExplorerWritten:
     """Write `folder/model_explorer/`: the graph of `ops` (reading model `inputs` and `params`) and the
     node data of `report`'s points."""
-    out = Path(folder) / FOLDER_NAME
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"{out} is a file; remove it or give -o another folder")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(f"cannot create {out}: {exc.strerror or exc}") from None
+    out = prepare_folder(Path(folder) / FOLDER_NAME, holds="the Model Explorer files")
     collection = graph_collection(report, ops, inputs, params)
     files = {GRAPH_NAME: collection}
     files.update({ERROR_NAMES[mode]: error_node_data(report, mode) for mode in (ISOLATED, PROPAGATED)})
