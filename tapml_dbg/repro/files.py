@@ -64,7 +64,10 @@ def copy_lib(folder: Path) -> None:
 
 
 def copy_transform(folder: Path, spec: str | None) -> dict | None:
-    """Copy the `--transform FILE.py:FUNC` file as-is; note the environment variables it reads."""
+    """Copy the `--transform FILE.py:FUNC` file as-is; note the environment variables it reads.
+
+    The original is named as the user spelled it (no resolved absolute path: the folder's bytes must
+    not depend on where the checkout lives)."""
     if not spec:
         return None
     path, func = lib.split_spec(spec)
@@ -73,7 +76,7 @@ def copy_transform(folder: Path, spec: str | None) -> dict | None:
     copied = folder / TRANSFORM_DIR / source.name
     shutil.copyfile(source, copied)
     text = source.read_text(encoding="utf-8", errors="replace")
-    return {"file": f"{TRANSFORM_DIR}/{source.name}", "func": func, "original": str(source.resolve()),
+    return {"file": f"{TRANSFORM_DIR}/{source.name}", "func": func, "original": path,
             "env": {name: os.environ.get(name) for name in transform_env_names(text)}}
 
 
