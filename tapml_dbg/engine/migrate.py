@@ -221,8 +221,8 @@ class Migration:
         else:
             worst = mixed.worst
             return Culprit(op.index, op.name, op.op, op.layer, PROPAGATED, worst.metrics if worst else None,
-                           BREAKS_OUTPUT, source_location=op.source_location)
+                           BREAKS_OUTPUT, source_location=op.source_location, step=op.step)
         kind = kind if chosen.status.judged else chosen.status
         return Culprit(op.index, op.name, op.op, op.layer, kind, chosen.worst, chosen.message, chosen.wrong,
-                       chosen.evidence, source_location=op.source_location)
+                       chosen.evidence, source_location=op.source_location, step=op.step)
 

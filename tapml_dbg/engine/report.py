@@ -219,7 +219,7 @@ def culprit_of(step: StepResult, op: OpInfo) -> Culprit:
     verdict = step.isolated if step.isolated is not None and step.isolated.failed else step.propagated
     kind = verdict.mode if verdict.status.judged else verdict.status
     return Culprit(op.index, op.name, op.op, op.layer, kind, verdict.worst, verdict.message, verdict.wrong,
-                   verdict.evidence, source_location=op.source_location)
+                   verdict.evidence, source_location=op.source_location, step=op.step)
 
 
 def propagated_chain(session, progress: Progress = _noop, last: int | None = None) -> dict[int, Verdict]:

@@ -49,6 +49,7 @@ class Culprit:
     evidence: str = ""  # why it is that class
     unit: list[tuple[int, str]] = field(default_factory=list)  # a fused culprit's unit: (index, name) in order
     source_location: SourceLocation | None = None  # the user's model line it came from (None: unknown)
+    step: int | None = None  # its generation step (0 = the prefill); None outside a generation trace
 
     @property
     def summary(self) -> str:
@@ -67,7 +68,8 @@ class Culprit:
                 "diagnosis": self.diagnosis,
                 "metrics": self.metrics.to_json() if self.metrics else {}, "message": self.message,
                 "fused": fused,
-                "source_location": self.source_location.to_json() if self.source_location else None}
+                "source_location": self.source_location.to_json() if self.source_location else None,
+                "step": self.step}
 
 
 @dataclass
@@ -82,13 +84,22 @@ class BisectResult:
     search: list[tuple[int, bool]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     kept: list[int] = field(default_factory=list)  # ops kept on the source: never searched (engine/kept.py)
+    tokens: object = None  # engine.generation.TokenReport of a generation trace (teacher-forced); None otherwise
+
+    @property
+    def first_bad_token(self):
+        """The first step whose target top-1 differs from the source's (judge.tokens.TokenStep), or None."""
+        return self.tokens.first_bad if self.tokens is not None else None
 
     def to_json(self) -> dict:
+        first = self.first_bad_token
         return {"diverged": self.diverged, "ops": self.ops, "probes": self.probes,
                 "seconds": round(self.seconds, 3), "target": self.target,
                 "op": self.culprit.to_json() if self.culprit else None,
                 "search": [{"index": k, "failed": f} for k, f in self.search], "kept": list(self.kept),
-                "notes": self.notes}
+                "notes": self.notes,
+                "first_bad_token": first.first_bad_json() if first is not None else None,
+                "tokens": self.tokens.to_json() if self.tokens is not None else None}
 
 
 @dataclass

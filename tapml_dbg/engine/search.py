@@ -23,6 +23,9 @@ the object, not on the session:
 6. fused diagnosis: only when the culprit is still the fused search's propagated candidate (its
    isolated verdict passes and the probe just before it passed, so every input it reads is
    right), the op is told from a fusion bug (`engine.fused`); nothing runs in this phase otherwise.
+7. tokens (generation traces only, engine/generation.py): every op chained once more on the target
+   from the same kernels, fed the source's tokens, so each step's logits give its token verdict and
+   the first bad token (the first step whose target top-1 differs), with per-step KL.
 Kept ops (`Session.kept`, engine/kept.py) are in no phase: no chain unit, no probe's unit, no
 sweep, no type verdict; the ops after one are fed its recorded value, so the search names the
 next divergence past a known bug.
@@ -40,6 +43,7 @@ from typing import Callable
 
 from tapml_dbg.engine import fused
 from tapml_dbg.engine.chain import ChainFinding, ChainSearch
+from tapml_dbg.engine.generation import generation_of, teacher_forced
 from tapml_dbg.engine.kept import kept_note
 from tapml_dbg.engine.results import BisectResult, Culprit, StepResult
 from tapml_dbg.judge.classify import type_evidence
@@ -208,10 +212,11 @@ class Bisection:
         neighbourhood = self.neighbourhood(culprit.index) if culprit else []
         if session.lanes.plan.note:
             self.notes.append(session.lanes.plan.note)
+        tokens = teacher_forced(session) if generation_of(session) is not None else None
         return BisectResult(diverged=culprit is not None, ops=len(session.ops), probes=probes,
                             seconds=time.perf_counter() - started, target=session.target, culprit=culprit,
                             neighbourhood=neighbourhood, search=self.search_trace.probes, notes=self.notes,
-                            kept=sorted(self.kept))
+                            kept=sorted(self.kept), tokens=tokens)
 
     # -- phases 1 and 2: search --------------------------------------------------------------
     def search(self) -> int | None:
@@ -362,7 +367,7 @@ class Bisection:
     def fused_culprit(self, unit: fused.FusedUnit) -> Culprit:
         op, verdict = self.session.ops[unit.index], unit.verdict
         return Culprit(op.index, op.name, op.op, op.layer, FUSED, verdict.worst, unit.describe(), verdict.wrong,
-                       verdict.evidence, unit=list(zip(unit.ops, unit.names)), source_location=op.source_location)
+                       verdict.evidence, unit=list(zip(unit.ops, unit.names)), source_location=op.source_location, step=op.step)
 
     def _upstream_values(self, index: int) -> dict | None:
         """The target's values of op `index`'s inputs, from the passing probe of [first, index - 1]."""
@@ -415,7 +420,7 @@ class Bisection:
         if wrong is None and index in self.session.type_changed_ops():  # e.g. no verdict (missing): still a type one
             wrong, evidence = WrongClass.TYPE, type_evidence(self.session.reference.type_changes[index])
         return Culprit(op.index, op.name, op.op, op.layer, kind, verdict.worst, verdict.message, wrong, evidence,
-                       source_location=op.source_location)
+                       source_location=op.source_location, step=op.step)
 
     def neighbourhood(self, index: int) -> list[StepResult]:
         """The culprit and NEIGHBOURHOOD_RADIUS ops on each side, with their isolated verdicts."""

@@ -63,6 +63,7 @@ class OpInfo:
     # (output, spec) where TVM's stock importer declares another type than `outputs` (an import fix
     # changed it; see frontend/stock_import.py); [] when they agree, and in traces before it existed
     stock_outputs: list[tuple[int, TensorSpec]] = field(default_factory=list)
+    step: int | None = None  # the generation step it belongs to (0 = the prefill); None outside a generation trace
 
     def to_json(self) -> dict:
         data = asdict(self)

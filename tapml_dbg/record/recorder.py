@@ -32,6 +32,7 @@ from tapml_dbg import settings
 from tapml_dbg.errors import ModelError, UsageError
 from tapml_dbg.model.graph import Graph, OpInfo
 from tapml_dbg.frontend.causal_lm import as_recorded, causal_lm_of
+from tapml_dbg.frontend.generation import as_generation, generation_of, op_steps
 from tapml_dbg.frontend.importer import Provenance, export_program, import_program
 from tapml_dbg.frontend.model_loader import check_model_file, load_model
 from tapml_dbg.frontend.source_graph import source_graph_json, type_changes
@@ -44,7 +45,7 @@ from tapml_dbg.runtime.in_process import LocalRunner
 from tapml_dbg.runtime.source_runner import source_outputs
 from tapml_dbg.trace import TraceWriter
 from tapml_dbg.trace.capture import parse_size, plan_capture
-from tapml_dbg.trace.schema import HELPER_NOTE, HOST_NOTE, META_CAUSAL_LM, META_STOCK_IMPORT, TYPE_NOTE_PREFIX
+from tapml_dbg.trace.schema import HELPER_NOTE, HOST_NOTE, META_CAUSAL_LM, META_GENERATION, META_STOCK_IMPORT, TYPE_NOTE_PREFIX
 
 DEFAULT_SEED = 0
 WRITE_QUEUE_BYTES = 128 * 2**20  # values handed to the writer thread but not yet written
@@ -72,6 +73,7 @@ class RecordResult:
     capture: dict | None = None  # the capture budget (trace meta "capture"), None for a full trace
     phases: dict = field(default_factory=dict)  # seconds per phase, as in the trace's meta
     causal_lm: str | None = None  # "causal LM: Qwen2ForCausalLM, logits of 8 positions, ...": how it was driven
+    generation: str | None = None  # "generation: ..., a prefill of 8 positions + 16 decode steps ...": --generate
 
     @property
     def overhead_ratio(self) -> float | None:
@@ -85,11 +87,13 @@ class RecordResult:
 def record(model_spec: str, out_path: str | Path, *, source: str = "torch", inputs_npz: str | None = None,
            seed: int = DEFAULT_SEED, compression: str | None = None,
            progress: Progress | None = None, window: str | None = None,
-           max_bytes: int | str | None = None) -> RecordResult:
+           max_bytes: int | str | None = None, generate: int | None = None) -> RecordResult:
     """Record `model_spec` (FILE.py[:FUNC]) into `out_path`.
 
     `window` (`A:B`, an op, or a layer) and/or `max_bytes` (bytes of op tensors) set a capture
     budget: every op's stats are stored, tensors only for the window (see `trace.capture`).
+    `generate` (N decode steps) records a causal LM's greedy generation, prefill + N steps with a KV
+    cache, as one graph (frontend/generation.py); each op then has its step.
     The source, the output path and the model file are checked before torch is imported (seconds),
     so that a typo fails at once.
     """
@@ -111,12 +115,18 @@ def record(model_spec: str, out_path: str | Path, *, source: str = "torch", inpu
     module, inputs = load_model(model_spec)
     if inputs_npz:
         inputs = _load_inputs(inputs_npz, inputs)
-    module, inputs = as_recorded(module, inputs)  # an unwrapped causal LM: (ids, mask) -> logits, as generate() runs it
+    if generate:  # prefill + N greedy decode steps with a KV cache, teacher-forced by the source's tokens
+        module, inputs, _ = as_generation(module, inputs, generate)
+    else:
+        module, inputs = as_recorded(module, inputs)  # an unwrapped causal LM: (ids, mask) -> logits, as generate() runs it
     started = time.perf_counter()
     with torch.no_grad():
         program = export_program(module, inputs)
     exported = time.perf_counter()
     graph, provenance = import_program(program)
+    if generation_of(module) is not None:
+        for op, step in zip(graph.ops, op_steps(program, graph.ops)):
+            op.step = step
     graph.stock = compare_stock_import(program, graph)  # what TVM's stock importer does differently
     phases = {"export": exported - started, "import": time.perf_counter() - exported}
     ops_json = [op.to_json() for op in graph.ops]  # the op table (not dataclasses.asdict: slow; docs/perf.md)
@@ -170,6 +180,9 @@ def _record_graph(model_spec, out_path, graph: Graph, provenance, program, modul
     causal_lm = causal_lm_of(module)  # None unless an unwrapped causal LM was driven as generate() runs it
     if causal_lm is not None:
         meta[META_CAUSAL_LM] = causal_lm.to_meta()
+    generation = generation_of(module)
+    if generation is not None:
+        meta[META_GENERATION] = generation.to_meta()
     header = dict(meta=meta, graph_json=_graph_json(graph), tvmscript=graph.mod.script(),
                   ops=ops_json, inputs=input_arrays, params=param_arrays,
                   compression=compression, capture=plan is not None,
@@ -241,7 +254,8 @@ def _record_graph(model_spec, out_path, graph: Graph, provenance, program, modul
                         tvm_helpers=helpers - host_helpers,
                         stored_ops=len(stored) if stored is not None else len(graph.ops),
                         capture=plan.to_meta() if plan is not None else None, phases=phases,
-                        causal_lm=causal_lm.text if causal_lm is not None else None)
+                        causal_lm=causal_lm.text if causal_lm is not None else None,
+                        generation=generation.text if generation is not None else None)
 
 
 class _TraceSink:

@@ -6,7 +6,7 @@ from tapml_dbg.model.select import OpTable
 from tapml_dbg.trace.capture import op_bytes
 from tapml_dbg.trace.reader import TraceReader
 from tapml_dbg.model.graph import OpInfo
-from tapml_dbg.trace.schema import META_CAUSAL_LM, META_STOCK_IMPORT
+from tapml_dbg.trace.schema import META_CAUSAL_LM, META_GENERATION, META_STOCK_IMPORT
 from tapml_dbg.trace.source_graph import parse_source_graph, stock_type_changes
 
 
@@ -38,6 +38,8 @@ def trace_info(path: str) -> dict:
             "eager_output_max_abs_diff": meta.get("eager_output_max_abs_diff"),
             "import_fixes": meta.get("import_fixes", []),
             "causal_lm": meta.get(META_CAUSAL_LM),  # None: the model ran as build() returned it
+            "generation": meta.get(META_GENERATION),  # None: one forward (no --generate)
+            "steps": (meta.get(META_GENERATION) or {}).get("steps"),  # the CLI contract's info --json "steps"
             "source_graph": reader.source_graph_json is not None,
             "type_changes": _type_changes(reader),
             "stock_import": _stock_import(reader),
@@ -46,7 +48,8 @@ def trace_info(path: str) -> dict:
             "ops": [{"index": op["index"], "name": op["name"], "op": op["op"], "layer": op.get("layer", ""),
                      "relax_op": op.get("relax_op", ""), "recorded": op["index"] in finished,
                      "stats": op["index"] in finished or op["index"] in stats_only,
-                     "outputs": op.get("outputs", []), "source_location": op.get("source_location")}
+                     "outputs": op.get("outputs", []), "source_location": op.get("source_location"),
+                     "step": op.get("step")}
                     for op in ops],
         }
 

@@ -69,6 +69,10 @@ STOCK_ERROR_MAX_CHARS = 1000  # an import error is one line, cut to this length
 # ({"class", "batch", "positions", "mask", "position_ids"}; absent: the model ran as build() returned it)
 META_CAUSAL_LM = "causal_lm"
 CAUSAL_LM_TEXT_MAX_CHARS = 200  # its "class" and "mask" texts: one line each
+# meta key of a generation trace (`record --generate N`, frontend/generation.py): {"class": str,
+# "prompt": int, "input": "tokens", "steps": [{"step": int, "kind": "prefill"|"decode",
+# "positions": [start, end), "token": int}, ...]}; absent: one forward. Each op then has its "step".
+META_GENERATION = "generation"
 
 # dtypes stored as themselves (TVM spelling == numpy spelling)
 NATIVE_DTYPES = frozenset(
@@ -103,7 +107,9 @@ ALLOWED_FILTERS = {1: "deflate", 2: "shuffle", 3: "fletcher32", 32000: "lzf"}
 # defaults of missing optional keys and drop keys they do not know (a newer minor may add some).
 OP_REQUIRED_FIELDS = ("index", "name")
 OP_OPTIONAL_FIELDS = {"op": "", "relax_op": "", "layer": "", "fx_node": "", "inputs": [], "outputs": [],
-                      "is_tuple": False, "source_location": None, "stock_outputs": []}
+                      "is_tuple": False, "source_location": None, "stock_outputs": [], "step": None}
+# An op's "step" (null, or an int >= 0): the generation step it belongs to (0 = the prefill), null outside
+# a generation trace.
 # An op's "stock_outputs" (a list of {"output": int, "shape": [int], "dtype": str}, default []): the outputs
 # TVM's stock importer declares another type for than "outputs" (an import fix changed it; absent in traces
 # recorded before it existed). The engine judges each as a type verdict (frontend/stock_import.py).

@@ -126,6 +126,7 @@ _META_FIELDS = {
     "import_fixes": _str_list,
     S.META_STOCK_IMPORT: lambda v, p, w: _optional(_stock_import, v, p, w),
     S.META_CAUSAL_LM: lambda v, p, w: _optional(_causal_lm, v, p, w),
+    S.META_GENERATION: lambda v, p, w: _optional(_generation, v, p, w),
     "inputs": _str_list,
     "params": _str_list,
     "outputs": _str_list,
@@ -236,6 +237,7 @@ def validate_op_table(value) -> list[dict]:
                                           f"{where}'s 'source_location'")
         op["stock_outputs"] = _stock_outputs(op["stock_outputs"], len(op["outputs"]), part,
                                              f"{where}'s 'stock_outputs'")
+        op["step"] = _optional(_int, op["step"], part, f"{where}'s 'step'")
         ops.append(op)
     return ops
 
@@ -296,6 +298,38 @@ def _causal_lm(value, part: str, where: str) -> dict:
         found[key] = _int(value.get(key), part, f"{where}'s {key!r}")
     _want(isinstance(value.get("position_ids", False), bool), part, f"{where}'s 'position_ids'", "a boolean",
           value.get("position_ids"))
+    return found
+
+
+def _generation(value, part: str, where: str) -> dict:
+    """Meta `generation` (schema.META_GENERATION): the steps, numbered 0.. in order, their positions
+    half-open and contiguous, a prefill first and decode steps after it."""
+    _want(isinstance(value, dict), part, where, "an object", value)
+    found = dict(value)
+    text = _str(value.get("class", ""), part, f"{where}'s 'class'")
+    if len(text) > S.CAUSAL_LM_TEXT_MAX_CHARS or _SOURCE_UNPRINTABLE.search(text):
+        raise SchemaError(part, f"{where}'s 'class' is not one line of at most {S.CAUSAL_LM_TEXT_MAX_CHARS} "
+                                "printable characters")
+    found["prompt"] = _int(value.get("prompt"), part, f"{where}'s 'prompt'", low=1)
+    _name(value.get("input", ""), part, f"{where}'s 'input'")
+    steps = value.get("steps")
+    _want(isinstance(steps, list) and steps, part, f"{where}'s 'steps'", "a non-empty list", steps)
+    end = 0
+    for k, step in enumerate(steps):
+        here = f"{where}'s 'steps'[{k}]"
+        _want(isinstance(step, dict), part, here, 'an object {"step", "kind", "positions", "token"}', step)
+        kind = "prefill" if k == 0 else "decode"
+        if step.get("step") != k or step.get("kind") != kind:
+            raise SchemaError(part, f"{here} must be step {k}, a {kind}")
+        positions = step.get("positions")
+        _want(isinstance(positions, list) and len(positions) == 2, part, f"{here}'s 'positions'",
+              "[start, end)", positions)
+        start = _int(positions[0], part, f"{here}'s 'positions'[0]")
+        stop = _int(positions[1], part, f"{here}'s 'positions'[1]")
+        if start != end or stop <= start:
+            raise SchemaError(part, f"{here}'s positions [{start}, {stop}) do not follow [.., {end})")
+        end = stop
+        _int(step.get("token"), part, f"{here}'s 'token'")
     return found
 
 

@@ -19,6 +19,7 @@ from tapml_dbg.engine.report import build_report, migration_points
 from tapml_dbg.engine.triage import triage
 from tapml_dbg import settings
 from tapml_dbg.errors import TapmlError
+from tapml_dbg.frontend.generation import parse_steps
 from tapml_dbg.record.recorder import record
 from tapml_dbg.repro.carve import carve
 from tapml_dbg.repro.dump import dump_op
@@ -113,6 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
     rec.add_argument("--window", metavar="OPS|LAYER",
                      help="store tensors only for these ops (A:B, end exclusive; an op; or a layer such as "
                           "transformer.h.3) plus the values they read; every op keeps its stats")
+    rec.add_argument("--generate", metavar="N",
+                     help="record a transformers causal LM's greedy generation: the prefill and N decode steps "
+                          "with a KV cache, as one graph whose ops know their step (docs/generation.md)")
     rec.add_argument("--max-bytes", metavar="SIZE",
                      help="budget for stored op tensors (e.g. 200M, 1.5G): tensors of ops from the window's "
                           "start (or op 0) until the budget is spent; every op keeps its stats")
@@ -287,7 +291,8 @@ def _record(args, out, err) -> int:
     with progress("recording", err) as report:
         result = record(args.model, args.output, source=args.source, inputs_npz=args.inputs, seed=args.seed,
                         compression=None if args.compression == "none" else args.compression,
-                        progress=report, window=args.window, max_bytes=args.max_bytes)
+                        progress=report, window=args.window, max_bytes=args.max_bytes,
+                        generate=parse_steps(args.generate) if args.generate is not None else None)
     render(result, out)
     trace = args.output
     render(NextCommands([(_command("bisect", trace), "find the first op that diverges on llvm"),

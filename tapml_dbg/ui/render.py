@@ -26,10 +26,12 @@ from tapml_dbg.engine.mixed import MixedRun, spans_text
 from tapml_dbg.engine.results import BisectResult, CompileReport, StepResult
 from tapml_dbg.engine.stops import Command, RunResult, judge_divergence
 from tapml_dbg.engine.fix import FixResult
+from tapml_dbg.engine.generation import TokenReport
 from tapml_dbg.engine.triage import TriageResult
 from tapml_dbg.judge.compare import metrics_text
 from tapml_dbg.judge.verdict import ISOLATED, Status, Verdict
 from tapml_dbg.frontend.causal_lm import CausalLMInfo
+from tapml_dbg.model.generation import GenerationInfo
 from tapml_dbg.record.recorder import RecordResult
 from tapml_dbg.repro.carve import CarveResult
 from tapml_dbg.repro.dump import DumpResult
@@ -127,6 +129,8 @@ class TraceSummary:
     type_changes: dict | None = None  # {"dtype": n, "shape": n, "ops": [...]}: ops whose import changed the type
     stock_import: dict | None = None  # what TVM's stock import does where an import fix hides it (trace/inspect.py)
     causal_lm: dict | None = None  # trace meta "causal_lm": an unwrapped transformers causal LM, driven as generate()
+    generation: dict | None = None  # trace meta "generation": prefill + decode steps (record --generate)
+    steps: list | None = None  # its steps (info --json "steps")
 
     @classmethod
     def from_info(cls, info: dict) -> TraceSummary:
@@ -743,17 +747,64 @@ def culprit_detail(culprit, console: Console) -> None:
         console.print(f"  {escape(culprit.message)}")
 
 
+def step_text(step: int | None) -> str:
+    """`, step 3 (decode)` for an op of a generation trace; "" otherwise."""
+    if step is None:
+        return ""
+    return f", step {step} ({'prefill' if step == 0 else 'decode'})"
+
+
+def _tokens_line(tokens, console: Console) -> None:
+    """Bisect's line on a generation's tokens (engine/generation.py): the first bad token, or none."""
+    if tokens is None:
+        return
+    if tokens.failure:
+        console.print(f"  tokens: the {tokens.mode} run stopped: {escape(tokens.failure)}")
+        return
+    first = tokens.first_bad
+    worst = max(tokens.steps, key=lambda step: step.kl, default=None)
+    kl = f"; KL max {worst.kl:.2e} nats (step {worst.step})" if worst is not None else ""
+    if first is None:
+        console.print(f"  tokens ({tokens.mode}): all {len(tokens.steps)} steps choose the source's token{kl}")
+        return
+    how = (f"in each other's top-{tokens.top_k}: drift" if first.in_top_k else
+           f"not in each other's top-{tokens.top_k}: a bug")
+    console.print(f"  [bold red]first bad token[/]: step {first.step} (position {first.position}): source "
+                  f"{first.source}, target {first.target}, {how}{kl}")
+
+
+@render.register
+def _(result: TokenReport, console: Console) -> None:
+    if result.failure:
+        console.print(f"[bold red]the {result.mode} run stopped[/]: {escape(result.failure)}")
+        return
+    first = result.first_bad
+    head = (f"first bad token at step {first.step}" if first is not None else "every step chooses the source's token")
+    console.print(f"tokens on {escape(result.target)} ({result.mode}, {result.runs} run(s)): {head}")
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for column in ("step", "position", "source", "target", "verdict", "KL (nats)", "logits error"):
+        table.add_column(column, justify="right" if column != "verdict" else "left")
+    for step in result.steps:
+        style = "" if step.verdict == "same" else ("yellow" if step.verdict == "drift" else "bold red")
+        verdict = f"[{style}]{step.verdict}[/]" if style else step.verdict
+        table.add_row(str(step.step), str(step.position), str(step.source), str(step.target), verdict,
+                      f"{step.kl:.2e}", f"{step.error:.2e}")
+    print_table(console, table)
+
+
 @render.register
 def _(result: BisectResult, console: Console) -> None:
     if not result.diverged:
         console.print(f"[green]no divergence[/]: {result.ops} ops checked on {escape(result.target)} with "
                       f"{result.probes} probes in {result.seconds:.1f} s")
+        _tokens_line(result.tokens, console)
         _print_notes(result.notes, console)
         return
     culprit = result.culprit
     console.print(f"[bold red]first divergent op[/]: #{culprit.index} [bold]{escape(culprit.name)}[/] "
-                  f"({escape(culprit.op)}) in layer [cyan]{escape(layer_text(culprit.layer))}[/]")
+                  f"({escape(culprit.op)}) in layer [cyan]{escape(layer_text(culprit.layer))}[/]{step_text(culprit.step)}")
     culprit_detail(culprit, console)
+    _tokens_line(result.tokens, console)
     console.print(f"  found on {escape(result.target)} with {result.probes} probes over {result.ops} ops "
                   f"in {result.seconds:.1f} s")
     if result.neighbourhood:  # isolated verdicts only: the search never runs the neighbours propagated
@@ -887,6 +938,8 @@ def _(result: RecordResult, console: Console) -> None:
                   f"run {run:.2f} s{versus}")
     if result.causal_lm:
         console.print(f"  driven as a {escape(result.causal_lm)} (as generate() runs a prefill, use_cache=False)")
+    if result.generation:
+        console.print(f"  {escape(result.generation)}, each op tagged with its step")
     console.print(f"  {result.helper_ops} helper ops: {result.host_helpers} on the host (numpy / torch), "
                   f"{result.helper_ops - result.host_helpers} on tvm:llvm")
     if result.capture:
@@ -911,6 +964,10 @@ def _(result: TraceSummary, console: Console) -> None:
                                 f"{result.stats_only_ops} with stats only"))
     if result.causal_lm:
         rows.append(("driven as", CausalLMInfo.text_of(result.causal_lm)))
+    generation = GenerationInfo.from_meta(result.generation)
+    if generation is not None:
+        tokens = " ".join(str(step.token) for step in generation.steps)
+        rows.append(("generation", f"{generation.text[len('generation: '):]}; the source's tokens: {tokens}"))
     if result.import_fixes:
         rows.append(("import fixes", ", ".join(result.import_fixes)))
     if (result.type_changes or {}).get("ops"):

@@ -1,0 +1,58 @@
+"""A generation's steps as data (trace meta `generation`, schema.META_GENERATION): what the recorder
+wrote (frontend/generation.py), what the engine and the renderers read. No torch here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+TOKENS_INPUT = "tokens"  # the graph input holding the source's greedy tokens (teacher forcing)
+PREFILL, DECODE = "prefill", "decode"
+
+
+@dataclass
+class StepInfo:
+    """One call of a generation: `positions` [start, end) it adds to the cache, the token it chose."""
+
+    step: int
+    kind: str  # PREFILL or DECODE
+    start: int
+    end: int
+    token: int  # the source's greedy choice at this step (the argmax of its last position's logits)
+
+    def to_json(self) -> dict:
+        return {"step": self.step, "kind": self.kind, "positions": [self.start, self.end], "token": self.token}
+
+    @staticmethod
+    def from_json(data: dict) -> "StepInfo":
+        start, end = data["positions"]
+        return StepInfo(int(data["step"]), str(data["kind"]), int(start), int(end), int(data["token"]))
+
+
+@dataclass
+class GenerationInfo:
+    """How the recorder generated (trace meta `generation`)."""
+
+    model_class: str
+    prompt: int  # prompt positions
+    steps: list[StepInfo] = field(default_factory=list)
+
+    @property
+    def decode_steps(self) -> int:
+        return len(self.steps) - 1
+
+    def to_meta(self) -> dict:
+        return {"class": self.model_class, "prompt": self.prompt, "input": TOKENS_INPUT,
+                "steps": [step.to_json() for step in self.steps]}
+
+    @staticmethod
+    def from_meta(meta: dict | None) -> "GenerationInfo | None":
+        if not meta:
+            return None
+        return GenerationInfo(str(meta.get("class", "")), int(meta.get("prompt", 0)),
+                              [StepInfo.from_json(step) for step in meta.get("steps", [])])
+
+    @property
+    def text(self) -> str:
+        """`generation: Qwen2ForCausalLM, a prefill of 8 positions + 16 decode steps (greedy, KV cache)`."""
+        return (f"generation: {self.model_class}, a prefill of {self.prompt} positions + {self.decode_steps} "
+                "decode steps (greedy, KV cache)")
