@@ -139,6 +139,8 @@ def _target_logits(session, tokens: np.ndarray | None, report: TokenReport) -> n
     result = session.lanes.run(request, timeout)
     report.runs += 1
     if not result.ok or not result.outputs:
-        report.failure = (f"op {result.failed_op}: " if result.failed_op else "") + (result.message or "no output")
+        message = result.message or "no output"
+        named = result.failed_op and result.failed_op in message
+        report.failure = message if named or not result.failed_op else f"op {result.failed_op}: {message}"
         return None
     return np.asarray(result.outputs[0][0])
