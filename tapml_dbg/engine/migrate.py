@@ -24,7 +24,7 @@ from enum import StrEnum
 from typing import Callable
 
 from tapml_dbg.engine.kept import kept_note
-from tapml_dbg.engine.mixed import MixedRun, MixedRunner
+from tapml_dbg.engine.mixed import MixedRun, MixedRunner, blocks_in, step_ranges
 from tapml_dbg.engine.results import Culprit
 from tapml_dbg.engine.search import SearchTrace, first_failing
 from tapml_dbg.errors import UsageError
@@ -118,7 +118,9 @@ def _finite_or_none(value: float) -> float | None:
 
 # ---------------------------------------------------------------------------- the plan
 def plan_steps(runner: MixedRunner, by: By, one_at_a_time: bool) -> list[tuple[str, list[int], list[int]]]:
-    """(label, offload, new) of every step."""
+    """(label, offload, new) of every step. In a generation trace a block recurs in every generation
+    step: a migration step then moves that block of every generation step (and the ops outside the
+    blocks that join it in each) to the target."""
     ops = runner.ops
     count = len(ops)
     if by == By.OP:
@@ -128,21 +130,33 @@ def plan_steps(runner: MixedRunner, by: By, one_at_a_time: bool) -> list[tuple[s
     blocks = runner.blocks
     if not blocks:
         raise UsageError("the model has no layers to migrate by: use `--by op`")
+    spans = step_ranges(ops)
+    every = " in every step" if len(spans) > 1 else ""
     if one_at_a_time:
         inside = {index for block in blocks for index in block.indices}
-        before = [i for i in range(blocks[0].indices[0]) if i not in inside]
-        after = [i for i in range(count) if i not in inside and i not in before]
+        before = [i for span in spans for i in span
+                  if i not in inside and i < min((b.indices[0] for b in blocks_in(blocks, span)), default=span.stop)]
+        after = [i for i in range(count) if i not in inside and i not in set(before)]
         entries = [(BEFORE_BLOCKS, before)] if before else []
-        entries += [(block.label, list(block.indices)) for block in blocks]
+        entries += [(block.label + every, list(block.indices)) for block in blocks]
         entries += [(AFTER_BLOCKS, after)] if after else []
         return [(label, indices, indices) for label, indices in entries]
-    ends = [block.end for block in blocks[:-1]] + [count]
-    starts = [0] + ends[:-1]
+    offload: list[int] = []
+    news: list[list[int]] = [[] for _ in blocks]
+    for span in spans:  # per generation step: the prefix grows one block at a time, as in one forward
+        local = {block.label: block for block in blocks_in(blocks, span)}
+        start = span.start
+        for number, block in enumerate(blocks):
+            last = number == len(blocks) - 1
+            end = span.stop if last else (local[block.label].end if block.label in local else start)
+            news[number] += list(range(start, max(start, end)))
+            start = max(start, end)
     steps = []
-    for block, start, end in zip(blocks, starts, ends):
-        others = end - start - len(block.indices)  # ops outside every block that join this step
-        label = block.label + (f" +{others} ops outside the blocks" if others else "")
-        steps.append((label, list(range(end)), list(range(start, end))))
+    for block, new in zip(blocks, news):
+        offload = sorted(set(offload) | set(new))
+        others = len(new) - len(block.indices)  # ops outside every block that join this step
+        label = block.label + every + (f" +{others} ops outside the blocks" if others else "")
+        steps.append((label, offload, new))
     return steps
 
 

@@ -127,10 +127,31 @@ def top_level_blocks(ops: list[OpInfo]) -> list[Block]:
     return sorted(blocks, key=lambda block: block.indices[0])
 
 
+def step_ranges(ops: list[OpInfo]) -> list[range]:
+    """The ops of each generation step, in order (consecutive: a step's ops are one range); one range
+    of every op outside a generation trace."""
+    ranges, start = [], 0
+    for index in range(1, len(ops) + 1):
+        if index == len(ops) or ops[index].step != ops[start].step:
+            ranges.append(range(start, index))
+            start = index
+    return ranges or [range(0)]
+
+
+def blocks_in(blocks: list[Block], span: range) -> list[Block]:
+    """The blocks restricted to the ops of `span` (one generation step), those with an op there."""
+    restricted = [Block(block.label, tuple(i for i in block.indices if i in span)) for block in blocks]
+    return [block for block in restricted if block.indices]
+
+
 def unit_bounds(ops: list[OpInfo], blocks: list[Block]) -> list[int]:
     """Where target units are cut: after every block but the last (ops before the first block share
-    block 0's unit span, ops after the last block share the last block's)."""
-    return sorted({block.end for block in blocks[:-1]} | {0, len(ops)})
+    block 0's unit span, ops after the last block share the last block's), in every generation step
+    (a block recurs once per step: the steps' units are cut alike)."""
+    bounds = {0, len(ops)}
+    for span in step_ranges(ops):
+        bounds |= {span.start} | {block.end for block in blocks_in(blocks, span)[:-1]}
+    return sorted(bounds)
 
 
 # ---------------------------------------------------------------------------- results

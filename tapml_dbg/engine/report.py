@@ -13,22 +13,31 @@ Room for what comes next: the noise floor of [8] (the source's own error against
 reference, read from the metrics where they carry it: `OpPoint.noise_floor`, `OpPoint.tolerance`
 then gives the noise-floor bound), the class of a failing verdict ([8]: `OpPoint.wrong`), and a
 migration curve ([9]: `ErrorReport.migration`, shown when set).
+
+A generation trace ([15]) adds `ErrorReport.generation`: per step, the worst propagated error of
+the step's ops (read from the verdicts above, nothing run again) beside the step's teacher-forced
+token verdict and KL (engine/generation.py: one more chained run, or the bisect's own when a bisect
+result is given).
 """
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 
+from tapml_dbg.engine.generation import TokenReport, generation_of, teacher_forced
 from tapml_dbg.engine.kept import segments as kept_segments
 from tapml_dbg.engine.migrate import MigrateResult
 from tapml_dbg.engine.results import BisectResult, Culprit, StepResult
 from tapml_dbg.engine.stops import first_divergence
 from tapml_dbg.errors import TraceError
+from tapml_dbg.judge.tokens import TokenStep
 from tapml_dbg.judge.verdict import ISOLATED, PROPAGATED, Mode, Status, Verdict
+from tapml_dbg.model.generation import GenerationInfo
 from tapml_dbg.model.graph import OpInfo
 from tapml_dbg.runtime.messages import UnitResult
 from tapml_dbg.trace.inspect import trace_info
@@ -141,6 +150,77 @@ def migration_points(result: MigrateResult) -> list[MigrationPoint]:
 
 
 @dataclass
+class StepPoint:
+    """One step of a generation trace ([15]): its ops' worst propagated error and its token verdict."""
+
+    step: int
+    kind: str  # model.generation.PREFILL or DECODE
+    start: int  # the sequence positions [start, end) the step adds to the cache
+    end: int
+    first: int | None = None  # the first and last op of the step (None: no op carries the step)
+    last: int | None = None
+    worst: float | None = None  # the worst propagated error (`rel`) of the step's ops; None: none judged
+    worst_op: int | None = None  # the op that has it
+    failing: int = 0  # ops of the step whose propagated verdict fails (a failed run included)
+    token: TokenStep | None = None  # teacher-forced; None: the chain stopped before this step
+
+    @property
+    def positions(self) -> str:
+        return f"[{self.start}, {self.end})"
+
+
+@dataclass
+class GenerationReport:
+    """A generation trace's steps on the page: the teacher-forced tokens and the per-step errors."""
+
+    info: GenerationInfo
+    tokens: TokenReport
+    steps: list[StepPoint] = field(default_factory=list)
+
+    @property
+    def first_bad(self) -> TokenStep | None:
+        return self.tokens.first_bad
+
+
+def generation_points(session, points: list[OpPoint], tokens: TokenReport | None = None,
+                      progress: Progress = _noop) -> GenerationReport | None:
+    """Per step of `session`'s generation, the worst propagated error among `points` of that step and
+    the step's teacher-forced token verdict (`tokens` when given, else one more chained run); None for
+    a trace of one forward."""
+    info = generation_of(session)
+    if info is None:
+        return None
+    if tokens is None:
+        progress(0, 1, "teacher-forced tokens")
+        tokens = teacher_forced(session)
+        progress(1, 1, "teacher-forced tokens done")
+    by_token = {token.step: token for token in tokens.steps}
+    steps = {step.step: StepPoint(step.step, step.kind, step.start, step.end, token=by_token.get(step.step))
+             for step in info.steps}
+    ops = session.ops
+    for point in points:
+        step = steps.get(ops[point.index].step)
+        if step is None:
+            continue
+        step.first = point.index if step.first is None else min(step.first, point.index)
+        step.last = point.index if step.last is None else max(step.last, point.index)
+        verdict = point.propagated
+        if verdict is not None and verdict.failed:
+            step.failing += 1
+        error = point.error(PROPAGATED)
+        if error is not None and (step.worst is None or _worse(error, step.worst)):
+            step.worst, step.worst_op = error, point.index
+    return GenerationReport(info, tokens, [steps[k] for k in sorted(steps)])
+
+
+def _worse(error: float, than: float) -> bool:
+    """`error` is worse than `than`: a non-finite error (NaN, Inf) is worse than any finite one."""
+    if not math.isfinite(than):
+        return False
+    return not math.isfinite(error) or error > than
+
+
+@dataclass
 class ErrorReport:
     """Everything the report page shows; the UI draws it, nothing here knows HTML."""
 
@@ -156,6 +236,7 @@ class ErrorReport:
     units: int = 0
     migration: list[MigrationPoint] | None = None  # [9]; None: not asked for
     causes: object | None = None  # a TriageResult over these points (engine/triage.py builds on this module)
+    generation: GenerationReport | None = None  # [15]: a generation trace's steps; None for one forward
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -186,6 +267,7 @@ def build_report(session, bisect: BisectResult | None = None, progress: Progress
     else:
         report.culprit = first_divergent(points, ops)
         report.culprit_source = "continue" if report.culprit else ""
+    report.generation = generation_points(session, points, bisect.tokens if bisect is not None else None, progress)
     report.seconds = time.perf_counter() - started
     report.units = session.lanes.units - units_before
     return report

@@ -5,7 +5,9 @@ tolerance each was held to; layers as alternating bands; failing ops in red; the
 vertical line. An exact result (error 0) has no place on a log axis: it sits on the bottom
 edge, marked as exact. A unit that did not run (compile error, crash, timeout) is a mark on the
 top edge. The noise floor ([8]) is drawn where the report holds one. A second chart draws
-[9]'s migration curve: the model output's error per `migrate` step.
+[9]'s migration curve: the model output's error per `migrate` step. A generation trace ([15])
+gets dashed lines where each step's ops start, and a chart of its own: per step, the worst
+propagated op error and the logits' error beside the logits' KL, the first bad token marked.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import io
 import math
 from dataclasses import dataclass
 
-from tapml_dbg.engine.report import ErrorReport, MigrationPoint
+from tapml_dbg.engine.report import ErrorReport, GenerationReport, MigrationPoint
 from tapml_dbg.judge.verdict import ISOLATED, PROPAGATED
 
 FIGURE_INCHES = (12.0, 4.6)  # about the width of a laptop browser window at 96 dpi
@@ -24,12 +26,17 @@ ZOOM_MIN_OPS = 60  # models with more ops than this get a zoomed chart around th
 FLOOR_DECADES_BELOW = 1.0  # the exact-result edge sits this many decades below the smallest error
 SMALLEST_FLOOR = 1e-12
 LARGEST_ERROR = 10.0  # errors above (and NaN) are clipped to the top edge
+MAX_STEP_TICKS = 24  # a generation chart with more steps than this labels only some
 BAND_LABEL_MIN_OPS = 3  # a band narrower than this many ops gets no label
 COLORS = {ISOLATED: "#1f77b4", PROPAGATED: "#ff7f0e", "fail": "#d62728", "culprit": "#d62728",
           "band": ("#e6ebf3", "#f4efe4"), "noise": "#7f7f7f", "failed_run": "#9467bd"}
 SVG_ID = "error-chart"  # the element the browser test looks for
 MIGRATION_SVG_ID = "migration-chart"
 MIGRATION_INCHES = (8.0, 3.0)
+GENERATION_SVG_ID = "generation-chart"
+GENERATION_INCHES = (12.0, 3.4)
+STEP_COLORS = {"worst": COLORS[PROPAGATED], "logits": "#2ca02c", "kl": "#8c564b", "boundary": "#6b6b6b",
+               "first_bad": COLORS["culprit"]}
 
 
 @dataclass
@@ -52,6 +59,7 @@ def error_chart_svg(report: ErrorReport, first: int | None = None, last: int | N
     ax = figure.add_subplot()
     lo, hi = (points[0].index, points[-1].index) if points else (0, 0)
     _bands(ax, report, lo, hi)
+    _step_boundaries(ax, report, lo, hi)
     for mode, marker in ((ISOLATED, "o"), (PROPAGATED, "s")):
         _series(ax, points, mode, marker, axes)
     _noise_floor(ax, points)
@@ -104,7 +112,97 @@ def migration_chart_svg(points: list[MigrationPoint], element_id: str = MIGRATIO
     buffer = io.StringIO()
     with _svg_text_as_text():
         figure.savefig(buffer, format="svg")
-    return _inline(buffer.getvalue(), element_id)
+    return _inline(buffer.getvalue(), element_id, "migration chart")
+
+
+def generation_chart_svg(generation: GenerationReport, element_id: str = GENERATION_SVG_ID,
+                         inches: tuple[float, float] = GENERATION_INCHES) -> str:
+    """[15]'s two charts side by side, one point per step (log scales): the worst propagated error of
+    the step's ops and the error of its logits; the KL of its logits. The first bad token's step is a
+    red line on both. As an `<svg>` element with `element_id`."""
+    from matplotlib.figure import Figure
+
+    steps = generation.steps
+    tokens = [(s.step, s.token) for s in steps if s.token is not None]
+    figure = Figure(figsize=inches, layout="constrained")
+    error_ax, kl_ax = figure.subplots(1, 2)
+    errors = [(s.step, s.worst) for s in steps] + [(k, t.error) for k, t in tokens]
+    axes = _step_axes([e for _, e in errors], cap=LARGEST_ERROR)
+    _step_series(error_ax, [(s.step, s.worst) for s in steps], axes, STEP_COLORS["worst"], "o",
+                 "worst op error of the step (propagated)")
+    _step_series(error_ax, [(k, t.error) for k, t in tokens], axes, STEP_COLORS["logits"], "s",
+                 "the step's logits error")
+    kl_axes = _step_axes([t.kl for _, t in tokens])
+    _step_series(kl_ax, [(k, t.kl) for k, t in tokens], kl_axes, STEP_COLORS["kl"], "D", "KL(source || target)")
+    bad = [(k, kl_axes.top if not math.isfinite(t.kl) else max(t.kl, kl_axes.floor)) for k, t in tokens
+           if t.source != t.target]
+    if bad:
+        kl_ax.scatter(*zip(*bad), s=60, facecolors="none", edgecolors=COLORS["fail"], linewidths=1.6, zorder=4,
+                      label="token differs")
+    first = generation.first_bad
+    numbers = [s.step for s in steps] or [0]
+    for ax, ranges, title, ylabel in ((error_ax, axes, "error per step", "max |target - source| / absmax(source)"),
+                                      (kl_ax, kl_axes, "KL of the step's logits", "nats")):
+        if first is not None:
+            ax.axvline(first.step, color=STEP_COLORS["first_bad"], linewidth=1.2, alpha=0.8, zorder=1)
+            ax.annotate(f"first bad token: step {first.step} ({first.verdict})", xy=(first.step, ranges.top),
+                        xytext=(4, -4), textcoords="offset points", color=STEP_COLORS["first_bad"], fontsize=8,
+                        fontweight="bold", va="top")
+        ax.set_yscale("log")
+        ax.set_ylim(ranges.floor / 2, ranges.top * 2)
+        ax.set_xlim(min(numbers) - 0.5, max(numbers) + 0.5)
+        ax.set_xticks(numbers, [str(k) for k in numbers])
+        if len(numbers) > MAX_STEP_TICKS:
+            from matplotlib.ticker import MaxNLocator
+
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("generation step (0: the prefill)")
+        ax.set_ylabel(ylabel)
+        ax.set_title(title, fontsize=9)
+        ax.grid(True, which="major", axis="y", color="#dddddd", linewidth=0.6)
+        if ax.get_legend_handles_labels()[0]:  # a chain that stopped before the first step draws nothing
+            ax.legend(fontsize=7, loc="lower right", frameon=False)
+    buffer = io.StringIO()
+    with _svg_text_as_text():
+        figure.savefig(buffer, format="svg")
+    return _inline(buffer.getvalue(), element_id, "error and KL per generation step")
+
+
+def _step_axes(values: list[float | None], cap: float | None = None) -> Axes:
+    """The y range of one step chart: a decade below the smallest positive value (where 0 sits) up to
+    the largest finite one (`cap` at most; non-finite values sit on the top edge)."""
+    finite = [v for v in values if v is not None and math.isfinite(v) and v > 0]
+    smallest = min(finite) if finite else 1e-6
+    floor = max(SMALLEST_FLOOR, 10 ** (math.floor(math.log10(smallest)) - FLOOR_DECADES_BELOW))
+    top = max(finite + [floor * 10])
+    return Axes(floor, min(cap, top) if cap is not None else top)
+
+
+def _step_series(ax, pairs: list[tuple[int, float | None]], axes: Axes, color: str, marker: str, label: str) -> None:
+    """One value per step as a line of markers; 0 on the bottom edge, NaN and Inf on the top edge (x)."""
+    shown = [(k, _plotted(v, axes)) for k, v in pairs if v is not None]
+    if not shown:
+        return
+    ax.plot(*zip(*shown), color=color, marker=marker, markersize=5, linewidth=1.0, alpha=0.9, label=label, zorder=3)
+    off = [(k, axes.top) for k, v in pairs if v is not None and not math.isfinite(v)]
+    if off:
+        ax.scatter(*zip(*off), marker="X", s=60, color=COLORS["failed_run"], zorder=5, label=f"{label}: not finite")
+
+
+def _step_boundaries(ax, report: ErrorReport, lo: int, hi: int) -> None:
+    """A generation trace's steps on the per-op chart: a dashed line where each step's ops start,
+    labelled with its number."""
+    if report.generation is None:
+        return
+    for step in report.generation.steps:
+        if step.first is None or not lo <= step.first <= hi:
+            continue
+        if step.first > lo:
+            ax.axvline(step.first - 0.5, color=STEP_COLORS["boundary"], linewidth=0.9, linestyle="--", zorder=1)
+        ax.annotate(f"step {step.step}" if step.step else "prefill", xy=(step.first - 0.5, 1.0),
+                    xycoords=("data", "axes fraction"), xytext=(3, -3), textcoords="offset points", ha="left",
+                    va="top", fontsize=7, color=STEP_COLORS["boundary"], zorder=6, annotation_clip=True,
+                    bbox={"boxstyle": "round,pad=0.15", "facecolor": "white", "edgecolor": "none", "alpha": 0.75})
 
 
 def zoom_range(report: ErrorReport) -> tuple[int, int] | None:
@@ -206,11 +304,11 @@ class _svg_text_as_text:
         self._context.__exit__(*exc)
 
 
-def _inline(svg: str, element_id: str) -> str:
+def _inline(svg: str, element_id: str, label: str = "per-op error chart") -> str:
     """The `<svg ...>` element alone (no XML prolog or doctype), with an id and a scalable width."""
     start = svg.index("<svg")
     element = svg[start:]
     head_end = element.index(">")
     head = element[:head_end]
-    head = head.replace("<svg", f'<svg id="{element_id}" role="img" aria-label="per-op error chart"', 1)
+    head = head.replace("<svg", f'<svg id="{element_id}" role="img" aria-label="{label}"', 1)
     return head + element[head_end:]

@@ -1,7 +1,8 @@
 """`index.html` of `tapml-dbg report`: one self-contained page (no network, no script).
 
 The page holds the verdict in one sentence, the chart (inline SVG), the culprit's card with the
-command that dumps it, the migration curve ([9]) when the report carries one, the trace's
+command that dumps it, a generation trace's steps ([15]: error and KL per step, the first bad
+token, a table of the steps), the migration curve ([9]) when the report carries one, the trace's
 summary, and every op's two verdicts as a table. Everything from the trace is HTML-escaped.
 """
 
@@ -12,18 +13,21 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from tapml_dbg.engine.report import ErrorReport, OpPoint
+from tapml_dbg.engine.report import ErrorReport, GenerationReport, OpPoint, StepPoint
 from tapml_dbg.errors import UsageError
 from tapml_dbg.judge.compare import Metrics
+from tapml_dbg.judge.tokens import BUG, DRIFT, SAME
 from tapml_dbg.judge.verdict import ISOLATED, PROPAGATED, Status, Verdict
 from tapml_dbg.repro.files import human_bytes
-from tapml_dbg.ui.report.chart import ZOOM_INCHES, error_chart_svg, migration_chart_svg, zoom_range
+from tapml_dbg.ui.report.chart import (ZOOM_INCHES, error_chart_svg, generation_chart_svg, migration_chart_svg,
+                                       zoom_range)
 
 INDEX_NAME = "index.html"
 NOISE_ROWS = (("source err vs float64", "source_err"), ("target err vs float64", "target_err"),
               ("noise-floor bound", "noise_bound"), ("target / source error", "ratio"))
 TITLE_PREFIX = "tapml-dbg report"
 TOP = "<top>"  # how an op outside every layer is named
+TOKEN_CSS = {SAME: "pass", DRIFT: "other", BUG: "FAIL"}  # a step's token verdict, styled as the op verdicts are
 STYLE = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 1.5em auto; max-width: 1200px;
        padding: 0 1em; color: #1d2330; }
@@ -88,7 +92,7 @@ def page(report: ErrorReport, dump_command: str = "", replay_command: str = "",
              f"<h1>{_e(title)}</h1>\n", _headline(report),
              "<h2>Error along the model</h2>\n", _chart(report),
              _culprit_card(report, dump_command, replay_command), _causes(report, cause_commands or {}),
-             _migration(report), _summary(report),
+             _generation(report), _migration(report), _summary(report),
              _ops_table(report), _footer(report), "</body>\n</html>\n"]
     return "".join(parts)
 
@@ -123,6 +127,8 @@ def _chart(report: ErrorReport) -> str:
                "shaded bands: layers; the red line: the culprit.")
     if report.has_noise_floor:
         caption += " Grey: the source's own error against a float64 reference (its noise floor)."
+    if report.generation is not None:
+        caption += " Dashed lines: where each generation step's ops start (step 0: the prefill)."
     text = f"<figure>\n{error_chart_svg(report)}\n<figcaption>{caption}</figcaption>\n</figure>\n"
     zoom = zoom_range(report)
     if zoom is not None:
@@ -211,6 +217,64 @@ def _causes(report: ErrorReport, commands: dict[int, str]) -> str:
             "the failures they hand downstream are counted as inherited.</p>\n<table id=\"causes\">\n"
             "<tr><th></th><th>cause</th><th>class</th><th>ops</th><th>inherited</th><th>repro</th></tr>\n"
             f"{''.join(rows)}</table>\n")
+
+
+def _generation(report: ErrorReport) -> str:
+    """[15]: a generation trace's steps: error and KL per step, the first bad token, the steps' table."""
+    generation = report.generation
+    if generation is None:
+        return ""
+    caption = ("One point per step (0: the prefill), log scales. Left: the worst propagated error of the step's "
+               "ops (every op fed the target's own upstream values, the KV cache included) and the error of the "
+               "step's logits; right: KL(source || target) of the softmax of the step's logits, in nats. "
+               "Teacher-forced: every step is fed the source's token. Red: the first bad token's step. A value "
+               "below a chart's bottom (0, or a KL at rounding level) sits on its bottom edge; x: not finite.")
+    chart = f"<figure>\n{generation_chart_svg(generation)}\n<figcaption>{caption}</figcaption>\n</figure>\n"
+    rows = "".join(_step_row(step, generation) for step in generation.steps)
+    return (f'<h2 id="generation-section">Generation</h2>\n{_first_bad_sentence(generation, report.target)}'
+            f'{chart}<table id="generation">\n<tr><th>step</th><th>kind</th><th>positions</th><th>source token</th>'
+            "<th>target token</th><th>verdict</th><th>KL</th><th>logits error</th><th>worst op error</th>"
+            f"<th>failing ops</th></tr>\n{rows}</table>\n")
+
+
+def _first_bad_sentence(generation: GenerationReport, target: str) -> str:
+    tokens, first, info = generation.tokens, generation.first_bad, generation.info
+    text = (f"{_e(info.model_class or 'The model')}: a prefill of {info.prompt} positions and "
+            f"{info.decode_steps} decode steps, replayed on {_e(target)} teacher-forced. ")
+    if first is not None:
+        why = (f"each token is in the other side's top-{tokens.top_k} (a near tie: drift)" if first.verdict == DRIFT
+               else f"outside the other side's top-{tokens.top_k}: a bug")
+        text += (f"<b>First bad token: step {first.step}</b> (position {first.position}): the target picks token "
+                 f"{first.target} where the source picks {first.source}; {_e(why)}.")
+    elif tokens.failure:
+        text += "No step picks another token before the chain stopped."
+    else:
+        text += f"Every step picks the source's token ({len(tokens.steps)} of {len(generation.steps)})."
+    if tokens.failure:
+        text += f" The chain did not run to the end, so no tokens past it: {_e(tokens.failure)}"
+    return f'<p id="first-bad-token">{text}</p>\n'
+
+
+def _step_row(step: StepPoint, generation: GenerationReport) -> str:
+    token = step.token
+    first = generation.first_bad
+    css = "culprit" if first is not None and first.step == step.step else (
+        "fail" if token is not None and token.verdict != SAME else "")
+    if token is None:
+        cells = "<td>-</td><td>-</td><td>-</td><td>-</td><td>-</td>"
+    else:
+        cells = (f"<td class=\"num\">{token.source}</td><td class=\"num\">{token.target}</td>"
+                 f"<td><span class=\"{TOKEN_CSS.get(token.verdict, 'other')}\">{_e(token.verdict)}</span></td>"
+                 f"<td class=\"num\">{_number(token.kl)}</td><td class=\"num\">{_number(token.error)}</td>")
+    worst = "-" if step.worst is None else _number(step.worst) + (f" (#{step.worst_op})" if step.worst_op is not None
+                                                                   else "")
+    return (f"<tr class=\"{css}\"><td class=\"num\">{step.step}</td><td>{_e(step.kind)}</td>"
+            f"<td>{_e(step.positions)}</td>{cells}<td class=\"num\">{_e(worst)}</td>"
+            f"<td class=\"num\">{step.failing}</td></tr>\n")
+
+
+def _number(value: float) -> str:
+    return f"{value:.2e}" if math.isfinite(value) else str(value)
 
 
 def _migration(report: ErrorReport) -> str:
