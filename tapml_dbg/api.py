@@ -8,6 +8,7 @@ For scripts and notebooks (docs/api.md):
         frame = replay.table()           # a pandas DataFrame, one row per op
         causes = replay.triage()         # every divergence grouped by cause
         fixed = replay.fix("fix/")       # verified rewrites: fix/fix.py, for transform="fix/fix.py:fix"
+        tokens = replay.tokens()         # a generation trace's tokens on the target beside the source's
 
 Each method returns the result object the CLI renders (each has `to_json()`); the CLI's commands
 are this layer plus rendering. pandas is needed only by `table()` (`pip install tapml-dbg[api]`).
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Callable
 
 from tapml_dbg.engine.fix import FixResult, fix as fix_causes
+from tapml_dbg.engine.generation import TokenReport, free_running, teacher_forced
 from tapml_dbg.engine.migrate import MigrateResult
 from tapml_dbg.engine.mixed import MixedRun, parse_offload
 from tapml_dbg.engine.report import OpPoint, error_points
@@ -34,8 +36,9 @@ from tapml_dbg.runtime.compile_cache import DEFAULT_CACHE_DIR
 from tapml_dbg.runtime.target import DEFAULT_UNIT_TIMEOUT_S, TargetSpec
 
 Progress = Callable[..., None]
-TABLE_COLUMNS = ("index", "name", "op", "layer", "file", "line", "code", "dtype", "isolated", "isolated_error",
+TABLE_COLUMNS = ("index", "name", "op", "layer", "step", "file", "line", "code", "dtype", "isolated", "isolated_error",
                  "isolated_tolerance", "propagated", "propagated_error", "propagated_tolerance", "class", "evidence")
+NULLABLE_INT = "Int64"  # pandas' integer dtype with a missing value: `step` stays an int, <NA> outside a generation
 
 
 def _noop(*_args, **_kwargs) -> None:
@@ -115,6 +118,13 @@ class Replay:
         """One mixed run (`tapml-dbg run --offload SPEC`): `all`, `none` or op selectors."""
         return self.session.run_mixed(parse_offload(self.session.op_table, offload), progress=progress)
 
+    def tokens(self, free: bool = False) -> TokenReport:
+        """A generation trace's tokens on the target beside the source's, one `TokenStep` per step
+        (`.first_bad`: the first step whose token differs): teacher-forced, every step fed the source's
+        token; `free=True`: the target fed its own tokens (the REPL's `tokens [free]`). A trace without
+        steps raises a `UsageError`."""
+        return free_running(self.session) if free else teacher_forced(self.session)
+
     def dump(self, op: int | str, folder: str | Path, minimize: bool = False, progress: Progress = _noop) -> DumpResult:
         """One op as a standalone repro folder (`tapml-dbg dump`)."""
         return dump_op(self.session, str(op), str(folder), command=f"tapml_dbg.open(...).dump({op!r})",
@@ -134,7 +144,8 @@ class Replay:
         except ImportError as exc:
             raise UsageError("table() needs pandas: pip install pandas (or tapml-dbg[api]); rows() gives the "
                              "same data as dicts") from exc
-        return pandas.DataFrame(self.rows(progress), columns=list(TABLE_COLUMNS)).set_index("index", drop=False)
+        frame = pandas.DataFrame(self.rows(progress), columns=list(TABLE_COLUMNS))
+        return frame.astype({"step": NULLABLE_INT}).set_index("index", drop=False)
 
     def _verdicts(self, progress: Progress) -> list[OpPoint]:
         """Both verdicts of every op, computed once per transform text (an edited pass recomputes)."""
@@ -147,7 +158,7 @@ class Replay:
 def _row(point: OpPoint, op: OpInfo) -> dict:
     wrong, evidence = point.wrong()
     where = op.source_location  # the user's line the op comes from (None: no frame in the user's files)
-    row = {"index": point.index, "name": point.name, "op": point.op, "layer": op.layer,
+    row = {"index": point.index, "name": point.name, "op": point.op, "layer": op.layer, "step": op.step,
            "file": where.file if where else None, "line": where.line if where else None,
            "code": where.code if where else None, "dtype": point.dtype, "class": wrong or None,
            "evidence": evidence or None}

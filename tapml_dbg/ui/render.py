@@ -31,7 +31,8 @@ from tapml_dbg.engine.triage import TriageResult
 from tapml_dbg.judge.compare import metrics_text
 from tapml_dbg.judge.verdict import ISOLATED, Status, Verdict
 from tapml_dbg.frontend.causal_lm import CausalLMInfo
-from tapml_dbg.model.generation import GenerationInfo
+from tapml_dbg.model.generation import DECODE, PREFILL, GenerationInfo
+from tapml_dbg.model.select import PREFILL_STEP
 from tapml_dbg.record.recorder import RecordResult
 from tapml_dbg.repro.carve import CarveResult
 from tapml_dbg.repro.dump import DumpResult
@@ -342,15 +343,18 @@ def _(result: R.OpsResult, console: Console) -> None:
         console.print(f"no op matches {escape(result.query)!r}" if result.query else "the trace has no ops")
         return
     table = Table(box=None, pad_edge=False, header_style="bold")
-    for column in ("", "#", "name", "source op", "layer", "output", "T", "iso/prop"):
-        table.add_column(column, no_wrap=column in ("#", "T", ""))
+    stepped = any(row.op.step is not None for row in result.rows)  # a generation trace: which step
+    for column in ("", "#", "name", "source op", "layer", *(("step",) if stepped else ()), "output", "T",
+                   "iso/prop"):
+        table.add_column(column, no_wrap=column in ("#", "T", "", "step"))
     for row in result.rows:
         op = row.op
         shape = ", ".join(f"{tuple(o.shape)} {o.dtype}" for o in op.outputs[:1])
         if len(op.outputs) > 1:
             shape += f" +{len(op.outputs) - 1}"
+        step = ("" if op.step is None else str(op.step),) if stepped else ()
         table.add_row("→" if row.current else "", str(op.index), escape(op.name), escape(op.op),
-                      escape(layer_text(op.layer)), escape(shape), "T" if row.offloaded else "",
+                      escape(layer_text(op.layer)), *step, escape(shape), "T" if row.offloaded else "",
                       _seen_cell(row.seen))
     print_table(console, table)
     if result.matched > len(result.rows):
@@ -379,6 +383,8 @@ def _(result: R.WhereResult, console: Console) -> None:
         op = result.op
         console.print(f"next op  {op_label(op)} ({escape(op.op)}) in layer [cyan]{escape(layer_text(op.layer))}[/]"
                       f"  [{result.position}/{result.ops}]")
+    if result.place is not None:
+        console.print(f"step     {place_text(result.place)}")
     if result.last is not None:
         last = result.last
         console.print(f"last op  #{last.index} [bold]{escape(last.name)}[/]  isolated {verdict_cell(last.isolated)}"
@@ -394,7 +400,7 @@ def _(result: R.ShowResult, console: Console) -> None:
     op = result.op
     console.print(f"{op_label(op)}  source op [bold]{escape(op.op)}[/]  relax op {escape(op.relax_op)}")
     print_source_location(op.source_location, console)
-    console.print(f"  layer {escape(layer_text(op.layer))}   fx node {escape(op.fx_node or '-')}   "
+    console.print(f"  layer {escape(layer_text(op.layer))}{step_text(op.step)}   fx node {escape(op.fx_node or '-')}   "
                   f"{'offloaded' if result.offloaded else 'not offloaded'}")
     if result.note:
         console.print(f"  note: {escape(result.note)}")
@@ -500,7 +506,8 @@ def _(result: RunResult, console: Console) -> None:
 @render.register
 def _(result: R.CompareResult, console: Console) -> None:
     op, step = result.op, result.step
-    console.print(f"{op_label(op)} ({escape(op.op)}) in layer [cyan]{escape(layer_text(op.layer))}[/]")
+    console.print(f"{op_label(op)} ({escape(op.op)}) in layer [cyan]{escape(layer_text(op.layer))}[/]"
+                  f"{step_text(op.step)}")
     print_source_location(op.source_location, console)
     table = Table(box=None, pad_edge=False, header_style="bold")
     table.add_column("")
@@ -751,7 +758,20 @@ def step_text(step: int | None) -> str:
     """`, step 3 (decode)` for an op of a generation trace; "" otherwise."""
     if step is None:
         return ""
-    return f", step {step} ({'prefill' if step == 0 else 'decode'})"
+    return f", step {step} ({step_kind(step)})"
+
+
+def step_kind(step: int) -> str:
+    """What a step of a generation is, by its number: step 0 reads the prompt."""
+    return PREFILL if step == PREFILL_STEP else DECODE
+
+
+def place_text(place: R.StepPlace) -> str:
+    """`2 of 0..3 (decode, positions [9, 10)), op 3 of 245 in the step`: `where`'s step line."""
+    recorded = place.recorded
+    kind = (f"{recorded.kind}, positions [{recorded.start}, {recorded.end})" if recorded is not None else
+            step_kind(place.step))
+    return f"{place.step} of 0..{place.last_step} ({kind}), op {place.offset + 1} of {place.count} in the step"
 
 
 def _tokens_line(tokens, console: Console) -> None:
@@ -1100,8 +1120,8 @@ def _(result: MigrateResult, console: Console) -> None:
     culprit = result.culprit
     if culprit is not None:
         console.print(f"culprit: #{culprit.index} [bold]{escape(culprit.name)}[/] ({escape(culprit.op)}) in layer "
-                      f"[cyan]{escape(layer_text(culprit.layer))}[/], the first op of step {result.culprit_step} "
-                      f"whose offload breaks the output ({result.probes} mixed runs)")
+                      f"[cyan]{escape(layer_text(culprit.layer))}[/]{step_text(culprit.step)}, the first op of "
+                      f"migration step {result.culprit_step} whose offload breaks the output ({result.probes} mixed runs)")
         culprit_detail(culprit, console)
     console.print(f"  {len(result.steps)} steps in {result.seconds:.1f} s: {result.units} target units run, "
                   f"{result.compiled} compiled, {result.reused} reused from earlier runs")

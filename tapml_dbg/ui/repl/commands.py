@@ -17,6 +17,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Callable
 
+from tapml_dbg.engine.generation import free_running, generation_of, teacher_forced
 from tapml_dbg.engine.kept import KEEP_NONE, kept_text, parse_kept, with_node_groups
 from tapml_dbg.engine.mixed import parse_offload, spans_text
 from tapml_dbg.engine.report import error_points, first_divergent
@@ -26,7 +27,7 @@ from tapml_dbg.engine.triage import triage
 from tapml_dbg.errors import TapmlError, UsageError
 from tapml_dbg.judge.compare import DEFAULT_TOLERANCES, PolicyKind, Tolerance, TolerancePolicy
 from tapml_dbg.judge.verdict import PROPAGATED, Mode
-from tapml_dbg.model.select import INDEX_MARK, OP, RANGE, is_index, is_positional
+from tapml_dbg.model.select import INDEX_MARK, OP, RANGE, STEP, is_index, is_positional
 from tapml_dbg.model.units import build_unit
 from tapml_dbg.repro.dump import dump_op
 from tapml_dbg.trace.inspect import trace_info
@@ -37,6 +38,7 @@ OPS_PAGE = 200  # `ops` shows at most this many rows; narrow with a pattern or a
 UNKNOWN_COMMAND_CUTOFF = 0.6  # difflib similarity needed to suggest a command for a typo
 TOL_DTYPES = ("float16", "bfloat16", "float32", "float64")
 GLOB_CHARS = "*?["  # an `ops` pattern holding one of these is a glob, else a substring
+TOKENS_FREE = "free"  # `tokens free`: the target fed its own tokens
 
 
 # --------------------------------------------------------------------------- plumbing
@@ -121,7 +123,7 @@ def cmd_ops(ctx: Context, args: list[str]):
     query = " ".join(args).strip()
     if not query:
         indices = list(range(len(session.ops)))
-    elif is_positional(query):  # `12`, `-1`, `3:5`, `0:5,9`: a selector, by the one set of rules
+    elif is_positional(query):  # `12`, `-1`, `3:5`, `0:5,9`, `@2`: a selector, by the one set of rules
         indices = session.resolve_ops(query)
     else:
         indices = _search_ops(session, query)
@@ -153,7 +155,19 @@ def cmd_where(ctx: Context, args: list[str]):
     session = ctx.session
     op = session.ops[session.position] if session.position < len(session.ops) else None
     return R.WhereResult(session.position, len(session.ops), op, ctx.debugger.last, session.where,
-                         ctx.debugger.mode, offload_summary(session), len(ctx.debugger.breakpoints))
+                         ctx.debugger.mode, offload_summary(session), len(ctx.debugger.breakpoints),
+                         _step_place(session, op))
+
+
+def _step_place(session, op) -> R.StepPlace | None:
+    """Where `op` sits in a generation: its step, the step's kind and positions, its place among the
+    step's ops (None outside a generation trace)."""
+    info = generation_of(session)
+    if op is None or op.step is None or info is None:
+        return None
+    in_step = session.op_table.step_ops(op.step)
+    recorded = next((step for step in info.steps if step.step == op.step), None)
+    return R.StepPlace(op.step, session.op_table.steps()[-1], recorded, in_step.index(op.index), len(in_step))
 
 
 def cmd_show(ctx: Context, args: list[str]):
@@ -280,16 +294,19 @@ def cmd_break(ctx: Context, args: list[str]):
     text = args[0]
     if text in (BreakKind.NAN, BreakKind.DIVERGE):
         bp = debugger.add_breakpoint(BreakKind(text), text)
-    elif _op_or_layer(session, text) == OP:
+    elif (kind := _op_or_layer(session, text)) == OP:
         op = session.resolve(text)
         bp = debugger.add_breakpoint(BreakKind.OP, op.name, frozenset({op.index}))
+    elif kind == STEP:  # `@2`, `@2/model.layers.1`: after any of its ops, as a layer's breakpoint
+        selection = session.op_table.select(text)
+        bp = debugger.add_breakpoint(BreakKind.LAYER, selection.label, frozenset(selection.indices))
     else:
         bp = debugger.add_breakpoint(BreakKind.LAYER, text, frozenset(session.layer_ops(text)))
     return R.BreakResult([bp], f"breakpoint {bp.number}: {bp.describe()}")
 
 
 def _op_or_layer(session, text: str) -> str:
-    """OP or LAYER, by the selector rules; a breakpoint on a range is refused."""
+    """OP, LAYER or STEP, by the selector rules; a breakpoint on a range is refused."""
     kind = session.op_table.select(text).kind
     if kind == RANGE:
         raise ArgError(f"break takes one op or a layer, not the range {text!r}; set one breakpoint per op")
@@ -342,6 +359,16 @@ def cmd_triage(ctx: Context, args: list[str]):
     _need(args, 0, 0)
     with ctx.progress(f"triage on {ctx.session.target}") as progress:
         return triage(ctx.session, progress)
+
+
+def cmd_tokens(ctx: Context, args: list[str]):
+    """A generation trace's tokens on the target beside the source's (engine/generation.py)."""
+    _need(args, 0, 1)
+    if args and args[0] != TOKENS_FREE:
+        raise ArgError(f"expected `{TOKENS_FREE}` or nothing, not {args[0]!r}")
+    run = free_running if args else teacher_forced
+    with ctx.progress(f"tokens on {ctx.session.target}"):
+        return run(ctx.session)
 
 
 def cmd_plot(ctx: Context, args: list[str]):
@@ -522,15 +549,17 @@ COMMANDS: list[Command] = [
     Command("info", ("i",), "info",
             "Summarize the trace and this session.\n"
             "Model, source, sizes, target, transform, position, offload set, mode, tolerances.", cmd_info),
-    Command("ops", (), "ops [PATTERN|RANGE]",
+    Command("ops", (), "ops [PATTERN|RANGE|@K]",
             "List ops, all or those matching.\n"
             "PATTERN matches the name, source op or layer (substring, or a glob like `add*`); RANGE is\n"
-            "`a:b` (b excluded). `→` marks the next op to run, `T` an offloaded op; `iso/prop` holds\n"
-            "the verdicts seen so far.", cmd_ops, (("<op>", "<layer>"),)),
+            "`a:b` (b excluded), or `@K` (the ops of generation step K; `@K/LAYER`: that layer's ops in\n"
+            "it). `→` marks the next op to run, `T` an offloaded op; `iso/prop` holds the verdicts seen\n"
+            "so far.", cmd_ops, (("<op>", "<layer>"),)),
     Command("layers", (), "layers", "List layers (nn.Module paths) with their op ranges.", cmd_layers),
     Command("where", ("w",), "where",
             "Show the next op, the last op run and its verdicts.\n"
-            "Also the target, the mode, the breakpoints and the offload set.", cmd_where),
+            "Also the target, the mode, the breakpoints and the offload set; in a generation trace, the\n"
+            "step of the next op (prefill or decode, the positions it adds).", cmd_where),
     Command("show", (), "show OP",
             "Show an op: Relax IR, source op, layer, inputs, stats.\n"
             "OP is an index (`12`, `#12`, `-1`) or a name. The IR is the op alone, as the target compiles it.",
@@ -564,11 +593,12 @@ COMMANDS: list[Command] = [
             "whose verdict in the current `mode` fails and, in propagated mode, whose failure is not\n"
             "inherited (an op that passes isolated but reads an already diverged value is inherited).\n"
             "Prints a summary, the failing ops and the op it stopped at.", cmd_continue),
-    Command("break", ("b",), "break [OP|LAYER|nan|diverge]",
+    Command("break", ("b",), "break [OP|LAYER|@K|nan|diverge]",
             "Set a breakpoint, or list them.\n"
-            "Execution stops after OP has run, after any op of LAYER, when the target's NaN/Inf pattern\n"
-            "differs from the source (`nan`), or at every failing op (`diverge`, inherited failures\n"
-            "included, also during `step N`).", cmd_break, (("nan", "diverge", "<op>", "<layer>"),)),
+            "Execution stops after OP has run, after any op of LAYER (or of generation step K, or of LAYER\n"
+            "in step K), when the target's NaN/Inf pattern differs from the source (`nan`), or at every\n"
+            "failing op (`diverge`, inherited failures included, also during `step N`).", cmd_break,
+            (("nan", "diverge", "<op>", "<layer>"),)),
     Command("delete", ("d",), "delete [N]", "Delete breakpoint N, or all of them.", cmd_delete,
             (("<breakpoint>",),)),
     Command("bisect", (), "bisect [--no-sweep]",
@@ -594,6 +624,12 @@ COMMANDS: list[Command] = [
             "failure, a type the import changed, or a propagated failure with nothing wrong upstream),\n"
             "grouped by source op, class and failure signature; inherited failures folded in.",
             cmd_triage),
+    Command("tokens", (), "tokens [free]",
+            "A generation trace's tokens: the target's beside the source's, step by step.\n"
+            "Teacher-forced (default): every op chained on the target with its own KV cache, each step fed\n"
+            "the source's token; each step's verdict (`same`, `drift`: the target's token is in the\n"
+            "source's top-k, `bug`: it is not), KL and logits error. `tokens free`: the target fed its\n"
+            "own tokens, what its user sees (docs/generation.md).", cmd_tokens, ((TOKENS_FREE,),)),
     Command("plot", (), "plot [RANGE|LAYER]",
             "Every op's error along the model, as a terminal chart.\n"
             "One column per op (or per few ops on a narrow terminal), log scale: the isolated error\n"

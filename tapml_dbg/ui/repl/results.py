@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tapml_dbg.model.generation import StepInfo
 from tapml_dbg.model.graph import OpInfo
 from tapml_dbg.engine.report import OpPoint
 from tapml_dbg.engine.results import BisectResult, Culprit, StepResult
@@ -70,6 +71,17 @@ class LayersResult:
 
 
 @dataclass
+class StepPlace:
+    """Where an op sits in a generation trace: its step and its place among that step's ops."""
+
+    step: int
+    last_step: int  # the generation's last step (its steps are 0..last_step)
+    recorded: StepInfo | None  # the step as recorded: kind, positions, token (None: not in the trace meta)
+    offset: int  # the op's place among the step's ops, from 0
+    count: int  # ops in the step
+
+
+@dataclass
 class WhereResult:
     position: int
     ops: int
@@ -79,6 +91,7 @@ class WhereResult:
     mode: str
     offload: str
     breakpoints: int
+    place: StepPlace | None = None  # the next op's step, in a generation trace
 
 
 @dataclass
