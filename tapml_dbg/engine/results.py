@@ -21,6 +21,7 @@ class StepResult:
     isolated: Verdict | None = None
     propagated: Verdict | None = None
     breakpoint: str = ""  # why execution stopped here, if it did
+    step: int | None = None  # its generation step (0 = the prefill); None outside a generation trace
 
     def verdict(self, mode: Mode) -> Verdict | None:
         return self.isolated if mode == ISOLATED else self.propagated
@@ -31,7 +32,7 @@ class StepResult:
         return diagnose(self.isolated, self.propagated)
 
     def to_json(self) -> dict:
-        return {"index": self.index, "name": self.name, "op": self.op, "layer": self.layer,
+        return {"index": self.index, "name": self.name, "op": self.op, "layer": self.layer, "step": self.step,
                 "isolated": self.isolated.to_json() if self.isolated else None,
                 "propagated": self.propagated.to_json() if self.propagated else None}
 

@@ -387,7 +387,7 @@ class Session:
 
     def step_result(self, index: int, isolated: Verdict | None = None, propagated: Verdict | None = None) -> StepResult:
         op = self.ops[index]
-        return StepResult(op.index, op.name, op.op, op.layer, isolated, propagated)
+        return StepResult(op.index, op.name, op.op, op.layer, isolated, propagated, step=op.step)
 
     def compare(self, index: int) -> StepResult:
         """Both verdicts of one op, side by side."""

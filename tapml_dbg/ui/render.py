@@ -220,7 +220,8 @@ def step_line(result: StepResult, inherited: bool = False) -> str:
     verdicts = (f"isolated {verdict_cell(result.isolated)}  propagated {verdict_cell(result.propagated)}"
                 if result.isolated is not None or result.propagated is not None else
                 "[dim]kept on the source: no verdict[/]")
-    line = f"  #{result.index:<4} {escape(result.name):<22} {escape(layer_text(result.layer)):<16} {verdicts}"
+    step = f"step {result.step:<3} " if result.step is not None else ""  # a generation trace's ops
+    line = f"  #{result.index:<4} {escape(result.name):<22} {escape(layer_text(result.layer)):<16} {step}{verdicts}"
     if inherited:
         line += "  [dim](inherited)[/]"
     return line
