@@ -125,7 +125,7 @@ def test_stepping_crosses_a_step_boundary(t, session):
     assert last_of_prefill + 1 == first_of_decode  # the steps are one list of ops
     out = t.run("break @1", "continue")
     assert f"ran #0..#{first_of_decode} ({first_of_decode + 1} ops)" in out
-    assert f"stopped after #{first_of_decode}" in out and "breakpoint 1 (layer @1)" in out
+    assert f"stopped after #{first_of_decode}" in out and "breakpoint 1 (step @1)" in out
     assert f"step     1 of 0..{LAST_STEP} (decode, positions [{PROMPT}, {PROMPT + 1})), op 2 of" in t.run("where")
     # `next` from the top-level ops that end the prefill runs on through those that begin step 1
     assert session.ops[last_of_prefill].layer == session.ops[first_of_decode].layer == ""

@@ -86,6 +86,7 @@ def first_divergence(steps: list[StepResult], ops: list[OpInfo], mode: Mode = DE
 class BreakKind(StrEnum):
     OP = "op"  # after one op
     LAYER = "layer"  # after any op of a layer (nested layers included)
+    STEP = "step"  # after any op of a generation step (`@2`), or of a selector within one (`@2/model.layers.1`)
     NAN = "nan"  # when the target's NaN/Inf pattern differs from the source's
     DIVERGE = "diverge"  # at every diverging op, inherited or not
 
@@ -110,20 +111,20 @@ class Breakpoint:
         if self.kind == BreakKind.OP:
             (index,) = tuple(self.ops)
             return f"op #{index} {self.spec}"
-        if self.kind == BreakKind.LAYER:
-            return f"layer {self.spec} ({len(self.ops)} ops)"
+        if self.kind in (BreakKind.LAYER, BreakKind.STEP):
+            return f"{self.kind} {self.spec} ({len(self.ops)} ops)"
         if self.kind == BreakKind.NAN:
             return "nan: the target's NaN/Inf pattern differs from the source"
         return "diverge: every op whose verdict fails, inherited or not"
 
     def label(self) -> str:
         """How a stop reason names it."""
-        if self.kind in (BreakKind.OP, BreakKind.LAYER):
+        if self.kind in (BreakKind.OP, BreakKind.LAYER, BreakKind.STEP):
             return f"breakpoint {self.number} ({self.kind} {self.spec})"
         return f"breakpoint {self.number} ({self.kind})"
 
     def hit_by(self, result: StepResult, failed: bool) -> bool:
-        if self.kind in (BreakKind.OP, BreakKind.LAYER):
+        if self.kind in (BreakKind.OP, BreakKind.LAYER, BreakKind.STEP):
             return result.index in self.ops
         if self.kind == BreakKind.NAN:
             return any(m.nan_mismatch or m.inf_mismatch for v in (result.isolated, result.propagated)

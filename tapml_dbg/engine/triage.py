@@ -55,11 +55,13 @@ class TriagedOp:
     evidence: str = ""
     wrong: str = ""  # the WrongClass of a judged failure ("" for a failed run)
     source_location: SourceLocation | None = None  # the user's line it comes from
+    step: int | None = None  # its generation step (0 = the prefill); None outside a generation trace
 
     def to_json(self) -> dict:
         return {"index": self.index, "name": self.name, "op": self.op, "verdict": self.verdict,
                 "layer": self.layer, "summary": self.summary, "evidence": self.evidence, "class": self.wrong,
-                "source_location": self.source_location.to_json() if self.source_location else None}
+                "source_location": self.source_location.to_json() if self.source_location else None,
+                "step": self.step}
 
 
 @dataclass
@@ -186,7 +188,7 @@ def stock_import_group(ops: list[OpInfo], stock: dict, type_changed: dict, kept=
     why = " ".join((stock.get("reason") or error).split()).split(". ", 1)[0]  # "TypeError: Binary operators ..."
     cause = f"{short}: the stock import fails: {why[:SIGNATURE_CHARS]}"
     triaged = TriagedOp(op.index, op.name, op.op, op.layer, IMPORT_ERROR_CLASS, error, evidence, IMPORT_ERROR_CLASS,
-                        op.source_location)
+                        op.source_location, op.step)
     return CauseGroup(cause, IMPORT_ERROR_CLASS, [triaged])
 
 
@@ -207,7 +209,8 @@ def _own_divergence(point: OpPoint, op: OpInfo, changes: list | None) -> Triaged
     if changes:
         return TriagedOp(op.index, op.name, op.op, op.layer, TYPE_CLASS,
                          "; ".join(change.describe() for change in changes),
-                         "; ".join(change.describe() for change in changes))
+                         "; ".join(change.describe() for change in changes), source_location=op.source_location,
+                         step=op.step)
     if propagated is not None and propagated.failed:
         return _triaged(op, propagated, "propagated")
     return None
@@ -217,7 +220,7 @@ def _triaged(op: OpInfo, verdict: Verdict, mode: str) -> TriagedOp:
     kind = mode if verdict.status.judged else str(verdict.status)
     summary = verdict.summary.splitlines()[0] if verdict.summary else ""
     return TriagedOp(op.index, op.name, op.op, op.layer, kind, summary, verdict.evidence, str(verdict.wrong or ""),
-                     op.source_location)
+                     op.source_location, op.step)
 
 
 def _upstream(op: OpInfo, divergent: dict[int, TriagedOp], by_name: dict[str, OpInfo]) -> int | None:

@@ -855,7 +855,8 @@ def _(result: TriageResult, console: Console) -> None:
         first = group.first
         console.print(f"{number}. [bold]{escape(group.cause)}[/]  class [bold]{escape(group.wrong)}[/]")
         for op in group.ops:
-            console.print(f"   #{op.index:<4} {escape(op.name):<22} {escape(layer_text(op.layer)):<16} "
+            step = f"step {op.step:<3} " if op.step is not None else ""  # a generation trace's ops
+            console.print(f"   #{op.index:<4} {escape(op.name):<22} {escape(layer_text(op.layer)):<16} {step}"
                           f"[{verdict_style(Status.FAIL)}]{escape(op.verdict)}[/] {escape(_cut(op.summary))}")
         print_source_location(first.source_location, console, indent="   ")
         if first.evidence and first.evidence != first.summary:

@@ -297,9 +297,9 @@ def cmd_break(ctx: Context, args: list[str]):
     elif (kind := _op_or_layer(session, text)) == OP:
         op = session.resolve(text)
         bp = debugger.add_breakpoint(BreakKind.OP, op.name, frozenset({op.index}))
-    elif kind == STEP:  # `@2`, `@2/model.layers.1`: after any of its ops, as a layer's breakpoint
+    elif kind == STEP:  # `@2`, `@2/model.layers.1`: after any of its ops
         selection = session.op_table.select(text)
-        bp = debugger.add_breakpoint(BreakKind.LAYER, selection.label, frozenset(selection.indices))
+        bp = debugger.add_breakpoint(BreakKind.STEP, selection.label, frozenset(selection.indices))
     else:
         bp = debugger.add_breakpoint(BreakKind.LAYER, text, frozenset(session.layer_ops(text)))
     return R.BreakResult([bp], f"breakpoint {bp.number}: {bp.describe()}")
