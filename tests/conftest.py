@@ -14,6 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+import fork_cli
 from tapml_dbg import settings
 
 settings.apply_process_defaults()  # the suite's process runs sessions too: as `tapml-dbg` does, before numpy
@@ -50,7 +51,9 @@ def no_process_left_behind():
     cleanup (every other fixture has been torn down by then), and kills what is left."""
     mark = f"{os.getpid()}-{time.time_ns()}"
     os.environ[RUN_MARK] = mark
+    fork_cli.SERVER.environment = dict(os.environ)  # what a test sets for a while is no part of it
     yield
+    fork_cli.SERVER.stop()
     deadline = time.monotonic() + LEFTOVER_GRACE_S
     left = processes_of_this_run(mark)
     while left and time.monotonic() < deadline:
@@ -66,10 +69,13 @@ def no_process_left_behind():
 
 
 def run_cli(*args: str, env: dict | None = None, timeout: float = 600, cwd: str | None = None):
-    """Run `tapml-dbg ARGS` in a fresh interpreter; returns the CompletedProcess."""
+    """Run `tapml-dbg ARGS` in a process of its own, as `python -m tapml_dbg ARGS` runs it; returns the
+    CompletedProcess. The process is forked from this test process's fork server (tests/fork_cli.py:
+    torch and TVM imported once, not once a command), or is a fresh interpreter where a fork could
+    differ from one."""
     full_env = dict(os.environ)
     full_env.update(env or {})
-    return subprocess.run([sys.executable, "-m", "tapml_dbg", *args], capture_output=True, text=True,
+    return subprocess.run(fork_cli.SERVER.command(*args), capture_output=True, text=True,
                           env=full_env, timeout=timeout, cwd=cwd)
 
 
@@ -183,3 +189,54 @@ def fresh(session):
     session.invalidate_verdicts()
     return session
 
+
+
+# ------------------------------------------------------------------ pytest-xdist: the longest tests first
+# Under `-n 2` the run ends when the later worker does: the longest tests (seconds on 2 busy cores, from
+# `--durations`; only tests whose fixtures are session- or function-scoped, so that moving them costs
+# no second setup of a module's fixture) start first, and the workers steal work from each other, so
+# that neither is left holding a minute-long test while the other idles at the end.
+LONGEST_FIRST_S = {
+    "test_transcripts.py::test_every_transcript_is_what_the_tool_prints[generation.md]": 80,
+    "test_transcripts.py::test_every_transcript_is_what_the_tool_prints[dump-example.md]": 60,
+    "test_transcripts.py::test_every_transcript_is_what_the_tool_prints[migrate.md]": 56,
+    "test_transcripts.py::test_every_transcript_is_what_the_tool_prints[triage.md]": 34,
+    "test_transcripts.py::test_every_transcript_is_what_the_tool_prints[remote.md]": 30,
+    "test_fix.py::test_fix_on_the_fp16_examples_makes_the_whole_model_pass[fp16_wide_projection]": 24,
+    "test_fix.py::test_fix_on_the_fp16_examples_makes_the_whole_model_pass[fp16_stats_pool]": 22,
+    "test_transcripts.py::test_every_transcript_is_what_the_tool_prints[repl.md]": 21,
+    "test_transcripts.py::test_every_transcript_is_what_the_tool_prints[fix.md]": 19,
+    "test_zoo.py::test_fast_subset_passes_every_column": 19,
+    "test_repro.py::test_carved_cnn_suite_passes_and_a_planted_fault_fails_exactly_that_op": 19,
+    "test_keep.py::test_the_first_answer_offers_to_keep_the_culprit": 18,
+    "test_transcripts.py::test_every_transcript_is_what_the_tool_prints[README.md]": 17,
+    "test_host_ops.py::test_fp16_matmul_accumulating_in_fp16_on_llvm_is_found_at_the_matmul": 15,
+    "test_bisect.py::test_clean_replay_reports_nothing[tiny_llama]": 14,
+    "test_fix.py::test_a_planted_cuda_pow_is_fixed_by_multiplies": 13,
+    "test_capture_budget.py::test_cli_record_window_and_info": 13,
+    "test_fix.py::test_fix_on_the_fp16_examples_makes_the_whole_model_pass[fp16_memory_attention]": 13,
+    "test_repro.py::test_dump_cnn_planted_fault_reproduces_and_clean_dump_passes": 13,
+    "test_bisect.py::test_clean_replay_reports_nothing[tiny_gpt2]": 12,
+    "test_small_fixes.py::test_a_failing_export_is_one_line_and_its_graph_only_on_request": 12,
+    "test_fuzz.py::test_info_never_fails_on_a_damaged_trace": 12,
+}
+
+
+def pytest_collection_modifyitems(items):
+    """The longest tests first (a stable sort: every other test keeps its place)."""
+    items.sort(key=lambda item: -LONGEST_FIRST_S.get(item.nodeid.removeprefix("tests/"), 0))
+
+
+try:
+    from xdist.scheduler import WorkStealingScheduling
+except ImportError:  # pytest-xdist absent or older than 3.2: its default scheduling
+    WorkStealingScheduling = None
+
+if WorkStealingScheduling is not None:
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_xdist_make_scheduler(config, log):
+        """`-n N` alone (`--dist load`): each worker takes half the tests, in order, and one that runs
+        out takes half of what the other has left; any other `--dist` is xdist's own."""
+        if config.getvalue("dist") == "load":
+            return WorkStealingScheduling(config, log)
+        return None

@@ -61,7 +61,7 @@ def test_info_steps_match_transformers_generate(info):
     assert steps == sorted(steps) and set(steps) == set(range(STEPS + 1))
     for step in range(STEPS + 1):  # each step runs the whole model: one softmax per layer
         assert len(_ops_of(info, step, "aten._softmax.default")) == 2
-    assert "cat-empty" in json.dumps(info)  # the KV cache's empty placeholder, imported by the fix
+    assert info["stock_import"] is None  # the static cache's slots need no import fix
 
 
 def test_clean_generation_finds_nothing(generation):
@@ -85,8 +85,9 @@ def test_a_fault_in_one_decode_step_names_that_step_and_op(generation, info, tmp
 
 
 def test_a_fault_from_a_context_length_on_names_the_first_step_past_it(generation, info, tmp_path):
-    """Softmax wrong over >= PROMPT + 2 key positions: the prefill and decode step 1 are right; the
-    first wrong op is step 2's first softmax (its keys: the prompt and two generated tokens)."""
+    """Softmax rows attending to >= PROMPT + 2 positions are wrong: the prefill (row i attends to i + 1)
+    and decode step 1 are right; the first wrong op is step 2's first softmax (it attends to the
+    prompt and two generated tokens)."""
     transform = tmp_path / "long_context.py"
     transform.write_text(LONG_CONTEXT.read_text() + f"\nSETTINGS = {{'from': {PROMPT + 2}}}\n")
     with Session.open(generation, transform=f"{transform}:softmax_from") as session:
@@ -151,3 +152,44 @@ def _forward_trace(tmp_path):
 
     record(str(EXAMPLES / "mlp.py"), tmp_path / "mlp.h5")
     return tmp_path / "mlp.h5"
+
+
+DYNAMIC_CACHE_MODEL = '''import torch
+from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+
+
+class FillsACache(torch.nn.Module):
+    """A forward that fills a DynamicCache itself: its first update cats a (0,) placeholder."""
+
+    def __init__(self):
+        super().__init__()
+        config = LlamaConfig(num_hidden_layers=1, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+                             num_key_value_heads=2, vocab_size=64, attn_implementation="eager")
+        self.lm = LlamaForCausalLM(config).eval()
+
+    def forward(self, ids, mask):
+        return self.lm(input_ids=ids, attention_mask=mask, cache=DynamicCache(config=self.lm.config),
+                       use_cache=True).logits
+
+
+def build():
+    torch.manual_seed(0)
+    return FillsACache().eval(), (torch.randint(0, 64, (1, 6)), torch.ones(1, 6, dtype=torch.long))
+'''
+
+
+def test_a_forward_filling_a_dynamic_cache_imports_with_the_cat_empty_fix(tmp_path):
+    """TVM rejects the `cat` of DynamicCache's (0,) placeholder with 4-D keys; the cat-empty fix drops
+    the placeholder, the values match eager, and the stock import's failure is the trace's finding."""
+    from tapml_dbg.record.recorder import record
+
+    model = tmp_path / "fills_a_cache.py"
+    model.write_text(DYNAMIC_CACHE_MODEL)
+    record(str(model), tmp_path / "t.h5")
+    with TraceReader(tmp_path / "t.h5") as reader:
+        stock = reader.meta["stock_import"]
+        assert "cat-empty" in stock["fixes"]
+        assert "Concat expects all input tensors to have same ndim" in stock["error"]
+        assert reader.meta["eager_output_max_abs_diff"] < 1e-5
+    with Session.open(tmp_path / "t.h5") as session:
+        assert not session.bisect(sweep=False).diverged

@@ -10,11 +10,11 @@ import contextlib
 import io
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+import fork_cli
 from conftest import PLANTED_OP, fault_transform, fresh
 from tapml_dbg.api import Replay
 from tapml_dbg.engine.session import Session
@@ -398,7 +398,7 @@ def test_reset_and_quit(t):
 # ------------------------------------------------------------------ the real CLI, non-interactively
 def _cli(trace: Path, *args: str, fault: str | None = None, faults: Path = FAULTS) -> subprocess.CompletedProcess:
     env = dict(os.environ, TAPML_FAULT_OP=FAULT_OP)
-    command = [sys.executable, "-m", "tapml_dbg", "replay", str(trace)]
+    command = fork_cli.SERVER.command("replay", str(trace))  # `python -m tapml_dbg replay TRACE` (conftest.run_cli)
     if fault:
         command += ["--transform", f"{faults}:{fault}"]
     return subprocess.run(command + list(args), cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -34,14 +33,9 @@ def slow(mod):
 
 
 @pytest.fixture(scope="module")
-def trace(tmp_path_factory) -> Path:
+def trace(traces) -> Path:
     """examples/mlp.py recorded once per test run (shared by the REPL test files)."""
-    path = tmp_path_factory.getbasetemp() / "repl-trace" / "mlp.h5"
-    if not path.exists():
-        path.parent.mkdir(exist_ok=True)
-        subprocess.run([sys.executable, "-m", "tapml_dbg", "record", str(ROOT / "examples" / "mlp.py"),
-                        "-o", str(path)], check=True, cwd=ROOT, capture_output=True)
-    return path
+    return traces.get("mlp")
 
 
 def test_repl_in_a_pseudo_terminal(trace, tmp_path):

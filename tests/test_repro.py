@@ -65,23 +65,9 @@ sys.exit(code)
 # ------------------------------------------------------------------------------ fixtures
 @pytest.fixture(scope="session")
 def example_traces(traces):
-    """cnn and tiny_gpt2 traces, recorded in parallel into the shared `traces` fixture."""
-    wanted = ["cnn", "tiny_gpt2"]
-    paths = getattr(traces, "paths", None)
-    if paths is None:  # the shared fixture changed shape: record one by one
-        return {name: traces.get(name) for name in wanted}
-    jobs = {}
-    for name in wanted:
-        if name not in paths:
-            path = Path(traces.folder) / f"{name}-repro.h5"
-            jobs[name] = (path, subprocess.Popen(
-                [sys.executable, "-m", "tapml_dbg", "record", str(EXAMPLES / f"{name}.py"), "-o", str(path)],
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    for name, (path, proc) in jobs.items():
-        _out, err = proc.communicate(timeout=600)
-        assert proc.returncode == 0, err
-        paths[name] = path
-    return {name: paths[name] for name in wanted}
+    """cnn and tiny_gpt2 traces, from the shared `traces` fixture (recorded once per run, for every
+    worker and every test file that asks)."""
+    return {name: traces.get(name) for name in ["cnn", "tiny_gpt2"]}
 
 
 def make_dump(trace: Path, op, out: Path, transform: str | None = None) -> DumpResult:

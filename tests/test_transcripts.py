@@ -12,6 +12,7 @@ import difflib
 
 import pytest
 
+import fork_cli
 import transcripts as T
 
 DOCS_WITH_TRANSCRIPTS = [doc for doc in T.DOCS if any(not t.file for t in T.transcripts(doc))]
@@ -27,7 +28,7 @@ def test_the_docs_hold_transcripts():
 @pytest.mark.parametrize("doc", DOCS_WITH_TRANSCRIPTS, ids=lambda doc: doc.name)
 def test_every_transcript_is_what_the_tool_prints(doc):
     drifted = []
-    for found, outputs in T.make(doc):
+    for found, outputs in T.make(doc, fork_cli.SERVER.shims()):
         for command, shown, printed in T.drift(found, outputs):
             diff = "\n".join(difflib.unified_diff(shown, printed, "the doc shows", "the tool prints", lineterm="", n=1))
             drifted.append(f"{found.name}: `{command}`\n{diff}")

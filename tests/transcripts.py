@@ -136,13 +136,17 @@ def scratch(folder: Path) -> Path:
     return folder
 
 
-def environment(folder: Path) -> dict:
+def environment(folder: Path, shims: str | None = None) -> dict:
     """A reader's first run: this interpreter's `tapml-dbg`, and a compile cache of the doc's own that
     starts empty (what a doc says it compiled, and the probes a search took, are then the same in
-    every run, whatever the suite compiled before it)."""
+    every run, whatever the suite compiled before it). `shims`: a folder whose `tapml-dbg` comes
+    first (the suite's, tests/fork_cli.py: the same command, forked from a process that has
+    imported torch and TVM)."""
     env = {key: value for key, value in os.environ.items() if key not in ENV_DROPPED}
     bin_dir = Path(sys.executable).parent
     env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"  # `tapml-dbg` and `python` of this interpreter
+    if shims:
+        env["PATH"] = f"{shims}{os.pathsep}{env['PATH']}"
     env["PYTHONPATH"] = str(ROOT)
     env["TAPML_CACHE_DIR"] = str(folder / CACHE_FOLDER)
     return env
@@ -151,14 +155,15 @@ def environment(folder: Path) -> dict:
 class Shell:
     """A reader's shell in `folder`: bash for `;`, `&&` and quoting, and `$?` is the last command's status."""
 
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, shims: str | None = None):
         self.folder = folder
+        self.shims = shims
         self.status = 0
 
     def run(self, line: str) -> list[str]:
         """One doc command, stdout and stderr merged, the folder's paths written as the doc writes them."""
         mapped = f"(exit {self.status}); " + line.replace(TMP, f"{self.folder}/tmp/")
-        done = subprocess.run(["bash", "-c", mapped], cwd=self.folder, env=environment(self.folder), text=True,
+        done = subprocess.run(["bash", "-c", mapped], cwd=self.folder, env=environment(self.folder, self.shims), text=True,
                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               timeout=COMMAND_TIMEOUT_S)
         self.status = done.returncode
@@ -166,11 +171,11 @@ class Shell:
         return [line.rstrip() for line in output.rstrip("\n").splitlines()]
 
 
-def make(doc: Path) -> list[tuple[Transcript, list[list[str]]]]:
+def make(doc: Path, shims: str | None = None) -> list[tuple[Transcript, list[list[str]]]]:
     """Run every transcript of `doc` in order in a scratch folder; each with its commands' outputs."""
     with tempfile.TemporaryDirectory(prefix=SCRATCH_PREFIX, dir=SCRATCH_PARENT) as tmp:
         folder = Path(tmp)
-        shell = Shell(scratch(folder))
+        shell = Shell(scratch(folder), shims)
         made = []
         for found in transcripts(doc):
             for line in found.setup:

@@ -24,7 +24,8 @@ from enum import StrEnum
 from typing import Callable
 
 from tapml_dbg.engine.kept import kept_note
-from tapml_dbg.engine.mixed import MixedRun, MixedRunner, blocks_in, step_ranges
+from tapml_dbg.engine.mixed import MixedRun, MixedRunner, blocks_in
+from tapml_dbg.model.generation import step_ranges
 from tapml_dbg.engine.results import Culprit
 from tapml_dbg.engine.search import SearchTrace, first_failing
 from tapml_dbg.errors import UsageError

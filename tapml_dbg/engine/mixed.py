@@ -37,6 +37,7 @@ from tapml_dbg.engine.kept import kept_note
 from tapml_dbg.errors import TraceError, UsageError
 from tapml_dbg.judge.compare import Metrics
 from tapml_dbg.judge.verdict import PROPAGATED, Status, Verdict
+from tapml_dbg.model.generation import step_ranges
 from tapml_dbg.model.graph import OpInfo, TensorSpec
 from tapml_dbg.model.select import LAYER_SEP, OpTable
 from tapml_dbg.model.units import bindings_by_name
@@ -125,17 +126,6 @@ def top_level_blocks(ops: list[OpInfo]) -> list[Block]:
                 groups.setdefault(op.layer.split(LAYER_SEP)[0], []).append(op.index)
     blocks = [Block(label, tuple(sorted(indices))) for label, indices in groups.items()]
     return sorted(blocks, key=lambda block: block.indices[0])
-
-
-def step_ranges(ops: list[OpInfo]) -> list[range]:
-    """The ops of each generation step, in order (consecutive: a step's ops are one range); one range
-    of every op outside a generation trace."""
-    ranges, start = [], 0
-    for index in range(1, len(ops) + 1):
-        if index == len(ops) or ops[index].step != ops[start].step:
-            ranges.append(range(start, index))
-            start = index
-    return ranges or [range(0)]
 
 
 def blocks_in(blocks: list[Block], span: range) -> list[Block]:

@@ -5,10 +5,13 @@
 
     forward(input_ids, attention_mask, tokens) -> logits (batch, N + 1, vocab)
 
-- step 0, the prefill: the prompt with its attention mask and positions, filling a `DynamicCache`;
-- decode step k (1..N): one token, `tokens[:, k - 1]`, with the mask grown by one and the cache of
-  the steps before it; the cache is a value of the graph, so it flows between steps as data (the
-  trace holds every step's keys and values, as the ops that concatenate them);
+- the KV cache is transformers' `StaticCache` of prompt + N slots (what `generate()` uses with
+  `cache_implementation="static"`), its layers' update written functionally (`SlotLayer`); the
+  attention mask covers every slot, 0 where nothing is written yet;
+- step 0, the prefill: the prompt with its attention mask and positions, filling slots [0, prompt);
+- decode step k (1..N): one token, `tokens[:, k - 1]`, written to slot prompt + k - 1 with the mask
+  opened there and the cache of the steps before it; the cache is a value of the graph, so it flows
+  between steps as data (the trace holds every step's keys and values);
 - the output is the last position's logits of every step.
 
 `tokens` are the source's greedy tokens (the argmax of each step's logits, computed on the source
@@ -19,9 +22,10 @@ with the recording), while the cache and activations are the target's own.
 Why one unrolled graph and not a graph per step or one with a symbolic length: every step's ops are
 then ordinary ops of the trace, so isolated/propagated verdicts, bisect, triage, migrate, kept ops,
 dump and carve work across steps unchanged, and the compile cache shares the kernels steps have in
-common (a decode step's MLP, norms and projections have the same shapes at every step; only the
-attention over the growing cache differs). The step of each op is known from the graph: decode step
-k starts at the one `select` of `tokens` it reads (`op_steps`).
+common. The step of each op is known from the graph: decode step
+k starts at the one `index_select` of `tokens` it reads (`op_steps`). Nothing in a decode step is
+a constant of that step (the token it reads, its cache slot and its position are values), so every
+decode step is the same ops on the same shapes: a decode step compiles once, per op and fused.
 """
 
 from __future__ import annotations
@@ -80,7 +84,7 @@ def generation_of(module) -> GenerationInfo | None:
 
 def op_steps(program, ops) -> list[int]:
     """The step of each op (`ops`: the imported op table, in order): decode step k starts at the FX
-    node that selects `tokens[:, k - 1]`; an op without an FX node of its own is in the step of the
+    node that reads `tokens[:, k - 1]`; an op without an FX node of its own is in the step of the
     op before it."""
     step, by_node = 0, {}
     for node in program.graph.nodes:
@@ -105,9 +109,36 @@ def _cache_argument(model) -> str:
 
 
 @functools.cache
+def _slot_layer():
+    import torch
+    from transformers.cache_utils import StaticLayer
+
+    class SlotLayer(StaticLayer):
+        """transformers' static cache layer, written functionally: the new keys and values are placed in
+        their slots with a `where` over the slot index (StaticLayer's in-place `index_copy_` decomposes
+        to an `index_put` with None indices, which TVM 0.27's import refuses). Every write is one shape
+        whatever the step, so every decode step's ops are the same ops."""
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            length = key_states.shape[-2]
+            slots = torch.arange(self.max_cache_len, device=key_states.device)
+            start = self.cumulative_length
+            index = (slots - start).clamp(0, length - 1)
+            written = ((slots >= start) & (slots < start + length)).view(1, 1, -1, 1)
+            self.keys = torch.where(written, key_states.index_select(2, index), self.keys)
+            self.values = torch.where(written, value_states.index_select(2, index), self.values)
+            self.cumulative_length = self.cumulative_length + length
+            return self.keys, self.values
+
+    return SlotLayer
+
+
+@functools.cache
 def _generation_module():
     import torch
-    from transformers import DynamicCache
+    from transformers import StaticCache
 
     class GreedyGeneration(torch.nn.Module):
         """Prefill + decode steps with a KV cache, fed `tokens` (teacher forcing); see the module doc."""
@@ -122,34 +153,54 @@ def _generation_module():
             object.__setattr__(self, "cache_argument", _cache_argument(model))
             self.training = model.training
 
-        def _step(self, cache, ids, mask):
-            if ids.shape[1] == 1:  # a decode step: the next position after the mask's
-                position_ids = mask.long().sum(-1, keepdim=True) - 1
-            else:  # the prefill: generate()'s _prepare_position_ids_for_generation
-                position_ids = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
+        def _cache(self, slots: int):
+            """transformers' StaticCache of `slots` positions, its layers written functionally."""
+            cache = StaticCache(config=self.lm.config, max_cache_len=slots)
+            cache.layers = [_slot_layer()(max_cache_len=slots) for _ in cache.layers]
+            return cache
+
+        def _step(self, cache, ids, mask, position_ids, cache_position):
             kwargs = {"input_ids": ids, "attention_mask": mask, "position_ids": position_ids, "use_cache": True,
-                      self.cache_argument: cache}
+                      "cache_position": cache_position, self.cache_argument: cache}
             return self.lm(**kwargs).logits[:, -1:]
 
+        def _prefill(self, input_ids, attention_mask, steps: int):
+            """The cache, the mask over every slot (the decode steps' slots 0) and the prefill's logits."""
+            prompt = input_ids.shape[1]
+            cache = self._cache(prompt + steps)
+            mask = torch.cat([attention_mask, attention_mask.new_zeros(attention_mask.shape[0], steps)], dim=-1)
+            positions = (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 0)  # generate()'s
+            logits = self._step(cache, input_ids, mask, positions, torch.arange(prompt))
+            return cache, mask, positions[:, -1:], logits
+
+        def _decode(self, cache, token, mask, position, slot):
+            """One decode step: `token` at cache slot `slot` (a tensor: no step's ops differ by a constant)."""
+            slots = torch.arange(mask.shape[-1])
+            mask = torch.where(slots == slot, torch.ones_like(mask), mask)
+            return mask, self._step(cache, token, mask, position.view(1, 1), slot.view(1))
+
         def forward(self, input_ids, attention_mask, tokens):
-            cache = DynamicCache(config=self.lm.config)
-            logits = [self._step(cache, input_ids, attention_mask)]
-            mask = attention_mask
-            for k in range(tokens.shape[1]):
-                token = tokens.select(1, k).unsqueeze(1)  # the one read of `tokens` that starts step k + 1
-                mask = torch.cat([mask, torch.ones_like(token, dtype=mask.dtype)], dim=-1)
-                logits.append(self._step(cache, token, mask))
+            cache, mask, position, first = self._prefill(input_ids, attention_mask, tokens.shape[1])
+            logits, slot = [first], cache.layers[0].cumulative_length
+            read = torch.zeros(1, dtype=torch.long)  # which token the next step reads: a value, not a constant
+            for _ in range(tokens.shape[1]):
+                token = tokens.index_select(1, read)  # the one read of `tokens` that starts a decode step
+                read = read + 1
+                position = position + 1
+                mask, step_logits = self._decode(cache, token, mask, position, slot)
+                logits.append(step_logits)
+                slot = slot + 1
             return torch.cat(logits, dim=1)
 
         def greedy(self, input_ids, attention_mask, steps: int):
             """The source's own greedy tokens: (1, steps + 1), the argmax of every step's logits."""
-            cache = DynamicCache(config=self.lm.config)
-            chosen = [self._step(cache, input_ids, attention_mask).argmax(-1)]
-            mask = attention_mask
+            cache, mask, position, first = self._prefill(input_ids, attention_mask, steps)
+            chosen, slot = [first.argmax(-1)], cache.layers[0].cumulative_length
             for _ in range(steps):
-                token = chosen[-1]
-                mask = torch.cat([mask, torch.ones_like(token, dtype=mask.dtype)], dim=-1)
-                chosen.append(self._step(cache, token, mask).argmax(-1))
+                position = position + 1
+                mask, step_logits = self._decode(cache, chosen[-1], mask, position, slot)
+                chosen.append(step_logits.argmax(-1))
+                slot = slot + 1
             return torch.cat(chosen, dim=1)
 
     return GreedyGeneration

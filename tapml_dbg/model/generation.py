@@ -56,3 +56,14 @@ class GenerationInfo:
         """`generation: Qwen2ForCausalLM, a prefill of 8 positions + 16 decode steps (greedy, KV cache)`."""
         return (f"generation: {self.model_class}, a prefill of {self.prompt} positions + {self.decode_steps} "
                 "decode steps (greedy, KV cache)")
+
+
+def step_ranges(ops: list) -> list[range]:
+    """The ops of each generation step, in order (consecutive: a step's ops are one range); one range
+    of every op outside a generation trace."""
+    ranges, start = [], 0
+    for index in range(1, len(ops) + 1):
+        if index == len(ops) or ops[index].step != ops[start].step:
+            ranges.append(range(start, index))
+            start = index
+    return ranges or [range(0)]

@@ -1,0 +1,158 @@
+"""LLMs on a GPU, end to end through the CLI: generation traces and a 1.1B Llama on CUDA.
+
+Runs each command as a user would (`python -m tapml_dbg ...`, a fresh process each), prints one line
+per command (wall seconds, peak RSS of the process, exit code, the answer's first lines) and writes
+every command's full output under OUT (default: $OUT, else a temporary folder).
+
+Parts:
+  generation  examples/plain_qwen2.py --generate 3: bisect on the target as it is; `fix`; bisect with
+              the fix (the tokens should then be the source's); the fix plus a fault planted in one
+              decode step's softmax (bisect must name that (step, op)); and
+              examples/gpt2_fp16_long_context.py --generate 4 triaged on the target
+  1b          examples/llama_1b.py:causal_lm recorded (peak RSS), bisected and triaged on the target
+Usage: python benchmarks/llm_cuda.py [generation] [1b] [--target cuda] [--out DIR]
+Check a script on the CPU first: `--target llvm` with TAPML_LLAMA_1B_LAYERS=2 TAPML_LLAMA_1B_WIDTH=256.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+FAULTS = ROOT / "tests" / "transforms" / "faults.py"
+COMMAND_TIMEOUT_S = 3000
+
+BOTH = '''"""The fix `tapml-dbg fix` wrote, then a fault planted at one op (a fault behind a real bug)."""
+import importlib.util
+
+
+def _load(path, name):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_fix = _load({fix!r}, "tapml_fix").fix
+_fault = _load({fault!r}, "tapml_fault")
+_fault.SETTINGS.update({settings!r})
+
+
+def both(mod):
+    return _fault.scale(_fix(mod))
+'''
+
+
+class Runner:
+    """Runs CLI commands, one fresh process each, and keeps what they printed."""
+
+    def __init__(self, out: Path):
+        self.out = out
+        self.rows: list[dict] = []
+
+    def cli(self, label: str, *args: str, json_out: bool = False) -> dict | str:
+        started = time.perf_counter()
+        before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+        result = subprocess.run([sys.executable, "-m", "tapml_dbg", *args], capture_output=True, text=True,
+                                timeout=COMMAND_TIMEOUT_S, cwd=ROOT)
+        seconds = time.perf_counter() - started
+        peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # KiB; the largest child so far
+        (self.out / f"{label}.out").write_text(result.stdout + "\n--- stderr\n" + result.stderr)
+        head = (result.stdout.strip().splitlines() or result.stderr.strip().splitlines() or [""])
+        row = {"label": label, "seconds": round(seconds, 1), "rc": result.returncode,
+               "peak_rss_gib": round(peak / 2**20, 2) if peak > before else None,
+               "head": head[0][:200] if not json_out else ""}
+        self.rows.append(row)
+        print(f"{label:<34} rc={row['rc']} {row['seconds']:>7.1f} s  rss {row['peak_rss_gib']} GiB  {row['head']}",
+              flush=True)
+        if json_out and result.returncode == 0:
+            try:
+                return json.loads(result.stdout)
+            except json.JSONDecodeError:
+                return {}
+        return result.stdout
+
+
+def generation(run: Runner, target: str) -> None:
+    trace = run.out / "qwen2_gen3.h5"
+    run.cli("record qwen2 --generate 3", "record", str(EXAMPLES / "plain_qwen2.py"), "-o", str(trace),
+            "--generate", "3")
+    found = run.cli("bisect qwen2 gen", "bisect", str(trace), "--target", target, "--json", json_out=True)
+    _say(found)
+    fixed = run.cli("fix qwen2 gen", "fix", str(trace), "-o", str(run.out / "fix_qwen2"), "--target", target,
+                    "--json", json_out=True)
+    print("  fix:", json.dumps({k: fixed.get(k) for k in ("fixed", "output_passed")})[:400] if fixed else "-")
+    fix_file = run.out / "fix_qwen2" / "fix.py"
+    if not fix_file.exists():
+        return
+    _say(run.cli("bisect qwen2 gen + fix", "bisect", str(trace), "--target", target, "--transform",
+                 f"{fix_file}:fix", "--json", json_out=True))
+    info = json.loads(subprocess.run([sys.executable, "-m", "tapml_dbg", "info", str(trace), "--json"],
+                                     capture_output=True, text=True, cwd=ROOT).stdout)
+    softmax = [op for op in info["ops"] if op["step"] == 2 and op["op"] == "aten._softmax.default"][1]
+    both = run.out / "fix_and_fault.py"
+    both.write_text(BOTH.format(fix=str(fix_file), fault=str(FAULTS), settings={"op": softmax["name"]}))
+    found = run.cli("bisect gen + fix + step-2 fault", "bisect", str(trace), "--target", target, "--transform",
+                    f"{both}:both", "--json", json_out=True)
+    _say(found)
+    print(f"  planted at #{softmax['index']} {softmax['name']} (step 2): found "
+          f"{(found.get('op') or {}).get('index')} step {(found.get('op') or {}).get('step')}")
+    long = run.out / "gpt2_long.h5"
+    run.cli("record gpt2 fp16 long --generate 4", "record", str(EXAMPLES / "gpt2_fp16_long_context.py"), "-o",
+            str(long), "--generate", "4")
+    triaged = run.cli("triage gpt2 fp16 long", "triage", str(long), "--target", target, "--json", json_out=True)
+    for group in (triaged or {}).get("groups", []):
+        print(f"  cause {group['cause']} [{group['class']}]: "
+              + ", ".join(f"#{op['index']} {op['name']} step {op.get('step')}" for op in group["ops"][:8]))
+
+
+def one_b(run: Runner, target: str) -> None:
+    trace = run.out / "llama_1b.h5"
+    run.cli("record llama 1.1B", "record", f"{EXAMPLES / 'llama_1b.py'}:causal_lm", "-o", str(trace))
+    print("  trace", round(trace.stat().st_size / 2**30, 2) if trace.exists() else None, "GiB")
+    _say(run.cli("bisect llama 1.1B", "bisect", str(trace), "--target", target, "--json", json_out=True))
+    triaged = run.cli("triage llama 1.1B", "triage", str(trace), "--target", target, "--json", json_out=True)
+    for group in (triaged or {}).get("groups", []):
+        print(f"  cause {group['cause']} [{group['class']}]: {len(group['ops'])} ops, first "
+              f"#{group['ops'][0]['index']} {group['ops'][0]['name']}")
+    trace.unlink(missing_ok=True)  # 10+ GB: not carried back
+
+
+def _say(found) -> None:
+    if not isinstance(found, dict) or not found:
+        print("  (no JSON)")
+        return
+    op = found.get("op") or {}
+    print(f"  op: {op.get('index')} {op.get('name')} {op.get('op')} step {op.get('step')} "
+          f"verdict {op.get('verdict')} class {op.get('class')}; first_bad_token {found.get('first_bad_token')}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("parts", nargs="*", default=["generation", "1b"], choices=["generation", "1b"])
+    parser.add_argument("--target", default="cuda")
+    parser.add_argument("--out", default=os.environ.get("OUT"))
+    args = parser.parse_args(argv)
+    out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="tapml-llm-cuda-"))
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"{platform.machine()} {os.cpu_count()} cores, python {platform.python_version()}, target {args.target}, "
+          f"out {out}", flush=True)
+    run = Runner(out)
+    for part in args.parts:
+        (generation if part == "generation" else one_b)(run, args.target)
+    (out / "rows.json").write_text(json.dumps(run.rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
