@@ -10,6 +10,8 @@ Parts:
               decode step's softmax (bisect must name that (step, op)); and
               examples/gpt2_fp16_long_context.py --generate 4 triaged on the target
   1b          examples/llama_1b.py:causal_lm recorded (peak RSS), bisected and triaged on the target
+  1b-behind   the same recorded, then bisected with TVM's CUDA `pow` NaN rewritten away (x * x) and with
+              that rewrite plus a 1% fault planted at the middle op: a fault found behind a real bug
 Usage: python benchmarks/llm_cuda.py [generation] [1b] [--target cuda] [--out DIR]
 Check a script on the CPU first: `--target llvm` with TAPML_LLAMA_1B_LAYERS=2 TAPML_LLAMA_1B_WIDTH=256.
 """
@@ -128,6 +130,37 @@ def one_b(run: Runner, target: str) -> None:
     trace.unlink(missing_ok=True)  # 10+ GB: not carried back
 
 
+def one_b_behind(run: Runner, target: str) -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    sys.path.insert(0, str(ROOT / "tests"))
+    from bisect_bench import middle_op
+    from time_to_answer import FIX_POW
+    from tapml_dbg.engine.session import Session
+
+    trace = run.out / "llama_1b.h5"
+    run.cli("record llama 1.1B", "record", f"{EXAMPLES / 'llama_1b.py'}:causal_lm", "-o", str(trace))
+    with Session.open(trace) as session:
+        middle = session.by_name[middle_op(session)]
+    fixed = run.out / "fix_pow.py"
+    fixed.write_text(FAULTS.read_text() + FIX_POW + PLANTED.format(op=middle.name))
+    _say(run.cli("bisect 1.1B, pow fixed", "bisect", str(trace), "--target", target, "--transform",
+                 f"{fixed}:_fix", "--json", json_out=True))
+    found = run.cli("bisect 1.1B, pow fixed + fault", "bisect", str(trace), "--target", target, "--transform",
+                    f"{fixed}:fixed_and_planted", "--json", json_out=True)
+    _say(found)
+    print(f"  planted at #{middle.index} {middle.name}: found #{(found.get('op') or {}).get('index')}")
+    trace.unlink(missing_ok=True)
+
+
+PLANTED = '''
+
+
+def fixed_and_planted(mod):
+    SETTINGS["op"] = {op!r}
+    return scale(_fix(mod))
+'''
+
+
 def _say(found) -> None:
     if not isinstance(found, dict) or not found:
         print("  (no JSON)")
@@ -139,7 +172,7 @@ def _say(found) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("parts", nargs="*", default=["generation", "1b"], choices=["generation", "1b"])
+    parser.add_argument("parts", nargs="*", default=["generation", "1b"], choices=["generation", "1b", "1b-behind"])
     parser.add_argument("--target", default="cuda")
     parser.add_argument("--out", default=os.environ.get("OUT"))
     args = parser.parse_args(argv)
@@ -149,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
           f"out {out}", flush=True)
     run = Runner(out)
     for part in args.parts:
-        (generation if part == "generation" else one_b)(run, args.target)
+        {"generation": generation, "1b": one_b, "1b-behind": one_b_behind}[part](run, args.target)
     (out / "rows.json").write_text(json.dumps(run.rows, indent=1))
     return 0
 
