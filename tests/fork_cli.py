@@ -32,11 +32,11 @@ import os
 import signal
 import socket
 import sys
+import threading
 
 OFF = "TAPML_TEST_FORK"  # 0: every command is a fresh interpreter
 RUNTIME_ONLY_PREFIXES = ("TAPML_", "PYTEST_")
 RUNTIME_ONLY = {"COLUMNS", "LINES", "FORCE_COLOR", "PWD", "OLDPWD", "SHLVL", "_", "PATH", "PYTHONPATH"}
-HEADER_BYTES = 1 << 20
 STDIO = ("stdin", "stdout", "stderr")
 
 
@@ -249,14 +249,16 @@ class Server:
         self.folder = None
         self.failed = False
         self.environment: dict | None = None  # the server's (default: this process's when it starts)
+        self._lock = threading.Lock()
 
     @property
     def socket(self) -> str | None:
         """The server's socket once it serves; None: run commands the usual way."""
         if os.environ.get(OFF) == "0":
             return None
-        if self.process is None and not self.failed:
-            self._start()
+        with self._lock:  # tests call run_cli from threads too
+            if self.process is None and not self.failed:
+                self._start()
         return None if self.failed else os.path.join(self.folder, "socket")
 
     def _start(self) -> None:
@@ -264,7 +266,7 @@ class Server:
         import tempfile
         import time
 
-        self.folder = tempfile.mkdtemp(prefix="tapml-fork-")
+        self.folder = tempfile.mkdtemp(prefix="tapml-fork-", dir="/tmp" if os.path.isdir("/tmp") else None)  # short: a socket path
         sock = os.path.join(self.folder, "socket")
         with open(os.path.join(self.folder, "log"), "w") as log:
             self.process = subprocess.Popen([sys.executable, os.path.abspath(__file__), "serve", sock, str(os.getpid())],
