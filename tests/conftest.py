@@ -18,6 +18,7 @@ import fork_cli
 from tapml_dbg import settings
 
 settings.apply_process_defaults()  # the suite's process runs sessions too: as `tapml-dbg` does, before numpy
+fork_cli.use_zygote_server(fork_cli.SERVER.zygote_executable)  # its sessions' zygotes: tests/fork_cli.py
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -66,6 +67,24 @@ def no_process_left_behind():
         except psutil.NoSuchProcess:
             pass
     assert not left, "processes outlived the test suite (now killed):\n" + "\n".join(described)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "real_zygote: sessions start their zygote with a fresh interpreter "
+                            "(`python -m tapml_dbg.runtime.zygote`), not forked from tests/fork_cli.py's server")
+
+
+@pytest.fixture(autouse=True)
+def _zygotes(request):
+    """A test marked `real_zygote` (one that looks at the zygote's process) gets the real start-up."""
+    if request.node.get_closest_marker("real_zygote") is None:
+        yield
+        return
+    fork_cli.use_real_zygotes()
+    try:
+        yield
+    finally:
+        fork_cli.use_zygote_server(fork_cli.SERVER.zygote_executable)
 
 
 def run_cli(*args: str, env: dict | None = None, timeout: float = 600, cwd: str | None = None):

@@ -159,6 +159,7 @@ def test_a_child_environment_keeps_the_users_choice():
     assert settings.child_environment({"OPENBLAS_NUM_THREADS": "4"})["OPENBLAS_NUM_THREADS"] == "4"
 
 
+@pytest.mark.real_zygote
 def test_workers_and_the_zygote_get_the_process_defaults_from_a_library_session(traces, monkeypatch):
     """A notebook session (the package imported, no entry point) still starts its workers with one
     OpenBLAS thread, forked from the zygote or not."""

@@ -9,8 +9,12 @@ import time
 
 import psutil
 
+import pytest
+
 from tapml_dbg import settings
 from tapml_dbg.engine.session import Session
+
+pytestmark = pytest.mark.real_zygote  # the zygote as a session starts it, not tests/fork_cli.py's
 
 
 def _worker(session) -> psutil.Process:
