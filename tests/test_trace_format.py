@@ -24,7 +24,7 @@ FIXTURE = os.path.join(ROOT, "tests", "fixtures", "trace_v1.h5")
 FIXTURE_V1_1 = os.path.join(ROOT, "tests", "fixtures", "trace_v1_1.h5")
 # what the reader fills in for op-table keys an entry lacks
 OP_DEFAULTS = {"op": "", "relax_op": "", "layer": "", "fx_node": "", "inputs": [], "outputs": [], "is_tuple": False,
-               "source_location": None, "stock_outputs": []}
+               "source_location": None, "stock_outputs": [], "step": None}
 
 
 def bits(dtype, values):

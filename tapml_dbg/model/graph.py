@@ -70,6 +70,8 @@ class OpInfo:
         data["outputs"] = [spec.to_json() for spec in self.outputs]
         data["source_location"] = self.source_location.to_json() if self.source_location else None
         data["stock_outputs"] = [{"output": k, **spec.to_json()} for k, spec in self.stock_outputs]
+        if self.step is None:  # outside a generation trace: no key, so such a trace's bytes stay as they were
+            del data["step"]
         return data
 
     @staticmethod
