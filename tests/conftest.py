@@ -212,32 +212,31 @@ def fresh(session):
 
 # ------------------------------------------------------------------ pytest-xdist: the longest tests first
 # Under `-n 2` the run ends when the later worker does: the longest tests (seconds on 2 busy cores, from
-# `--durations`; only tests whose fixtures are session- or function-scoped, so that moving them costs
-# no second setup of a module's fixture) start first, and the workers steal work from each other, so
-# that neither is left holding a minute-long test while the other idles at the end.
+# `--durations` with an empty compile cache; only tests whose module-scoped fixtures cost nothing, a
+# trace from `traces`, so that moving them costs no second setup) start first, and the workers steal
+# work from each other, so that neither is left holding a minute-long test while the other idles.
 LONGEST_FIRST_S = {
-    "test_transcripts.py::test_every_transcript_is_what_the_tool_prints[generation.md]": 80,
-    "test_transcripts.py::test_every_transcript_is_what_the_tool_prints[dump-example.md]": 60,
-    "test_transcripts.py::test_every_transcript_is_what_the_tool_prints[migrate.md]": 56,
-    "test_transcripts.py::test_every_transcript_is_what_the_tool_prints[triage.md]": 34,
-    "test_transcripts.py::test_every_transcript_is_what_the_tool_prints[remote.md]": 30,
-    "test_fix.py::test_fix_on_the_fp16_examples_makes_the_whole_model_pass[fp16_wide_projection]": 24,
-    "test_fix.py::test_fix_on_the_fp16_examples_makes_the_whole_model_pass[fp16_stats_pool]": 22,
-    "test_transcripts.py::test_every_transcript_is_what_the_tool_prints[repl.md]": 21,
-    "test_transcripts.py::test_every_transcript_is_what_the_tool_prints[fix.md]": 19,
-    "test_zoo.py::test_fast_subset_passes_every_column": 19,
-    "test_repro.py::test_carved_cnn_suite_passes_and_a_planted_fault_fails_exactly_that_op": 19,
-    "test_keep.py::test_the_first_answer_offers_to_keep_the_culprit": 18,
-    "test_transcripts.py::test_every_transcript_is_what_the_tool_prints[README.md]": 17,
-    "test_host_ops.py::test_fp16_matmul_accumulating_in_fp16_on_llvm_is_found_at_the_matmul": 15,
-    "test_bisect.py::test_clean_replay_reports_nothing[tiny_llama]": 14,
-    "test_fix.py::test_a_planted_cuda_pow_is_fixed_by_multiplies": 13,
-    "test_capture_budget.py::test_cli_record_window_and_info": 13,
-    "test_fix.py::test_fix_on_the_fp16_examples_makes_the_whole_model_pass[fp16_memory_attention]": 13,
-    "test_repro.py::test_dump_cnn_planted_fault_reproduces_and_clean_dump_passes": 13,
-    "test_bisect.py::test_clean_replay_reports_nothing[tiny_gpt2]": 12,
-    "test_small_fixes.py::test_a_failing_export_is_one_line_and_its_graph_only_on_request": 12,
-    "test_fuzz.py::test_info_never_fails_on_a_damaged_trace": 12,
+    "test_transcripts.py::test_every_transcript_is_what_the_tool_prints[generation.md]": 70,
+    "test_transcripts.py::test_every_transcript_is_what_the_tool_prints[migrate.md]": 37,
+    "test_generation_report.py::test_a_clean_generation_has_every_step_the_same": 30,
+    "test_transcripts.py::test_every_transcript_is_what_the_tool_prints[dump-example.md]": 30,
+    "test_transcripts.py::test_every_transcript_is_what_the_tool_prints[remote.md]": 22,
+    "test_zoo.py::test_fast_subset_passes_every_column": 18,
+    "test_transcripts.py::test_every_transcript_is_what_the_tool_prints[triage.md]": 17,
+    "test_fix.py::test_fix_on_the_fp16_examples_makes_the_whole_model_pass[fp16_wide_projection]": 16,
+    "test_transcripts.py::test_every_transcript_is_what_the_tool_prints[repl.md]": 16,
+    "test_triage.py::test_several_real_divergences_of_one_model_are_its_causes": 14,
+    "test_generation.py::test_clean_generation_finds_nothing": 12,
+    "test_transcripts.py::test_every_transcript_is_what_the_tool_prints[fix.md]": 12,
+    "test_fix.py::test_fix_on_the_fp16_examples_makes_the_whole_model_pass[fp16_stats_pool]": 12,
+    "test_repro.py::test_carved_cnn_suite_passes_and_a_planted_fault_fails_exactly_that_op": 12,
+    "test_bisect.py::test_clean_replay_reports_nothing[tiny_llama]": 11,
+    "test_generation_report.py::test_a_wrong_step_2_logits_is_the_first_bad_token": 10,
+    "test_repro.py::test_dump_cnn_planted_fault_reproduces_and_clean_dump_passes": 10,
+    "test_fuzz.py::test_info_never_fails_on_a_damaged_trace": 10,
+    "test_fix.py::test_a_model_with_several_causes_gets_casts_and_an_unfixed_one_with_why": 9,
+    "test_fix.py::test_fix_on_the_fp16_examples_makes_the_whole_model_pass[fp16_memory_attention]": 9,
+    "test_transcripts.py::test_every_transcript_is_what_the_tool_prints[README.md]": 9,
 }
 
 

@@ -140,9 +140,16 @@ def serve(folder: str, parent: int) -> None:
     _loop(os.path.join(folder, "zygote"), lambda: os.getppid() == parent and not stopping, server_env, defaults,
           folder)
     if not _COMMAND:  # the server itself: its CLI server reaped (its CPU time then counts as this run's)
-        os.kill(cli_pid, signal.SIGTERM)
-        os.waitpid(cli_pid, 0)
+        try:
+            os.kill(cli_pid, signal.SIGTERM)
+            os.waitpid(cli_pid, 0)
+        except (ProcessLookupError, ChildProcessError):  # gone already (and reaped)
+            pass
         _reap()
+        if os.getppid() != parent:  # the test process is gone without stopping it (killed): no folder left
+            import shutil
+
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def _forget_tapml_dbg(server_env: dict) -> None:

@@ -59,12 +59,11 @@ def test_host_matmul_is_torch_matmul(shape_a, shape_b, dtype):
     assert out.dtype == _dtype(dtype)
 
 
-def test_fp16_matmul_accumulating_in_fp16_on_llvm_is_found_at_the_matmul(tmp_path):
+def test_fp16_matmul_accumulating_in_fp16_on_llvm_is_found_at_the_matmul(traces):
     """A real TVM 0.27 divergence: llvm's fp16 matmul sums in fp16 (torch sums in fp32). The
     addmm's matmul helper has the source's value, so bisect names it, not the bias add after it
     (with helpers computed by TVM, as before, the blame fell on `addmm_1`)."""
-    trace = tmp_path / "t.h5"
-    assert run_cli("record", str(EXAMPLES / "fp16_wide_projection.py"), "-o", str(trace)).returncode == 0
+    trace = traces.get("fp16_wide_projection")  # `tapml-dbg record examples/fp16_wide_projection.py`, once a run
     result = run_cli("bisect", str(trace), "--json")
     assert result.returncode == 0, result.stderr
     found = json.loads(result.stdout)
