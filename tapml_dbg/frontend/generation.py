@@ -64,7 +64,11 @@ def as_generation(module, inputs: tuple, steps: int):
     if lm.batch != 1:
         raise ModelError(f"--generate records one sequence; build() returned a batch of {lm.batch} "
                          "(return input ids of shape (1, seq))")
-    generation = _generation_module()(module)
+    try:
+        generation = _generation_module()(module)
+    except ImportError as exc:  # transformers before its StaticCache layers (4.56)
+        raise ModelError(f"--generate needs a transformers with StaticCache layers (5.x; {exc}): "
+                         "pip install -U transformers") from None
     with torch.no_grad():
         chosen = generation.greedy(ids, mask, steps)
     tokens = chosen[:, :steps].contiguous()  # step k > 0 is fed the token step k - 1 chose
