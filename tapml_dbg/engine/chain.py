@@ -19,16 +19,21 @@ kills the worker, a timeout) says so (`lost`), and the caller searches another w
 from __future__ import annotations
 
 import math
-import threading
 from dataclasses import dataclass, field
 
 from tapml_dbg.errors import TapmlError
 from tapml_dbg.judge.verdict import PROPAGATED, Verdict
+from tapml_dbg.runtime.background import Background, StopFlag
 from tapml_dbg.runtime.lanes import MIN_COMPILE_LANES
 
 CHAIN_SUSPECTS = 8  # suspects a chain collects before it stops: a passing one costs no second run
 OPS_PER_TIMEOUT = 100  # a chain may take the unit timeout once per this many ops
 PREPARE_UNITS_PER_LANE = 4  # a prepare step starts a compile lane per this many units to build
+
+
+def chain_timeout(session, units: int) -> float:
+    """How long a chain of `units` one-op units may take: the unit timeout once per OPS_PER_TIMEOUT."""
+    return session.lanes.pool.timeout_s * max(1, math.ceil(units / OPS_PER_TIMEOUT))
 
 
 @dataclass
@@ -56,8 +61,8 @@ class ChainSearch:
         typed = {session.ops[i].name for i in session.type_changed_ops()}
         self.accept, self.unscreened = set(typed), unscreened - typed
         self.screen = session.screen_rule(PROPAGATED)
-        self.timeout = session.lanes.pool.timeout_s * max(1, math.ceil(len(self.indices) / OPS_PER_TIMEOUT))
-        self.stop_preparing = threading.Event()  # set: a prepare in a thread starts no more units
+        self.timeout = chain_timeout(session, len(self.indices))
+        self.stop_preparing = StopFlag()  # set: a prepare in the background starts no more units
 
     def request(self, runs: int = 0):
         """The next chained run: every op, the ones judged so far accepted; each run collects twice
@@ -130,7 +135,7 @@ class ChainSearch:
         """Compile lanes to build units ahead of the chain (the unit index is only kept for them)."""
         return self.session.lanes.compile_lanes >= MIN_COMPILE_LANES and bool(self.indices)
 
-    def prepare(self, wait: bool = True) -> threading.Thread | None:
+    def prepare(self, wait: bool = True) -> Background | None:
         """With compile lanes, every distinct unit the cache does not hold yet (as far as its index
         knows) is compiled side by side, one lane per few units. `wait=False`: in a thread, while
         the chain runs (returned: join it before `remember`), when the compile lanes do it all; the
@@ -156,9 +161,7 @@ class ChainSearch:
         if wait or not lanes.prepares_on_compile_lanes(len(todo), PREPARE_UNITS_PER_LANE):
             build()
             return None
-        thread = threading.Thread(target=build, name="tapml-prepare", daemon=True)
-        thread.start()
-        return thread
+        return Background(build, "tapml-prepare")
 
     def remember(self, request, result) -> None:
         """Tell the cache's index the key of every unit the chain ran (for the next prepare)."""

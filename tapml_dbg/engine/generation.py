@@ -17,12 +17,11 @@ last-position logits.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from tapml_dbg.engine.chain import OPS_PER_TIMEOUT
+from tapml_dbg.engine.chain import chain_timeout
 from tapml_dbg.errors import UsageError
 from tapml_dbg.judge.tokens import BUG, TOKEN_TOP_K, TokenStep, compare_step
 from tapml_dbg.model.generation import TOKENS_INPUT, GenerationInfo
@@ -62,13 +61,13 @@ class TokenReport:
                 "steps": [step.to_json() for step in self.steps]}
 
 
-def generation_of(session) -> GenerationInfo | None:
+def trace_generation(session) -> GenerationInfo | None:
     """The trace's generation (None: one forward)."""
     return GenerationInfo.from_meta(session.reader.meta.get(META_GENERATION))
 
 
 def require_generation(session) -> GenerationInfo:
-    info = generation_of(session)
+    info = trace_generation(session)
     if info is None:
         raise UsageError(NOT_GENERATION.format(trace=session.reader.path))
     return info
@@ -135,8 +134,7 @@ def _target_logits(session, tokens: np.ndarray | None, report: TokenReport) -> n
     if tokens is not None:
         for unit in request.units:
             unit.inputs = [("value", tokens) if tuple(ref) == ("input", TOKENS_INPUT) else ref for ref in unit.inputs]
-    timeout = session.lanes.pool.timeout_s * max(1, math.ceil(len(indices) / OPS_PER_TIMEOUT))
-    result = session.lanes.run(request, timeout)
+    result = session.lanes.run(request, chain_timeout(session, len(indices)))
     report.runs += 1
     if not result.ok or not result.outputs:
         message = result.message or "no output"

@@ -29,7 +29,7 @@ from typing import Callable
 
 import numpy as np
 
-from tapml_dbg.engine.generation import TokenReport, generation_of, teacher_forced
+from tapml_dbg.engine.generation import TokenReport, teacher_forced, trace_generation
 from tapml_dbg.engine.kept import segments as kept_segments
 from tapml_dbg.engine.migrate import MigrateResult
 from tapml_dbg.engine.results import BisectResult, Culprit, StepResult
@@ -187,7 +187,7 @@ def generation_points(session, points: list[OpPoint], tokens: TokenReport | None
     """Per step of `session`'s generation, the worst propagated error among `points` of that step and
     the step's teacher-forced token verdict (`tokens` when given, else one more chained run); None for
     a trace of one forward."""
-    info = generation_of(session)
+    info = trace_generation(session)
     if info is None:
         return None
     if tokens is None:

@@ -36,20 +36,20 @@ The culprit's failing verdict is then judged once more with a second run of its 
 from __future__ import annotations
 
 import math
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable
 
 from tapml_dbg.engine import fused
 from tapml_dbg.engine.chain import ChainFinding, ChainSearch
-from tapml_dbg.engine.generation import generation_of, teacher_forced
+from tapml_dbg.engine.generation import teacher_forced, trace_generation
 from tapml_dbg.engine.kept import kept_note
-from tapml_dbg.model.generation import step_ranges
 from tapml_dbg.engine.results import BisectResult, Culprit, StepResult
 from tapml_dbg.judge.classify import type_evidence
 from tapml_dbg.judge.verdict import FUSED, ISOLATED, PROPAGATED, Mode, Status, Verdict, WrongClass
 from tapml_dbg.model.analysis import frontier
+from tapml_dbg.model.generation import step_ranges
+from tapml_dbg.runtime.background import Background
 from tapml_dbg.runtime.messages import UnitResult
 
 NEIGHBOURHOOD_RADIUS = 2  # ops shown on each side of a culprit
@@ -214,7 +214,7 @@ class Bisection:
         neighbourhood = self.neighbourhood(culprit.index) if culprit else []
         if session.lanes.plan.note:
             self.notes.append(session.lanes.plan.note)
-        tokens = teacher_forced(session) if generation_of(session) is not None else None
+        tokens = teacher_forced(session) if trace_generation(session) is not None else None
         return BisectResult(diverged=culprit is not None, ops=len(session.ops), probes=probes,
                             seconds=time.perf_counter() - started, target=session.target, culprit=culprit,
                             neighbourhood=neighbourhood, search=self.search_trace.probes, notes=self.notes,
@@ -242,38 +242,28 @@ class Bisection:
         `first` up (two cores at work); the sweep stops at the chain's first suspect once it is
         known, or at a failing op. The request and its result, counted."""
         session = self.session
-        request, box = chain.request(), {}  # (a trace that cannot feed the chain raises here, first)
+        request = chain.request()  # (a trace that cannot feed the chain raises here, first)
         preparing = chain.prepare(wait=False)  # compile lanes build ahead while the chain runs
-
-        def run_chain() -> None:
-            try:
-                box["result"] = session.lanes.run_beside(request, chain.timeout)
-            except BaseException as exc:  # noqa: BLE001 - raised again in the session's thread
-                box["error"] = exc
-
-        thread = threading.Thread(target=run_chain, name="tapml-chain", daemon=True)
-        thread.start()
+        running = Background(lambda: session.lanes.run_beside(request, chain.timeout), "tapml-chain")
         session.warm_up_torch()  # while the chain runs (not before its request: the import holds the GIL)
         try:
-            self._sweep_beside(chain, box, preparing)
+            self._sweep_beside(chain, running, preparing)
         except BaseException:  # Ctrl-C, a lost target: the chain's worker must not outlive the search,
             chain.stop_preparing.set()  # nor its compiles ahead (the next command's units use those lanes)
             session.lanes.stop_beside()
             raise
         finally:
-            thread.join()
+            running.join()
             if preparing is not None:
                 preparing.join()  # its keys are in the index before the chain's own (ChainSearch.remember)
-        if "error" in box:
-            raise box["error"]
-        return request, session.lanes.counted(box["result"])
+        return request, session.lanes.counted(running.result())
 
-    def _sweep_beside(self, chain: ChainSearch, box: dict, preparing: threading.Thread | None) -> None:
+    def _sweep_beside(self, chain: ChainSearch, running: Background, preparing: Background | None) -> None:
         """While the compile lanes build ahead, the sweep runs the ops whose units are built and
         leaves the others to the end (it does not wait for a build the chain waits for too)."""
         self.session.isolated_verdicts.fill(
             self._judged(self.first, self.last + 1), self.progress, stop_at_failure=True, screen=self.screen,
-            bound=lambda: chain.bound(box["result"]) if "result" in box else None,
+            bound=lambda: chain.bound(running.value) if running.finished else None,
             compiled=True,  # prepared ahead, or built by a run lane itself
             unscreened=self.unscreened, building=preparing.is_alive if preparing is not None else None)
 

@@ -35,7 +35,7 @@ import inspect
 
 from tapml_dbg.errors import ModelError, UsageError
 from tapml_dbg.frontend.causal_lm import drive_causal_lm, is_causal_lm
-from tapml_dbg.model.generation import DECODE, PREFILL, TOKENS_INPUT, GenerationInfo, StepInfo
+from tapml_dbg.model.generation import PREFILL_STEP, TOKENS_INPUT, GenerationInfo, StepInfo, step_kind
 
 MAX_STEPS = 4096  # a bound on --generate that catches a typo (e.g. 16000 for 16), not a limit of the design
 
@@ -73,9 +73,9 @@ def as_generation(module, inputs: tuple, steps: int):
         chosen = generation.greedy(ids, mask, steps)
     tokens = chosen[:, :steps].contiguous()  # step k > 0 is fed the token step k - 1 chose
     prompt = int(ids.shape[1])
-    info = GenerationInfo(lm.model_class, prompt, [StepInfo(0, PREFILL, 0, prompt, int(chosen[0, 0]))])
-    for k in range(1, steps + 1):
-        info.steps.append(StepInfo(k, DECODE, prompt + k - 1, prompt + k, int(chosen[0, k])))
+    info = GenerationInfo(lm.model_class, prompt, [  # step k adds positions [start, prompt + k) to the cache
+        StepInfo(k, step_kind(k), 0 if k == PREFILL_STEP else prompt + k - 1, prompt + k, int(chosen[0, k]))
+        for k in range(steps + 1)])
     object.__setattr__(generation, "generation", info)
     return generation, (ids, mask, tokens), info
 
@@ -183,28 +183,33 @@ def _generation_module():
             mask = torch.where(slots == slot, torch.ones_like(mask), mask)
             return mask, self._step(cache, token, mask, position.view(1, 1), slot.view(1))
 
-        def forward(self, input_ids, attention_mask, tokens):
-            cache, mask, position, first = self._prefill(input_ids, attention_mask, tokens.shape[1])
+        def _generate(self, input_ids, attention_mask, steps: int, feed) -> list:
+            """The prefill and `steps` decode steps, each fed `feed(last logits)`: every step's logits."""
+            cache, mask, position, first = self._prefill(input_ids, attention_mask, steps)
             logits, slot = [first], cache.layers[0].cumulative_length
-            read = torch.zeros(1, dtype=torch.long)  # which token the next step reads: a value, not a constant
-            for _ in range(tokens.shape[1]):
-                token = tokens.index_select(1, read)  # the one read of `tokens` that starts a decode step
-                read = read + 1
+            for _ in range(steps):
+                token = feed(logits[-1])
                 position = position + 1
                 mask, step_logits = self._decode(cache, token, mask, position, slot)
                 logits.append(step_logits)
                 slot = slot + 1
-            return torch.cat(logits, dim=1)
+            return logits
+
+        def forward(self, input_ids, attention_mask, tokens):
+            read = [None]  # which token the next step reads: a value, not a constant (made after the prefill)
+
+            def recorded(_logits):  # the one read of `tokens` that starts a decode step
+                if read[0] is None:
+                    read[0] = torch.zeros(1, dtype=torch.long)
+                token = tokens.index_select(1, read[0])
+                read[0] = read[0] + 1
+                return token
+
+            return torch.cat(self._generate(input_ids, attention_mask, tokens.shape[1], recorded), dim=1)
 
         def greedy(self, input_ids, attention_mask, steps: int):
             """The source's own greedy tokens: (1, steps + 1), the argmax of every step's logits."""
-            cache, mask, position, first = self._prefill(input_ids, attention_mask, steps)
-            chosen, slot = [first.argmax(-1)], cache.layers[0].cumulative_length
-            for _ in range(steps):
-                position = position + 1
-                mask, step_logits = self._decode(cache, chosen[-1], mask, position, slot)
-                chosen.append(step_logits.argmax(-1))
-                slot = slot + 1
-            return torch.cat(chosen, dim=1)
+            logits = self._generate(input_ids, attention_mask, steps, lambda last: last.argmax(-1))
+            return torch.cat([step.argmax(-1) for step in logits], dim=1)
 
     return GreedyGeneration

@@ -7,6 +7,12 @@ from dataclasses import dataclass, field
 
 TOKENS_INPUT = "tokens"  # the graph input holding the source's greedy tokens (teacher forcing)
 PREFILL, DECODE = "prefill", "decode"
+PREFILL_STEP = 0  # the step that reads the prompt; decode steps 1..N follow it
+
+
+def step_kind(step: int) -> str:
+    """What a step of a generation is, by its number."""
+    return PREFILL if step == PREFILL_STEP else DECODE
 
 
 @dataclass

@@ -36,6 +36,7 @@ import re
 from dataclasses import dataclass
 
 from tapml_dbg.errors import UsageError
+from tapml_dbg.model.generation import PREFILL_STEP
 
 OP, RANGE, LAYER, STEP = "op", "range", "layer", "step"  # Selection.kind
 CLOSE_MATCHES = 3  # names suggested for a typo
@@ -44,7 +45,6 @@ SELECTOR_SEP = ","  # select_many: `0:5,9`, `blocks.0,blocks.3`
 INDEX_MARK = "#"  # optional prefix of an index: `#12`
 STEP_MARK = "@"  # a generation step: `@2`
 STEP_SCOPE = "/"  # a selector inside a step: `@2/model.layers.1`
-PREFILL_STEP = 0  # the step that reads the prompt; decode steps follow it
 
 _INDEX = r"#?-?\d+"
 _INDEX_RE = re.compile(rf"\s*({_INDEX})\s*")

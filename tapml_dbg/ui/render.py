@@ -31,8 +31,7 @@ from tapml_dbg.engine.triage import TriageResult
 from tapml_dbg.judge.compare import metrics_text
 from tapml_dbg.judge.verdict import ISOLATED, Status, Verdict
 from tapml_dbg.frontend.causal_lm import CausalLMInfo
-from tapml_dbg.model.generation import DECODE, PREFILL, GenerationInfo
-from tapml_dbg.model.select import PREFILL_STEP
+from tapml_dbg.model.generation import GenerationInfo, step_kind
 from tapml_dbg.record.recorder import RecordResult
 from tapml_dbg.repro.carve import CarveResult
 from tapml_dbg.repro.dump import DumpResult
@@ -220,11 +219,16 @@ def step_line(result: StepResult, inherited: bool = False) -> str:
     verdicts = (f"isolated {verdict_cell(result.isolated)}  propagated {verdict_cell(result.propagated)}"
                 if result.isolated is not None or result.propagated is not None else
                 "[dim]kept on the source: no verdict[/]")
-    step = f"step {result.step:<3} " if result.step is not None else ""  # a generation trace's ops
-    line = f"  #{result.index:<4} {escape(result.name):<22} {escape(layer_text(result.layer)):<16} {step}{verdicts}"
+    line = (f"  #{result.index:<4} {escape(result.name):<22} {escape(layer_text(result.layer)):<16} "
+            f"{step_cell(result.step)}{verdicts}")
     if inherited:
         line += "  [dim](inherited)[/]"
     return line
+
+
+def step_cell(step: int | None) -> str:
+    """`step 2   ` in a one-line-per-op listing of a generation trace's ops; "" for a forward's."""
+    return f"step {step:<3} " if step is not None else ""
 
 
 def complete_text(complete: bool, recorded_ops: int, num_ops: int) -> str:
@@ -762,11 +766,6 @@ def step_text(step: int | None) -> str:
     return f", step {step} ({step_kind(step)})"
 
 
-def step_kind(step: int) -> str:
-    """What a step of a generation is, by its number: step 0 reads the prompt."""
-    return PREFILL if step == PREFILL_STEP else DECODE
-
-
 def place_text(place: R.StepPlace) -> str:
     """`2 of 0..3 (decode, positions [9, 10)), op 3 of 245 in the step`: `where`'s step line."""
     recorded = place.recorded
@@ -855,8 +854,7 @@ def _(result: TriageResult, console: Console) -> None:
         first = group.first
         console.print(f"{number}. [bold]{escape(group.cause)}[/]  class [bold]{escape(group.wrong)}[/]")
         for op in group.ops:
-            step = f"step {op.step:<3} " if op.step is not None else ""  # a generation trace's ops
-            console.print(f"   #{op.index:<4} {escape(op.name):<22} {escape(layer_text(op.layer)):<16} {step}"
+            console.print(f"   #{op.index:<4} {escape(op.name):<22} {escape(layer_text(op.layer)):<16} {step_cell(op.step)}"
                           f"[{verdict_style(Status.FAIL)}]{escape(op.verdict)}[/] {escape(_cut(op.summary))}")
         print_source_location(first.source_location, console, indent="   ")
         if first.evidence and first.evidence != first.summary:

@@ -17,7 +17,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Callable
 
-from tapml_dbg.engine.generation import free_running, generation_of, teacher_forced
+from tapml_dbg.engine.generation import free_running, teacher_forced, trace_generation
 from tapml_dbg.engine.kept import KEEP_NONE, kept_text, parse_kept, with_node_groups
 from tapml_dbg.engine.mixed import parse_offload, spans_text
 from tapml_dbg.engine.report import error_points, first_divergent
@@ -162,7 +162,7 @@ def cmd_where(ctx: Context, args: list[str]):
 def _step_place(session, op) -> R.StepPlace | None:
     """Where `op` sits in a generation: its step, the step's kind and positions, its place among the
     step's ops (None outside a generation trace)."""
-    info = generation_of(session)
+    info = trace_generation(session)
     if op is None or op.step is None or info is None:
         return None
     in_step = session.op_table.step_ops(op.step)
