@@ -1,6 +1,6 @@
 """The package's layers (DESIGN.md "Architecture"): arrows point down, never up, and never round.
 
-(entry ->) ui -> repro -> engine / record / frontend -> judge / runtime -> trace -> model
+(entry ->) ui -> repro -> engine / record / frontend -> judge / runtime / host -> trace -> model
 -> portable / errors / settings
 (trace sits above model: the capture window of a recording is parsed by model.select).
 Read with `ast` from the source files: nothing is imported, so a broken module still gets judged.
@@ -18,7 +18,7 @@ ROOT = "tapml_dbg"
 RANKS = {
     "errors": 0, "portable": 0, "settings": 0,
     "model": 1, "trace": 2,
-    "judge": 3, "runtime": 3,
+    "judge": 3, "runtime": 3, "host": 3,
     "frontend": 4, "record": 4, "engine": 4,
     "repro": 5,
     "api": 6,

@@ -21,8 +21,8 @@ from tapml_dbg.judge.compare import Metrics, PolicyKind, TolerancePolicy
 from tapml_dbg.judge.verdict import Status, WrongClass
 from tapml_dbg.model.graph import OpInfo
 from tapml_dbg.record.recorder import record
-from tapml_dbg.runtime import source_runner
-from tapml_dbg.runtime.source_runner import SourceRunner
+from tapml_dbg.host import source_runner
+from tapml_dbg.host.source_runner import SourceRunner
 from tapml_dbg.trace import TraceReader
 from tapml_dbg.trace import schema as S
 from tapml_dbg.trace.inspect import trace_info

@@ -41,10 +41,10 @@ from tapml_dbg.model.generation import step_ranges
 from tapml_dbg.model.graph import OpInfo, TensorSpec
 from tapml_dbg.model.select import LAYER_SEP, OpTable
 from tapml_dbg.model.units import bindings_by_name
-from tapml_dbg.runtime.helper_values import helper_value
+from tapml_dbg.host.helper_values import helper_value
 from tapml_dbg.runtime.messages import UnitResult, UnitStatus
-from tapml_dbg.runtime.source_runner import SourceRunError, with_layout
-from tapml_dbg.runtime.torch_values import to_torch
+from tapml_dbg.host.source_runner import SourceRunError, with_layout
+from tapml_dbg.host.torch_values import to_torch
 
 OFFLOAD_ALL, OFFLOAD_NONE = "all", "none"  # offload specs beside the op selectors of model/select.py
 MIN_BLOCKS = 2  # a numbered container needs this many children to count as the model's blocks

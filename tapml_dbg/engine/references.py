@@ -2,7 +2,7 @@
 
 From the trace's source graph (absent: every reference is empty and the fixed rule judges):
 - `isolated(i)`: op i re-executed in float64 by the source runner on its recorded inputs (a
-  helper binding: evaluated in float64 on the host, `runtime/helper_values.py`);
+  helper binding: evaluated in float64 on the host, `host/helper_values.py`);
 - `propagated(i)`: op i's value in one float64 run of the whole source graph from the model's
   inputs and params (computed once, on first use, for every op): every propagated reference;
 - which elements are undefined (uninitialised memory in the source) and which ops are nothing else;
@@ -21,10 +21,10 @@ from tapml_dbg.judge.classify import Evidence
 from tapml_dbg.judge.noise_floor import Reference
 from tapml_dbg.model.graph import OpInfo, TensorSpec
 from tapml_dbg.model.units import bindings_by_name
-from tapml_dbg.runtime.helper_values import helper_value
-from tapml_dbg.runtime.low_precision import LOW_PRECISION_DTYPES, recompute_aten
-from tapml_dbg.runtime.source_runner import SourceRunError, SourceRunner, source_outputs
-from tapml_dbg.runtime.torch_values import to_numpy
+from tapml_dbg.host.helper_values import helper_value
+from tapml_dbg.host.low_precision import LOW_PRECISION_DTYPES, recompute_aten
+from tapml_dbg.host.source_runner import SourceRunError, SourceRunner, source_outputs
+from tapml_dbg.host.torch_values import to_numpy
 from tapml_dbg.trace import TraceReader
 from tapml_dbg.trace.recent import RecentOpOutputs
 from tapml_dbg.trace.schema import CAST_NOTE_PREFIX, META_STOCK_IMPORT

@@ -8,7 +8,7 @@ from the export's own meta). It also maps every op of the op table to the FX val
 lists the op outputs whose imported type differs from the source's (`type_changes`). The format
 and its reader (which validates everything and runs nothing) are in `trace/source_graph.py`.
 
-`runtime.source_runner.source_outputs` is THE rule that lines an FX value up with an op's
+`host.source_runner.source_outputs` is THE rule that lines an FX value up with an op's
 outputs: the recorder uses it on real tensors, `source_graph_json` on the export's meta values,
 so a type change listed in the trace is exactly a value the recorder stored with its source type,
 and an op listed as holding a node's value is exactly one the recorder stored torch's value for.
@@ -21,8 +21,8 @@ import math
 
 from tapml_dbg.frontend.importer import Provenance
 from tapml_dbg.model.graph import Graph, OpInfo, TensorSpec
-from tapml_dbg.runtime.source_runner import source_outputs
-from tapml_dbg.runtime.torch_values import to_numpy
+from tapml_dbg.host.source_runner import source_outputs
+from tapml_dbg.host.torch_values import to_numpy
 from tapml_dbg.trace import source_graph as SG
 
 

@@ -6,7 +6,7 @@
    out-of-bounds read, a race); only known when the engine ran it twice;
 3. `nan/inf`: the target's NaN/Inf pattern differs from the source's;
 4. `precision`: recomputing the op on the host while accumulating in the output's low precision
-   (the engine's `runtime/low_precision.py`) lands much closer to the target than the float64
+   (the engine's `host/low_precision.py`) lands much closer to the target than the float64
    reference does: the kernel is right but sums in too narrow a type;
 5. `semantic`: none of the above: far outside any precision explanation.
 """

@@ -42,7 +42,7 @@ from tapml_dbg.record.heap import use_mmap_for_large_blocks
 from tapml_dbg.record.host_ops import HostOps
 from tapml_dbg.record.tensors import to_numpy
 from tapml_dbg.runtime.in_process import LocalRunner
-from tapml_dbg.runtime.source_runner import source_outputs
+from tapml_dbg.host.source_runner import source_outputs
 from tapml_dbg.trace import TraceWriter
 from tapml_dbg.trace.capture import parse_size, plan_capture
 from tapml_dbg.trace.schema import HELPER_NOTE, HOST_NOTE, META_CAUSAL_LM, META_GENERATION, META_STOCK_IMPORT, TYPE_NOTE_PREFIX

@@ -7,8 +7,8 @@ halved while the unit still fails, then bisected between the last failing and th
 extent. At every candidate shape the unit is rebuilt (its bindings re-normalized for the new
 parameter shapes), run on the target through the session's lanes (its transform, its compile
 cache), and judged against the expected value computed on the host at that shape: the source
-runner (runtime/source_runner.py) re-executes the op's FX node on the sliced inputs in float64
-(a helper binding such as the matmul inside an addmm: `runtime.helper_values`), rounded to the
+runner (host/source_runner.py) re-executes the op's FX node on the sliced inputs in float64
+(a helper binding such as the matmul inside an addmm: `host.helper_values`), rounded to the
 output's dtype. The judge is the repro's own compare rule with the dump's tolerance, so the
 minimized repro fails exactly as the search saw it fail. Failure is assumed to be monotone in
 each extent (true for accumulation-length and elementwise bugs); a unit that only fails at full
@@ -25,9 +25,9 @@ import numpy as np
 from tapml_dbg import portable as lib
 from tapml_dbg.model.serialize import function_to_json
 from tapml_dbg.model.units import bindings_by_name, substitute
-from tapml_dbg.runtime.helper_values import helper_value
+from tapml_dbg.host.helper_values import helper_value
 from tapml_dbg.runtime.messages import UnitRequest
-from tapml_dbg.runtime.source_runner import SourceRunError, SourceRunner
+from tapml_dbg.host.source_runner import SourceRunError, SourceRunner
 
 MAX_PROBES = 200  # candidate shapes tried at most per unit (each is one compile and run)
 MINIMIZE_ROUNDS = 2  # passes over every axis group

@@ -7,7 +7,7 @@ kwargs, where references to other nodes, inputs and params are tagged objects an
 dataclasses and refuses anything it does not know: a target outside `ALLOWED_TARGETS`, an
 unknown tag, a reference to a node that is not defined before it, structures deeper or larger
 than the limits below. Nothing here imports torch, evaluates text or unpickles: the source
-runner (`runtime/source_runner.py`) maps the validated names onto `torch.ops.aten` itself.
+runner (`host/source_runner.py`) maps the validated names onto `torch.ops.aten` itself.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from tapml_dbg.model.graph import OpInfo
-from tapml_dbg.runtime.torch_values import to_numpy, to_torch
+from tapml_dbg.host.torch_values import to_numpy, to_torch
 from tapml_dbg.trace import source_graph as SG
 
 FetchOp = Callable[[str], "list[np.ndarray] | None"]  # op name -> its recorded outputs (None: not recorded)

@@ -13,8 +13,8 @@ from __future__ import annotations
 import numpy as np
 
 from tapml_dbg.model.units import flatten_ty, tuple_item_values
-from tapml_dbg.runtime.low_precision import recompute_relax
-from tapml_dbg.runtime.torch_values import to_numpy, to_torch
+from tapml_dbg.host.low_precision import recompute_relax
+from tapml_dbg.host.torch_values import to_numpy, to_torch
 
 MOVES = ("relax.reshape", "relax.expand_dims", "relax.squeeze", "relax.flatten", "relax.permute_dims",
          "relax.broadcast_to", "relax.take", "relax.zeros", "relax.ones", "relax.zeros_like", "relax.ones_like")
