@@ -4,9 +4,11 @@ Usage:
     python benchmarks/coverage.py                     # every zoo architecture -> docs/coverage.md
     python benchmarks/coverage.py bert vit resnet     # some of them (the table lists only those)
     python benchmarks/coverage.py --fast              # skip the slow ones (gpt2_124m)
+    python benchmarks/coverage.py --behind roberta    # past a real bug: its fix (or kept ops), then the fault
     options: --out FILE.md (default docs/coverage.md; "-" prints it), --timeout S per architecture
              (default 600), --target T (default llvm), --jobs N (architectures at once, default 1),
-             --keep DIR (keep traces and logs there)
+             --keep DIR (keep traces and logs there), --rows DIR (each row's JSON there, as it is
+             written), --behind
 
 For each architecture of `examples/zoo/registry.py`, in its own subprocess (so that a crash or
 a hang inside torch or TVM costs one row, not the table), four columns, each pass or fail with
@@ -20,6 +22,17 @@ a one-line reason:
            cross-checked by asking `Session.isolated(i)` of every op (served from the sweep).
 - fault:   a `scale` fault (x1.01) planted with `tests/conftest.py: fault_transform` at a float32
            op in the middle of the model; pass when `bisect()` names exactly that op, isolated.
+
+With `--behind`, a row whose clean stage found a real divergence goes on past it with the tool's own
+mechanisms (docs/fix.md, docs/keep.md) before the fault stage, instead of stopping there:
+
+- behind:  `fix` (triage, then a verified rewrite per cause: `tapml-dbg fix TRACE -o DIR`) writes
+           `fix.py`; every cause it does not fix is kept on the source (`--keep`); then `bisect()`
+           with the fix and the kept ops, and any culprit it still names is kept too (at most
+           `BEHIND_ROUNDS` rounds), until nothing diverges. The row records the rewrites and kept ops.
+- fault:   then planted at a float32 op in the middle of the model *after the first real bug*, the
+           transform being the fix followed by the fault (`engine.fix.composed_text`, as
+           `fix_then_transform.py`), the same ops kept: pass when `bisect()` names exactly that op.
 
 The child writes its row as JSON after every stage, so a row killed mid-way still says which
 stage it died in.
@@ -48,7 +61,9 @@ DEFAULT_TARGET = "llvm"
 FAULT_KIND = "scale"
 FAULT_SCALE = "1.01"
 STAGES = ("import", "record", "clean", "fault")
-REASON_CHARS = 160  # one short line per cell
+BEHIND = "behind"  # the optional stage between clean and fault (--behind)
+BEHIND_ROUNDS = 4  # bisects with the fix and kept ops, each keeping the culprit it still names
+REASON_CHARS = 240  # one short line per cell
 
 for folder in (ROOT, ROOT / "tests", ZOO_DIR):
     if str(folder) not in sys.path:
@@ -56,8 +71,11 @@ for folder in (ROOT, ROOT / "tests", ZOO_DIR):
 
 
 # ======================================================================== one architecture (child)
-def run_one(name: str, work: Path, target: str = DEFAULT_TARGET, report=lambda row: None) -> dict:
-    """All four stages for one zoo architecture; `report(row)` is called after each stage."""
+def run_one(name: str, work: Path, target: str = DEFAULT_TARGET, report=lambda row: None,
+            behind: bool = False) -> dict:
+    """All four stages for one zoo architecture; `report(row)` is called after each stage. With
+    `behind`, a clean stage that finds a real divergence is followed by the behind stage (the fix or
+    kept ops that get past it) and the fault stage runs with them."""
     from registry import ZOO
 
     entry = ZOO[name]
@@ -72,8 +90,16 @@ def run_one(name: str, work: Path, target: str = DEFAULT_TARGET, report=lambda r
     stages = [("import", lambda: _stage_import(spec, row)),
               ("record", lambda: _stage_record(spec, trace, row)),
               ("clean", lambda: _stage_clean(trace, target, cache, state)),
+              (BEHIND, lambda: _stage_behind(trace, target, cache, work, state, row)),
               ("fault", lambda: _stage_fault(trace, target, cache, work, state))]
+    failed = None
     for stage, run in stages:
+        if stage == BEHIND:  # only past a real divergence the clean stage found, when asked
+            if not (behind and failed == "clean" and "first_bug" in state):
+                continue
+        elif failed is not None and not (stage == "fault" and failed == "clean" and BEHIND in row
+                                         and row[BEHIND]["status"] == "pass"):
+            break
         row[stage] = {"status": "running", "reason": "", "seconds": 0.0}
         report(row)
         stage_started = time.perf_counter()
@@ -81,12 +107,14 @@ def run_one(name: str, work: Path, target: str = DEFAULT_TARGET, report=lambda r
             ok, reason = run()
         except Exception as exc:  # any failure is a finding for this row, never the end of the table
             ok, reason = False, f"{type(exc).__name__}: {_first_line(exc)}"
-        row[stage] = {"status": "pass" if ok else "fail", "reason": _short(reason),
+        row[stage] = {**row.get(stage, {}), "status": "pass" if ok else "fail", "reason": _short(reason),
                       "seconds": round(time.perf_counter() - stage_started, 2)}
         row["seconds"] = round(time.perf_counter() - started, 2)
         report(row)
         if not ok:
-            break
+            failed = failed or stage
+            if stage != "clean":
+                break
     return row
 
 
@@ -133,22 +161,30 @@ def _stage_clean(trace: Path, target: str, cache: Path, state: dict) -> tuple[bo
         result = session.bisect()
         if result.diverged:
             culprit = result.culprit
+            state["first_bug"] = culprit.index
             return False, (f"#{culprit.index} {culprit.name} ({culprit.op}) {culprit.verdict}: "
                            f"{culprit.summary}")
         verdicts = [session.isolated(op.index) for op in session.ops if op.outputs]
         failing = [v for v in verdicts if v.failed]  # an undefined value ([8]) is not a failure
         if failing:
             first = failing[0]
+            state["first_bug"] = first.index
             return False, f"#{first.index} {first.name} isolated {first.status}: {first.summary}"
         state["fault_op"] = _fault_op(session)  # verdicts come from the sweep's cache: no extra compile
         notes = f" ({'; '.join(result.notes)})" if result.notes else ""
         return True, f"{len(verdicts)} isolated verdicts + model output pass, {result.probes} probes{notes}"
 
 
-def _fault_op(session) -> str | None:
-    """A float32 op in the middle of the model whose scaled value must differ: finite, non-zero."""
-    ops = session.ops
-    for op in ops[len(ops) // 2:] + ops[:len(ops) // 2]:
+def _fault_op(session, after: int = -1, avoid=frozenset()) -> str | None:
+    """A float32 op in the middle of the model whose scaled value must differ: finite, non-zero.
+    `after`: only ops after this index (behind a real bug: the middle of the ops after it when the
+    bug lies past the middle); `avoid`: op names the fault must not sit at (kept or rewritten ops)."""
+    ops = [op for op in session.ops if op.index > after and op.index not in session.kept
+           and op.name not in avoid]
+    middle = len(session.ops) // 2
+    start = next((i for i, op in enumerate(ops) if op.index >= middle), len(ops)) if middle > after \
+        else len(ops) // 2
+    for op in ops[start:] + ops[:start]:
         if not (op.relax_op.startswith("relax.") and op.outputs and not op.is_tuple
                 and op.outputs[0].dtype == "float32" and "reshape" not in op.relax_op):
             continue
@@ -161,15 +197,88 @@ def _fault_op(session) -> str | None:
     return None
 
 
+def _stage_behind(trace: Path, target: str, cache: Path, work: Path, state: dict, row: dict) -> tuple[bool, str]:
+    """Past the real bug the clean stage found: `fix` for every cause triage lists, every cause it
+    does not fix kept on the source, then bisect with both until nothing diverges (each culprit still
+    named is kept too). Sets state's fix transform, kept ops and fault op; the row says what it applied."""
+    from tapml_dbg.engine.fix import fix
+    from tapml_dbg.engine.kept import kept_selector, kept_text
+    from tapml_dbg.engine.session import Session
+
+    first_bug = state["first_bug"]
+    folder = work / "fix"
+    info: dict = {"first_bug": first_bug, "fixed": [], "unfixed": [], "kept": [], "rounds": 0}
+    row[BEHIND] = {**row.get(BEHIND, {}), **info}
+    with Session.open(trace, target=target, cache_dir=cache) as session:
+        fixed = fix(session, folder)
+    rewritten = fixed.rewritten
+    info["fixed"] = [f"#{op.index} {op.name}: {op.kind}" for op in rewritten]
+    info["unfixed"] = [f"#{op.index} {op.name}: {op.why}" for op in fixed.unfixed]
+    info["fix_output"] = fixed.output_after.text() if fixed.output_after else ""
+    transform = f"{folder / 'fix.py'}:fix" if rewritten else None
+    kept: set[int] = {op.index for op in fixed.unfixed}
+    notes = []
+    for round_ in range(1, BEHIND_ROUNDS + 1):
+        info["rounds"] = round_
+        with Session.open(trace, target=target, cache_dir=cache, transform=transform) as session:
+            if kept:
+                kept = set(session.set_kept(sorted(kept)))
+            result = session.bisect()
+            if not result.diverged:
+                info["kept"] = sorted(kept)
+                state["fault_op"] = _fault_op(session, after=first_bug, avoid={r.name for r in rewritten})
+                kept_names = kept_text(session.ops, kept) if kept else ""
+                break
+            culprit = result.culprit
+            fixed_here = any(op.index == culprit.index for op in rewritten)
+            notes.append(f"#{culprit.index} {culprit.name} ({culprit.verdict}"
+                         + (f", {culprit.wrong}" if culprit.wrong else "")
+                         + (", named again under its fix" if fixed_here else "") + ")")
+            kept.add(culprit.index)
+    else:
+        info["kept"] = sorted(kept)
+        row[BEHIND].update(info)
+        return False, (f"still diverges after {BEHIND_ROUNDS} rounds (kept in turn: {', '.join(notes)}); fix: "
+                       f"{', '.join(info['fixed']) or 'none'}")
+    state["fix"] = transform
+    state["kept"] = sorted(kept)
+    applied = []
+    if rewritten:
+        kinds = sorted({op.kind for op in rewritten})
+        applied.append(f"fix {'/'.join(kinds)} at {len(rewritten)} op(s) ({_op_list(rewritten)})")
+    info["bisect_kept"] = notes
+    row[BEHIND].update(info)
+    if kept:
+        why = []
+        if fixed.unfixed:
+            why.append("not fixed: " + ", ".join(f"#{op.index}" for op in fixed.unfixed))
+        if notes:
+            why.append("still named by bisect: " + ", ".join(notes))
+        applied.append(f"kept {kept_names} (--keep {kept_selector(kept)}; {'; '.join(why)})")
+    return True, "; ".join(applied) + f"; then bisect clean ({fixed.sessions} fix session(s))"
+
+
+def _op_list(ops, shown: int = 3) -> str:
+    names = [f"#{op.index} {op.name}" for op in ops[:shown]]
+    return ", ".join(names) + (f", +{len(ops) - shown}" if len(ops) > shown else "")
+
+
 def _stage_fault(trace: Path, target: str, cache: Path, work: Path, state: dict) -> tuple[bool, str]:
     from conftest import fault_transform
+    from tapml_dbg.engine.fix import composed_text
     from tapml_dbg.engine.session import Session
 
     op = state.get("fault_op")
     if op is None:
         return False, "no finite, non-zero float32 op to plant a fault in"
     transform = fault_transform(work, FAULT_KIND, op, scale=FAULT_SCALE)
+    if state.get("fix"):  # behind a real bug: the fix, then the fault, as a pass list would run them
+        composed = work / "fix_then_fault.py"
+        composed.write_text(composed_text(state["fix"].rsplit(":", 1)[0], transform))
+        transform = f"{composed}:fix"
     with Session.open(trace, target=target, cache_dir=cache, transform=transform) as session:
+        if state.get("kept"):
+            session.set_kept(state["kept"])
         index = session.by_name[op].index
         result = session.bisect()
         culprit = result.culprit
@@ -193,7 +302,7 @@ def _short(text: str) -> str:
 
 # ======================================================================== the table (parent)
 def run_all(names: list[str], *, timeout_s: float = DEFAULT_TIMEOUT_S, target: str = DEFAULT_TARGET,
-            work: Path | None = None, jobs: int = 1, progress=lambda row: None) -> list[dict]:
+            work: Path | None = None, jobs: int = 1, progress=lambda row: None, behind: bool = False) -> list[dict]:
     """Each architecture in a subprocess with a time limit, `jobs` at a time; one row each, in order."""
     from concurrent.futures import ThreadPoolExecutor
 
@@ -202,7 +311,7 @@ def run_all(names: list[str], *, timeout_s: float = DEFAULT_TIMEOUT_S, target: s
     work.mkdir(parents=True, exist_ok=True)
 
     def one(name):
-        row = _run_child(name, work, timeout_s, target)
+        row = _run_child(name, work, timeout_s, target, behind)
         if own_work:  # traces of real-size models are large: free each as soon as its row is done
             shutil.rmtree(work / name, ignore_errors=True)
         progress(row)
@@ -216,13 +325,13 @@ def run_all(names: list[str], *, timeout_s: float = DEFAULT_TIMEOUT_S, target: s
             shutil.rmtree(work, ignore_errors=True)
 
 
-def _run_child(name: str, work: Path, timeout_s: float, target: str) -> dict:
+def _run_child(name: str, work: Path, timeout_s: float, target: str, behind: bool = False) -> dict:
     folder = work / name
     folder.mkdir(parents=True, exist_ok=True)
     row_path, log_path = folder / "row.json", folder / "log.txt"
     started = time.perf_counter()
     command = [sys.executable, str(Path(__file__).resolve()), "--one", name, "--row", str(row_path),
-               "--work", str(folder), "--target", target]
+               "--work", str(folder), "--target", target] + (["--behind"] if behind else [])
     with open(log_path, "w") as log:
         # a session of its own: on a timeout the whole group (TVM workers included) is stopped
         child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
@@ -235,7 +344,8 @@ def _run_child(name: str, work: Path, timeout_s: float, target: str) -> dict:
             outcome = f"timeout: no result within {timeout_s:.0f} s"
     row = _read_row(row_path, name)
     if outcome:  # the stage it was in when it died gets the reason
-        stage = next((s for s in STAGES if row[s]["status"] == "running"), None)
+        order = (*STAGES[:3], BEHIND, STAGES[3])
+        stage = next((s for s in order if row.get(s, {}).get("status") == "running"), None)
         if stage is None:
             stage = next((s for s in STAGES if row[s]["status"] == "skipped"), STAGES[-1])
         tail = _log_tail(log_path)
@@ -416,6 +526,12 @@ def render(rows: list[dict], *, seconds: float, timeout_s: float, target: str, p
     lines.append(f"- **{full} of {total} architectures pass every column** "
                  f"(import {counts['import']}, record {counts['record']}, clean {target} "
                  f"{counts['clean']}, fault bisect {counts['fault']}).")
+    behind = [row for row in rows if BEHIND in row]
+    if behind:
+        found = sum(row["fault"]["status"] == "pass" for row in behind)
+        lines.append(f"- **Behind the first bug** (`--behind`): in {found} of the {len(behind)} rows whose clean "
+                     f"{target} column found a real divergence, the fault planted after it was found at its op, "
+                     "past the bug with its `fix` and/or kept ops (the fault column says which).")
     if partial:
         lines.append("- A partial run (some architectures only).")
     lines.append(f"- This run: {seconds / 60:.1f} min wall, {jobs} architecture(s) at a time on "
@@ -433,7 +549,12 @@ def render(rows: list[dict], *, seconds: float, timeout_s: float, target: str, p
         for stage in STAGES:
             cell = row[stage]
             mark = {"pass": "pass", "fail": "**FAIL**", "skipped": "—"}.get(cell["status"], cell["status"])
-            cells.append(f"{mark}: {cell['reason']}" if cell["reason"] and cell["status"] != "skipped" else mark)
+            text = f"{mark}: {cell['reason']}" if cell["reason"] and cell["status"] != "skipped" else mark
+            if stage == "fault" and BEHIND in row:  # past the real bug: what was applied first
+                behind = row[BEHIND]
+                text = (f"{mark} behind the bug ({behind['reason']})" + (f": {cell['reason']}" if cell["reason"] else "")
+                        if behind["status"] == "pass" else f"**FAIL** getting past the bug: {behind['reason']}")
+            cells.append(text)
         cells.append(f"{row['seconds']:.0f}")
         lines.append("| " + " | ".join(cells) + " |")
     failures = [row for row in rows if not passed(row)]
@@ -467,6 +588,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=1,
                         help="architectures run at once (default 1: row times are then comparable)")
     parser.add_argument("--keep", help="keep traces and logs in this folder")
+    parser.add_argument("--behind", action="store_true",
+                        help="past a real divergence: its fix (or kept ops), then the planted fault")
+    parser.add_argument("--rows", help="a JSON file of every finished row, rewritten as each one ends")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # child mode: one architecture
     parser.add_argument("--row", help=argparse.SUPPRESS)
     parser.add_argument("--work", help=argparse.SUPPRESS)
@@ -480,7 +604,7 @@ def main(argv: list[str] | None = None) -> int:
             tmp.write_text(json.dumps(row))
             tmp.replace(row_path)
 
-        run_one(args.one, Path(args.work), args.target, report)
+        run_one(args.one, Path(args.work), args.target, report, behind=args.behind)
         return 0
 
     from registry import ZOO
@@ -491,13 +615,23 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown architecture(s) {', '.join(unknown)}; known: {', '.join(ZOO)}")
     started = time.perf_counter()
 
+    done: dict[str, dict] = {}
+
     def progress(row):
         cells = " ".join(f"{s}={row[s]['status']}" for s in STAGES)
         bad = next((f" [{row[s]['reason']}]" for s in STAGES if row[s]["status"] == "fail"), "")
+        if BEHIND in row:
+            cells += f" behind={row[BEHIND]['status']} [{row[BEHIND].get('reason', '')}]"
+            if row["fault"]["status"] != "skipped":
+                cells += f" fault [{row['fault']['reason']}]"
         print(f"{row['name']:<16} {row['seconds']:6.1f}s {cells}{bad}", file=sys.stderr, flush=True)
+        if args.rows:  # every finished row so far: a run cut short still leaves them
+            done[row["name"]] = row
+            Path(args.rows).write_text(json.dumps(done, indent=1))
 
     rows = run_all(names, timeout_s=args.timeout, target=args.target,
-                   work=Path(args.keep) if args.keep else None, jobs=args.jobs, progress=progress)
+                   work=Path(args.keep) if args.keep else None, jobs=args.jobs, progress=progress,
+                   behind=args.behind)
     text = render(rows, seconds=time.perf_counter() - started, timeout_s=args.timeout, target=args.target,
                   partial=bool(args.names) or args.fast, jobs=args.jobs)
     if args.out == "-":
