@@ -462,7 +462,8 @@ def fix(session: Session, folder: str | Path, progress: Progress = _noop,
         if not final.run.passed and any(c.kind == "float32" for c, _ in accepted.values()):
             extra, final = _pin_more(session, verifier, final_rewrites, final)
         sessions = verifier.count
-    fixed, unfixed = _outcome(session, triaged, accepted, unfixed_why, tried, before, final, extra)
+    fixed, unfixed = _outcome(session, triaged, accepted, unfixed_why, tried, before, final)
+    fixed += _pinned_by_output_search(session, extra, final)
     result = FixResult(str(session.reader.path), session.where, str(out), fixed, unfixed, output_before,
                        OutputFigure.of(final.run), verified_with=session.spec.transform or "", sessions=sessions,
                        groups=len(triaged.groups))
@@ -516,7 +517,8 @@ def _pinnable(session: Session, op) -> bool:
     return op.relax_op not in STRUCTURAL and any(spec.dtype in LOW_PRECISION for spec in op.outputs)
 
 
-def _outcome(session, triaged, accepted, unfixed_why, tried, before, final, extra):
+def _outcome(session, triaged, accepted, unfixed_why, tried, before, final):
+    """Each triaged group's ops, fixed (by its accepted rewrite, or right once the others are rewritten) or not (why)."""
     fixed: list[FixedOp] = []
     unfixed: list[UnfixedOp] = []
     failing_now = set(final.run.failing_ops())
@@ -538,13 +540,19 @@ def _outcome(session, triaged, accepted, unfixed_why, tried, before, final, extr
             continue
         why = unfixed_why.get(number, "no rewrite verified")
         unfixed += [UnfixedOp(op.index, op.name, group.cause, why, list(tried[number])) for op in group.ops]
+    return fixed, unfixed
+
+
+def _pinned_by_output_search(session, extra: list[Rewrite], final: _Trial) -> list[FixedOp]:
+    """The ops `_pin_more` pinned to float32 beyond the groups' fixes, as fixed ops."""
+    fixed: list[FixedOp] = []
     for rewrite in extra:
         op = session.ops[rewrite.index]
         fixed.append(FixedOp(op.index, op.name, "computed in float32 (pinned by the output search: the output "
                                                 "failed with the groups' fixes alone)", "output still failing",
                              "float32", Figure.of(op, session.isolated(op.index)),
                              Figure.of(op, final.run.verdicts.get(op.index)), extra=True))
-    return fixed, unfixed
+    return fixed
 
 
 # ---------------------------------------------------------------------------- the files

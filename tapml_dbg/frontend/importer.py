@@ -231,22 +231,9 @@ def instrumented_import(importer, program) -> InstrumentedImport:
 
     importer.convert_map = {key: wrap(fn) for key, fn in importer.convert_map.items()}
     original_emit, original_match_cast = relax.BlockBuilder.emit, relax.BlockBuilder.match_cast
-
-    def attributed(original):
-        def emit(builder, *args, **kwargs):  # whatever the builder takes (name_hint=, ...)
-            var = original(builder, *args, **kwargs)
-            if current["node"] is not None:
-                node = current["node"].name
-                if var.name not in emitted:
-                    order.setdefault(node, []).append(var.name)
-                emitted.setdefault(var.name, node)
-                types.setdefault(var.name, var.ty)
-            return var
-        return emit
-
-    relax.BlockBuilder.emit = attributed(original_emit)
-    relax.BlockBuilder.match_cast = attributed(original_match_cast)
     run = InstrumentedImport(None, emitted, returned, order, types)
+    relax.BlockBuilder.emit = _attributed(original_emit, current, run)
+    relax.BlockBuilder.match_cast = _attributed(original_match_cast, current, run)
     try:
         run.mod = importer.from_exported_program(program, True, False, False, None)
     except _ImportFailure as failure:
@@ -261,6 +248,21 @@ def instrumented_import(importer, program) -> InstrumentedImport:
     if run.failure is not None:
         _close_blocks(getattr(importer, "block_builder", None))
     return run
+
+
+def _attributed(original, current: dict, run: InstrumentedImport):
+    """`BlockBuilder.emit` (or `match_cast`) that also attributes each new var to the FX node whose
+    converter runs (`current["node"]`): into `run.emitted`, `run.order` and `run.types`."""
+    def emit(builder, *args, **kwargs):  # whatever the builder takes (name_hint=, ...)
+        var = original(builder, *args, **kwargs)
+        if current["node"] is not None:
+            node = current["node"].name
+            if var.name not in run.emitted:
+                run.order.setdefault(node, []).append(var.name)
+            run.emitted.setdefault(var.name, node)
+            run.types.setdefault(var.name, var.ty)
+        return var
+    return emit
 
 
 MAX_OPEN_BLOCKS = 8  # blocks a failed import can leave open (a function's dataflow block, nested scopes)
@@ -321,16 +323,31 @@ def _relax_op_name(value) -> str:
 
 def _build_graph(mod, nodes, emitted, final_of_node) -> tuple[Graph, dict[str, Provenance], dict[str, str]]:
     """The graph, each op's provenance, and the new name of every binding (old var name -> op name)."""
-    from tvm import relax
-
     main = mod["main"]
     _check_single_function(mod)
     num_input = int(main.attrs["num_input"])
     bindings = [b for block in main.body.blocks for b in block.bindings]
+    _attribute_normalization_helpers(bindings, emitted, final_of_node)
+    names = _op_names(main, bindings, emitted, final_of_node)
 
-    # Op names: the FX node name for a node's own value, "<node>_p<k>" for its helper bindings.
-    # Bindings no converter emitted through BlockBuilder.emit (normalization helpers) belong
-    # to the next node that has one.
+    main = _rename_bindings(main, names)
+    main = main.without_attr("params") if "params" in main.attrs else main
+    mod = mod.__class__({"main": main}) if len(mod.functions) == 1 else _replace_main(mod, main)
+
+    bindings = [b for block in main.body.blocks for b in block.bindings]
+    inputs = [(p.name, (flatten_ty(p.ty) or [None])[0]) for p in main.params[:num_input]]
+    params = [(p.name, (flatten_ty(p.ty) or [None])[0]) for p in main.params[num_input:]]
+    for name, spec in inputs + params:
+        if spec is None:
+            raise ModelError(f"input {name} has a dynamic shape; tapml-dbg records static shapes only")
+    ops, provenance = _graph_ops(bindings, names, nodes, emitted, final_of_node)
+    outputs = _output_names(main)
+    return Graph(mod=mod, ops=ops, inputs=inputs, params=params, outputs=outputs), provenance, names
+
+
+def _attribute_normalization_helpers(bindings, emitted: dict[str, str], final_of_node) -> None:
+    """Bindings no converter emitted through BlockBuilder.emit (normalization helpers) belong to the
+    next node that has one: added to `emitted` (the last binding, the output, stays unattributed)."""
     next_node = None
     for binding in reversed(bindings):
         old = binding.var.name
@@ -340,6 +357,11 @@ def _build_graph(mod, nodes, emitted, final_of_node) -> tuple[Graph, dict[str, P
             emitted[old] = next_node
         elif node is not None:
             next_node = node
+
+
+def _op_names(main, bindings, emitted: dict[str, str], final_of_node) -> dict[str, str]:
+    """Op names (old var name -> op name): the FX node name for a node's own value, "<node>_p<k>" for
+    its helper bindings, unique among themselves and `main`'s parameters."""
     names: dict[str, str] = {}
     taken: set[str] = {p.name for p in main.params}
     helper_counts: dict[str, int] = {}
@@ -361,17 +383,13 @@ def _build_graph(mod, nodes, emitted, final_of_node) -> tuple[Graph, dict[str, P
             name, suffix = f"{base}_{suffix}", suffix + 1
         taken.add(name)
         names[old] = name
+    return names
 
-    main = _rename_bindings(main, names)
-    main = main.without_attr("params") if "params" in main.attrs else main
-    mod = mod.__class__({"main": main}) if len(mod.functions) == 1 else _replace_main(mod, main)
 
-    bindings = [b for block in main.body.blocks for b in block.bindings]
-    inputs = [(p.name, (flatten_ty(p.ty) or [None])[0]) for p in main.params[:num_input]]
-    params = [(p.name, (flatten_ty(p.ty) or [None])[0]) for p in main.params[num_input:]]
-    for name, spec in inputs + params:
-        if spec is None:
-            raise ModelError(f"input {name} has a dynamic shape; tapml-dbg records static shapes only")
+def _graph_ops(bindings, names: dict[str, str], nodes, emitted: dict[str, str],
+               final_of_node) -> tuple[list[OpInfo], dict[str, Provenance]]:
+    """The op table of the renamed bindings, and the provenance of each op that holds an FX node's value."""
+    from tvm import relax
 
     reverse = {new: old for old, new in names.items()}
     ops: list[OpInfo] = []
@@ -398,9 +416,7 @@ def _build_graph(mod, nodes, emitted, final_of_node) -> tuple[Graph, dict[str, P
         ))
         if prov is not None:
             provenance[name] = prov
-
-    outputs = _output_names(main)
-    return Graph(mod=mod, ops=ops, inputs=inputs, params=params, outputs=outputs), provenance, names
+    return ops, provenance
 
 
 def _check_single_function(mod) -> None:

@@ -156,14 +156,49 @@ def _load_inputs(npz_path: str, examples: tuple) -> tuple:
 
 def _record_graph(model_spec, out_path, graph: Graph, provenance, program, module, inputs, source, seed,
                   compression, progress, started, plan, phases, ops_json) -> RecordResult:
-    import torch
-    import tvm
-
-
     phases = dict(phases)
     serialize_started = time.perf_counter()
     input_arrays = {name: to_numpy(t) for (name, _), t in zip(graph.inputs, inputs)}
     param_arrays = _param_arrays(graph, program)
+    meta, causal_lm, generation = _trace_meta(model_spec, graph, module, source, seed, plan, phases)
+    header = dict(meta=meta, graph_json=_graph_json(graph), tvmscript=graph.mod.script(),
+                  ops=ops_json, inputs=input_arrays, params=param_arrays,
+                  compression=compression, capture=plan is not None,
+                  source_graph=source_graph_json(program, graph, provenance) if source == "torch" else None)
+    run_started = time.perf_counter()
+    phases["serialize"] = run_started - serialize_started
+    runner = LocalRunner(graph.mod["main"], target=source[4:] if source.startswith("tvm:") else "llvm")
+    store = _ValueStore(graph, {**{k: [v] for k, v in input_arrays.items()},
+                                **{k: [v] for k, v in param_arrays.items()}})
+    host = HostOps(graph.mod["main"], lambda op: runner.run_ops([op.name], store.values)[0])
+    stored = set(plan.stored) if plan is not None else None
+    sink = _TraceSink(lambda: TraceWriter(out_path, **header), background=WRITE_IN_BACKGROUND)
+    try:
+        values, helpers, host_helpers = _record_ops(graph, provenance, program, inputs, source, runner, store, host,
+                                                    sink, stored, progress)
+        writer = sink.finish()
+    except BaseException:
+        sink.abort()
+        raise
+    record_seconds, eager = _finish_trace(writer, module, inputs, values, started, run_started, phases,
+                                          helpers, host_helpers)
+    path = Path(out_path)
+    prepare = phases.get("export", 0.0) + phases.get("import", 0.0) + phases["serialize"]
+    return RecordResult(path, len(graph.ops), record_seconds, eager, helpers, path.stat().st_size,
+                        prepare_seconds=prepare, run_seconds=phases["run"], host_helpers=host_helpers,
+                        tvm_helpers=helpers - host_helpers,
+                        stored_ops=len(stored) if stored is not None else len(graph.ops),
+                        capture=plan.to_meta() if plan is not None else None, phases=phases,
+                        causal_lm=causal_lm.text if causal_lm is not None else None,
+                        generation=generation.text if generation is not None else None)
+
+
+def _trace_meta(model_spec, graph: Graph, module, source, seed, plan, phases: dict):
+    """The trace's `meta` attribute, with the causal LM and the generation it describes (None each
+    when the model is neither); the stock importer's seconds are added to `phases`."""
+    import torch
+    import tvm
+
     meta = {
         "model": str(model_spec), "source": source, "seed": seed,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -183,56 +218,51 @@ def _record_graph(model_spec, out_path, graph: Graph, provenance, program, modul
     generation = generation_of(module)
     if generation is not None:
         meta[META_GENERATION] = generation.to_meta()
-    header = dict(meta=meta, graph_json=_graph_json(graph), tvmscript=graph.mod.script(),
-                  ops=ops_json, inputs=input_arrays, params=param_arrays,
-                  compression=compression, capture=plan is not None,
-                  source_graph=source_graph_json(program, graph, provenance) if source == "torch" else None)
-    run_started = time.perf_counter()
-    phases["serialize"] = run_started - serialize_started
-    runner = LocalRunner(graph.mod["main"], target=source[4:] if source.startswith("tvm:") else "llvm")
-    store = _ValueStore(graph, {**{k: [v] for k, v in input_arrays.items()},
-                                **{k: [v] for k, v in param_arrays.items()}})
-    host = HostOps(graph.mod["main"], lambda op: runner.run_ops([op.name], store.values)[0])
-    stored = set(plan.stored) if plan is not None else None
-    sink = _TraceSink(lambda: TraceWriter(out_path, **header), background=WRITE_IN_BACKGROUND)
+    return meta, causal_lm, generation
+
+
+def _record_ops(graph: Graph, provenance, program, inputs, source, runner, store, host, sink, stored, progress):
+    """Every op's source value, in order, into `sink`: the torch node's own value where the op has one,
+    else a helper computed on the host or by `runner`. Returns the last op's values and the helper counts."""
     helpers = host_helpers = 0
     values: list[np.ndarray] = []
-    try:
-        node_values = _torch_node_values(program, inputs) if source == "torch" else None
-        pending: dict[str, object] = {}
-        last_op_of_node: dict[str, int] = {}
-        for op in graph.ops:
-            if op.name in provenance:
-                last_op_of_node[provenance[op.name].node] = op.index
-        for op in graph.ops:
-            values, note, declared = None, "", None
-            prov = provenance.get(op.name)
-            if node_values is not None and prov is not None:
-                value = _node_value(node_values, pending, prov.node)
-                matched = _match_outputs(value, prov, op)
-                if matched is not None:
-                    values, note, declared = matched
-                    if declared is None:  # a shape the import changed: what the import computes feeds helpers
-                        declared = runner.run_ops([op.name], store.values)[0]
-            if values is None and source == "torch":
-                values, on_host = host.compute(op, store.values)
-                note = HOST_NOTE if on_host else HELPER_NOTE
-                helpers += 1
-                host_helpers += on_host
-            elif values is None:
-                values = runner.run_ops([op.name], store.values)[0]
-                note = f"computed by {source}"
-            sink.put(op.index, values, note, stored is None or op.index in stored)  # the source's own value
-            store.add(op, declared if declared is not None else values)
-            for name in [n for n in pending if last_op_of_node.get(n, -1) <= op.index]:
-                del pending[name]
-            if progress:
-                progress(op.index + 1, len(graph.ops))
-        pending.clear()
-        writer = sink.finish()
-    except BaseException:
-        sink.abort()
-        raise
+    node_values = _torch_node_values(program, inputs) if source == "torch" else None
+    pending: dict[str, object] = {}
+    last_op_of_node: dict[str, int] = {}
+    for op in graph.ops:
+        if op.name in provenance:
+            last_op_of_node[provenance[op.name].node] = op.index
+    for op in graph.ops:
+        values, note, declared = None, "", None
+        prov = provenance.get(op.name)
+        if node_values is not None and prov is not None:
+            value = _node_value(node_values, pending, prov.node)
+            matched = _match_outputs(value, prov, op)
+            if matched is not None:
+                values, note, declared = matched
+                if declared is None:  # a shape the import changed: what the import computes feeds helpers
+                    declared = runner.run_ops([op.name], store.values)[0]
+        if values is None and source == "torch":
+            values, on_host = host.compute(op, store.values)
+            note = HOST_NOTE if on_host else HELPER_NOTE
+            helpers += 1
+            host_helpers += on_host
+        elif values is None:
+            values = runner.run_ops([op.name], store.values)[0]
+            note = f"computed by {source}"
+        sink.put(op.index, values, note, stored is None or op.index in stored)  # the source's own value
+        store.add(op, declared if declared is not None else values)
+        for name in [n for n in pending if last_op_of_node.get(n, -1) <= op.index]:
+            del pending[name]
+        if progress:
+            progress(op.index + 1, len(graph.ops))
+    pending.clear()
+    return values, helpers, host_helpers
+
+
+def _finish_trace(writer, module, inputs, last_values, started, run_started, phases: dict, helpers, host_helpers):
+    """Write the run's figures (and the eager forward's, timed now) and mark the trace complete; a failure
+    here leaves it incomplete. Returns the recording's seconds and the eager forward's."""
     try:
         finished = time.perf_counter()
         phases["run"] = finished - run_started
@@ -242,20 +272,12 @@ def _record_graph(model_spec, out_path, graph: Graph, provenance, program, modul
         writer.set_meta("helpers", {"host": host_helpers, "tvm": helpers - host_helpers})
         eager, eager_outputs = _time_eager(module, inputs)
         writer.set_meta("eager_seconds", eager)
-        writer.set_meta("eager_output_max_abs_diff", _output_difference(values, eager_outputs))
+        writer.set_meta("eager_output_max_abs_diff", _output_difference(last_values, eager_outputs))
     except BaseException:
         writer.close(complete=False)
         raise
     writer.close(complete=True)
-    path = Path(out_path)
-    prepare = phases.get("export", 0.0) + phases.get("import", 0.0) + phases["serialize"]
-    return RecordResult(path, len(graph.ops), record_seconds, eager, helpers, path.stat().st_size,
-                        prepare_seconds=prepare, run_seconds=phases["run"], host_helpers=host_helpers,
-                        tvm_helpers=helpers - host_helpers,
-                        stored_ops=len(stored) if stored is not None else len(graph.ops),
-                        capture=plan.to_meta() if plan is not None else None, phases=phases,
-                        causal_lm=causal_lm.text if causal_lm is not None else None,
-                        generation=generation.text if generation is not None else None)
+    return record_seconds, eager
 
 
 class _TraceSink:

@@ -78,14 +78,43 @@ def carve(session, output, max_mb: float | None = None, progress: Callable[..., 
         raise UsageError(f"--max-mb must be positive, got {max_mb:g}")
     if unit not in UNITS:
         raise UsageError(f"--unit must be one of {', '.join(UNITS)}, got {unit!r}")
-    budget = int(max_mb * MIB)
     folder = files.prepare_dir(output)
     (folder / MODULES_DIR).mkdir()
     writer = files.DataWriter()
+    total = len(session.ops)
+    groups = layer_groups(session.ops) if unit == UNIT_LAYER else [[op] for op in session.ops]
+    entries, skipped = _write_units(session, groups, folder, writer, max_mb, progress)
+    verdicts: dict[str, str] = {}
+    check_error = ""
+    # isolated verdicts are per op: a layer suite is checked by running it
+    if unit == UNIT_OP and (verify if verify is not None else session.spec.remote):
+        verdicts, check_error = _check_on_target(session, entries, progress)
+    progress(total, total, "writing data")
+    meta = files.write_payload(folder, session, writer, "carve", command)
+    model = session.reader.meta.get("model", "the model")
+    (folder / "test_ops.py").write_text(TEST_OPS_PY.format(model=model, target=session.target,
+                                                           folder_hint=folder.name), encoding="utf-8")
+    (folder / "conftest.py").write_text(CONFTEST_PY.format(target=session.target), encoding="utf-8")
+    (folder / "pytest.ini").write_text(PYTEST_INI, encoding="utf-8")
+    meta.update(max_mb=max_mb, skipped=skipped, ops=entries, unit=unit)
+    if verdicts:
+        meta["checked_on"] = session.where
+    if check_error:
+        meta["check_error"] = f"the check on {session.where} stopped: {check_error}"
+    files.write_meta(folder, meta)
+    size = files.write_readme_sized(folder, lambda n: _readme(meta, len(session.ops), writer.nbytes, n))
+    return CarveResult(tests=len(entries), path=str(folder), bytes=size, skipped=skipped, ops=len(session.ops),
+                       data_bytes=writer.nbytes, max_mb=max_mb, target=session.target,
+                       seconds=time.perf_counter() - started, verdicts=verdicts, check_error=check_error)
+
+
+def _write_units(session, groups: list[list], folder, writer, max_mb: float, progress) -> tuple[list[dict], list[str]]:
+    """Each group's module into `folder`'s modules and its data into `writer`, within the `max_mb` budget:
+    the meta entry of every carved unit, and a line for each one left out (why)."""
+    budget = int(max_mb * MIB)
     entries: list[dict] = []
     skipped: list[str] = []
     total = len(session.ops)
-    groups = layer_groups(session.ops) if unit == UNIT_LAYER else [[op] for op in session.ops]
     for group in groups:
         op = group[-1]
         what = f"op {op.index} {op.name}" if len(group) == 1 else \
@@ -106,38 +135,26 @@ def carve(session, output, max_mb: float | None = None, progress: Callable[..., 
         module_path = f"{MODULES_DIR}/{group[0].index:03d}_{files.safe_name(label)}.py"
         (folder / module_path).write_text(piece.script.rstrip("\n") + "\n", encoding="utf-8")
         entries.append(piece.meta(module_path))
+    return entries, skipped
+
+
+def _check_on_target(session, entries: list[dict], progress) -> tuple[dict[str, str], str]:
+    """Each carved op's isolated verdict on the session's target, batched over its lanes, written into
+    its entry: the status by op name, and why the check stopped ("" when it did not)."""
     verdicts: dict[str, str] = {}
     check_error = ""
     checked = {}
-    # isolated verdicts are per op: a layer suite is checked by running it
-    if unit == UNIT_OP and (verify if verify is not None else session.spec.remote):
-        carved = [entry["index"] for entry in entries]
-        try:
-            checked = session.isolated_many(carved, lambda done, count, what="": progress(
-                done, count, f"checking on {session.target}: {what}"))
-        except TargetError as exc:  # e.g. a kernel that takes the RPC server's session down
-            check_error = str(exc)
-        for entry in entries if checked else []:
-            verdict = checked[entry["index"]]
-            verdicts[entry["name"]] = verdict.status
-            entry["target_verdict"] = {"status": verdict.status, "summary": verdict.summary}
-    progress(total, total, "writing data")
-    meta = files.write_payload(folder, session, writer, "carve", command)
-    model = session.reader.meta.get("model", "the model")
-    (folder / "test_ops.py").write_text(TEST_OPS_PY.format(model=model, target=session.target,
-                                                           folder_hint=folder.name), encoding="utf-8")
-    (folder / "conftest.py").write_text(CONFTEST_PY.format(target=session.target), encoding="utf-8")
-    (folder / "pytest.ini").write_text(PYTEST_INI, encoding="utf-8")
-    meta.update(max_mb=max_mb, skipped=skipped, ops=entries, unit=unit)
-    if verdicts:
-        meta["checked_on"] = session.where
-    if check_error:
-        meta["check_error"] = f"the check on {session.where} stopped: {check_error}"
-    files.write_meta(folder, meta)
-    size = files.write_readme_sized(folder, lambda n: _readme(meta, len(session.ops), writer.nbytes, n))
-    return CarveResult(tests=len(entries), path=str(folder), bytes=size, skipped=skipped, ops=len(session.ops),
-                       data_bytes=writer.nbytes, max_mb=max_mb, target=session.target,
-                       seconds=time.perf_counter() - started, verdicts=verdicts, check_error=check_error)
+    carved = [entry["index"] for entry in entries]
+    try:
+        checked = session.isolated_many(carved, lambda done, count, what="": progress(
+            done, count, f"checking on {session.target}: {what}"))
+    except TargetError as exc:  # e.g. a kernel that takes the RPC server's session down
+        check_error = str(exc)
+    for entry in entries if checked else []:
+        verdict = checked[entry["index"]]
+        verdicts[entry["name"]] = verdict.status
+        entry["target_verdict"] = {"status": verdict.status, "summary": verdict.summary}
+    return verdicts, check_error
 
 
 def _readme(meta: dict, num_ops: int, data_bytes: int, total_bytes: int) -> str:

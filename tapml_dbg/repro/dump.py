@@ -119,7 +119,6 @@ def at_shapes(unit: OpModule, shrunk: Minimized, names: list[str]) -> OpModule:
 def _readme(meta: dict, unit, data_bytes: int, total_bytes: int) -> str:
     op = meta["ops"][0]
     seen = meta["seen"]
-    rec, now = meta["recorded_versions"], meta["dumped_versions"]
     transform = meta["transform"]
     env_prefix = ""
     if transform and transform["env"]:
@@ -127,7 +126,27 @@ def _readme(meta: dict, unit, data_bytes: int, total_bytes: int) -> str:
         env_prefix = env_prefix + " " if env_prefix else ""
     where = meta["target"] + (f" over RPC {seen['rpc']}" if seen.get("rpc") else "") + \
         (f" from tracker {seen['tracker']}" if seen.get("tracker") else "")
-    rows = [
+    title = lib.describe(op) if op.get("unit") else f"op #{op['index']} `{op['name']}`"
+    lines = [f"# Repro: {title} of `{meta['model']}`", "",
+             "Written by `tapml-dbg dump`. It needs only `tvm` and `numpy` (no torch, no tapml-dbg) and "
+             "runs from any working directory.", ""]
+    lines += _bug_report(meta, unit, where, env_prefix)
+    lines += ["## Context", "", "| | |", "|---|---|"]
+    lines += [f"| {key} | {value} |" for key, value in _context_rows(meta, data_bytes, total_bytes)]
+    lines += _seen_section(meta, where)
+    lines += _run_section(meta, env_prefix)
+    lines += _files_section(meta)
+    lines += ["", "## Made by", "", "```sh", meta["command"] or "tapml_dbg.repro.dump_op(...) (Python API)",
+              "```", ""]
+    return "\n".join(lines)
+
+
+def _context_rows(meta: dict, data_bytes: int, total_bytes: int) -> list[tuple[str, str]]:
+    """The README's context table: the model, the op, the versions, the target, the tolerances, the size."""
+    op = meta["ops"][0]
+    rec, now = meta["recorded_versions"], meta["dumped_versions"]
+    transform = meta["transform"]
+    return [
         ("model", f"`{meta['model']}` (recorded on {meta['source']})"),
         ("op", f"#{op['index']} `{op['name']}` (Relax `{op['relax_op']}`)"),
         *([("unit", f"{len(op['unit'])} ops compiled as one function: "
@@ -147,19 +166,17 @@ def _readme(meta: dict, unit, data_bytes: int, total_bytes: int) -> str:
         ("size", f"{files.human_bytes(total_bytes)} in all; data {files.human_bytes(data_bytes)} "
                  f"({_count(len(op['inputs']), 'input')}, {_count(len(op['outputs']), 'output')})"),
     ]
-    title = lib.describe(op) if op.get("unit") else f"op #{op['index']} `{op['name']}`"
-    lines = [f"# Repro: {title} of `{meta['model']}`", "",
-             "Written by `tapml-dbg dump`. It needs only `tvm` and `numpy` (no torch, no tapml-dbg) and "
-             "runs from any working directory.", ""]
-    lines += _bug_report(meta, unit, where, env_prefix)
-    lines += ["## Context", "", "| | |", "|---|---|"]
-    lines += [f"| {key} | {value} |" for key, value in rows]
+
+
+def _seen_section(meta: dict, where: str) -> list[str]:
+    """The README's "What was seen": the verdict of the dump's run, its class and its metrics per output."""
+    op, seen = meta["ops"][0], meta["seen"]
     fed = ("the op alone fed the recorded source inputs (isolated verdict)" if not op.get("unit") else
            f"the {len(op['unit'])} ops compiled as one function, fed their recorded source inputs, at "
            f"#{op['index']} `{op['name']}`")
-    lines += ["", "## What was seen", "",
-              f"On {where}, {fed}: "
-              f"**{seen['status']}**" + (f": {seen['message']}" if seen.get("message") else "") + ".", ""]
+    lines = ["", "## What was seen", "",
+             f"On {where}, {fed}: "
+             f"**{seen['status']}**" + (f": {seen['message']}" if seen.get("message") else "") + ".", ""]
     if seen.get("class"):
         lines += [f"Class: **{seen['class']}**: {seen['evidence']}", ""]
     if seen["metrics"]:
@@ -173,13 +190,19 @@ def _readme(meta: dict, unit, data_bytes: int, total_bytes: int) -> str:
                          f"{_g(m['cosine'], 6)} | {m['nan_mismatch']} / {m['inf_mismatch']} | "
                          f"{m['mismatched']}/{m['numel']} | {'yes' if m['passed'] else 'no'} |")
         lines.append("")
+    return lines
+
+
+def _run_section(meta: dict, env_prefix: str) -> list[str]:
+    """The README's "Run it": the commands, the exit statuses, what the copied transform needs."""
+    seen, transform = meta["seen"], meta["transform"]
     remote = f" --rpc {seen['rpc']}" if seen.get("rpc") else ""
-    lines += ["## Run it", "", "```sh",
-              f"{env_prefix}python repro.py{remote}                      # on {meta['target']}, the dump's target",
-              f"{env_prefix}python repro.py --target cuda        # another TVM target",
-              f"{env_prefix}python repro.py --rpc HOST:PORT --target opencl   # a remote device", "```", "",
-              "Exit status 1: the divergence reproduces (or the op fails to compile or run on the target); "
-              "0: it does not; 2: the repro itself cannot run (bad arguments, missing file, no device).", ""]
+    lines = ["## Run it", "", "```sh",
+             f"{env_prefix}python repro.py{remote}                      # on {meta['target']}, the dump's target",
+             f"{env_prefix}python repro.py --target cuda        # another TVM target",
+             f"{env_prefix}python repro.py --rpc HOST:PORT --target opencl   # a remote device", "```", "",
+             "Exit status 1: the divergence reproduces (or the op fails to compile or run on the target); "
+             "0: it does not; 2: the repro itself cannot run (bad arguments, missing file, no device).", ""]
     if transform:
         lines += ["The transform file is copied as-is and applied to the op's module just before "
                   "`tvm.compile`, as `tapml-dbg --transform` did. Only that file is copied: modules it "
@@ -189,30 +212,34 @@ def _readme(meta: dict, unit, data_bytes: int, total_bytes: int) -> str:
             lines += [f"- `{name}`: " + (f"`{value}` at dump time" if value is not None else "unset at dump time")
                       for name, value in transform["env"].items()]
         lines.append("")
+    return lines
+
+
+def _files_section(meta: dict) -> list[str]:
+    """The README's "Comparison rule" and "Files"."""
+    op, transform = meta["ops"][0], meta["transform"]
     noise_rule = any(out.get("noise") for out in op["outputs"])
-    lines += ["## Comparison rule", "",
-              (f"Per output, as the session judged it, the noise floor: {lib.NOISE_RULE}; the float64 reference "
-               "R (the op re-executed in float64 on the same inputs) is in `data.npz`, source_factor and "
-               "relative_floor in `meta.json` (docs/tolerance.md of tapml-dbg). The fixed rule's figures are "
-               f"printed too ({lib.COMPARE_RULE})." if noise_rule else
-               f"Per output: {lib.COMPARE_RULE}. The tolerances are the recorded session's policy for the "
-               "output's dtype (`meta.json`)."), "",
-              "## Files", "",
-              f"- `repro.py`: the entry point (argument parsing; the work is in `{lib.LIB_PACKAGE}/`)",
-              f"- `{lib.LIB_PACKAGE}/`: load, compile, run and compare (a verbatim copy of tapml-dbg's "
-              "`tapml_dbg/portable`, the runtime tapml-dbg itself runs units with)",
-              f"- `{op['module']}`: the op's Relax module as TVMScript"
-              + (f"; its {op['lifted_constants']} tensor constant(s) are lifted to trailing parameters "
-                 "whose values are in `data.npz`" if op["lifted_constants"] else ""),
-              "- `data.npz`: the op's recorded inputs and outputs" + (" and the float64 reference" if noise_rule
-                                                                       else "") + ", nothing else of the model (no pickle; "
-              "bfloat16/float8 arrays are raw bits, their dtype is in `meta.json`)",
-              "- `meta.json`: op, tolerances, array keys and dtypes, target, versions, the verdict seen"]
+    lines = ["## Comparison rule", "",
+             (f"Per output, as the session judged it, the noise floor: {lib.NOISE_RULE}; the float64 reference "
+              "R (the op re-executed in float64 on the same inputs) is in `data.npz`, source_factor and "
+              "relative_floor in `meta.json` (docs/tolerance.md of tapml-dbg). The fixed rule's figures are "
+              f"printed too ({lib.COMPARE_RULE})." if noise_rule else
+              f"Per output: {lib.COMPARE_RULE}. The tolerances are the recorded session's policy for the "
+              "output's dtype (`meta.json`)."), "",
+             "## Files", "",
+             f"- `repro.py`: the entry point (argument parsing; the work is in `{lib.LIB_PACKAGE}/`)",
+             f"- `{lib.LIB_PACKAGE}/`: load, compile, run and compare (a verbatim copy of tapml-dbg's "
+             "`tapml_dbg/portable`, the runtime tapml-dbg itself runs units with)",
+             f"- `{op['module']}`: the op's Relax module as TVMScript"
+             + (f"; its {op['lifted_constants']} tensor constant(s) are lifted to trailing parameters "
+                "whose values are in `data.npz`" if op["lifted_constants"] else ""),
+             "- `data.npz`: the op's recorded inputs and outputs" + (" and the float64 reference" if noise_rule
+                                                                      else "") + ", nothing else of the model (no pickle; "
+             "bfloat16/float8 arrays are raw bits, their dtype is in `meta.json`)",
+             "- `meta.json`: op, tolerances, array keys and dtypes, target, versions, the verdict seen"]
     if transform:
         lines.append(f"- `{transform['file']}`: the copied transform")
-    lines += ["", "## Made by", "", "```sh", meta["command"] or "tapml_dbg.repro.dump_op(...) (Python API)",
-              "```", ""]
-    return "\n".join(lines)
+    return lines
 
 
 SCRIPT_IN_README_CHARS = 6000  # a longer module is only referred to (module.py), not shown

@@ -635,6 +635,27 @@ def _(result: R.PlotResult, console: Console) -> None:
     per_column = math.ceil(len(points) / room)
     chars = max(1, min(PLOT_MAX_CELL, room // len(points)))  # characters per column
     columns = [points[start:start + per_column] for start in range(0, len(points), per_column)]
+    rows = _plot_rows(columns)
+    first, last = points[0].index, points[-1].index
+    console.print(f"per-op error on {escape(result.target)}, ops {first}..{last}: max |target - source| / "
+                  f"absmax(source), log scale" + (f"; one column = {per_column} ops" if per_column > 1 else ""))
+    culprit = result.culprit
+    console.print(_plot_marker(culprit, columns, chars), soft_wrap=True)
+    _draw_plot(console, rows, columns, chars)
+    if culprit is None:
+        console.print("no divergence in these ops (the rule `continue` stops by)")
+        render(NextCommands([("tol", "the tolerances the verdicts use")], repl=True), console)
+        return
+    where = "" if first <= culprit.index <= last else ", before these ops"
+    console.print(f"{PLOT_GLYPHS['culprit']} first divergence: #{culprit.index} [bold]{escape(culprit.name)}[/] "
+                  f"({escape(culprit.verdict)}){where}, where `continue` from op 0 stops and bisect points")
+    render(NextCommands([(f"compare {culprit.index}", "both verdicts side by side"),
+                         (f"dump {culprit.index} DIR", "a standalone repro")], repl=True), console)
+
+
+def _plot_rows(columns: list) -> dict:
+    """The plot's grid: one row per decade, top first (and "exact" last when an error is 0), each a
+    (glyph, style) per column: the isolated tolerance, the propagated and the isolated error."""
     cells = [{mode: _plot_cell(column, mode) for mode in ("isolated", "propagated")} for column in columns]
     tolerances = [min((t for p in column if (t := p.tolerance("isolated"))), default=None) for column in columns]
     values = [e for cell in cells for e, _ in cell.values() if e] + [t for t in tolerances if t]
@@ -664,18 +685,22 @@ def _(result: R.PlotResult, console: Console) -> None:
             else:
                 glyph = (PLOT_GLYPHS["both" if same else "isolated"], PLOT_STYLES["isolated"])
             rows[row_of(iso)][number] = glyph
-    first, last = points[0].index, points[-1].index
-    console.print(f"per-op error on {escape(result.target)}, ops {first}..{last}: max |target - source| / "
-                  f"absmax(source), log scale" + (f"; one column = {per_column} ops" if per_column > 1 else ""))
-    culprit = result.culprit
+    return rows
+
+
+def _plot_marker(culprit, columns: list, chars: int) -> str:
+    """The line above the plot: the culprit's mark over its column (blank without one)."""
     marker = " " * (PLOT_LABEL_WIDTH + 1)
     for number, column in enumerate(columns):
         if culprit is not None and any(p.index == culprit.index for p in column):
             marker += f"[{PLOT_STYLES['fail']}]{PLOT_GLYPHS['culprit']}[/] #{culprit.index} {escape(culprit.name)}"
             break
         marker += " " * chars
-    console.print(marker, soft_wrap=True)
+    return marker
 
+
+def _draw_plot(console: Console, rows: dict, columns: list, chars: int) -> None:
+    """The plot's rows with their decade labels, the axis, the op index ticks and the legend."""
     def drawn(glyph: str, style: str) -> str:
         text = glyph * chars if glyph == PLOT_GLYPHS["tolerance"] else glyph.ljust(chars)
         return f"[{style}]{text}[/]" if style else text
@@ -694,15 +719,6 @@ def _(result: R.PlotResult, console: Console) -> None:
     console.print(f"{PLOT_GLYPHS['isolated']} isolated  {PLOT_GLYPHS['propagated']} propagated (every op on the "
                   f"target)  {PLOT_GLYPHS['both']} both  {PLOT_GLYPHS['isolated-fail']} {PLOT_GLYPHS['propagated-fail']} "
                   f"failing  {PLOT_GLYPHS['tolerance']} isolated tolerance", soft_wrap=True)
-    if culprit is None:
-        console.print("no divergence in these ops (the rule `continue` stops by)")
-        render(NextCommands([("tol", "the tolerances the verdicts use")], repl=True), console)
-        return
-    where = "" if first <= culprit.index <= last else ", before these ops"
-    console.print(f"{PLOT_GLYPHS['culprit']} first divergence: #{culprit.index} [bold]{escape(culprit.name)}[/] "
-                  f"({escape(culprit.verdict)}){where}, where `continue` from op 0 stops and bisect points")
-    render(NextCommands([(f"compare {culprit.index}", "both verdicts side by side"),
-                         (f"dump {culprit.index} DIR", "a standalone repro")], repl=True), console)
 
 
 @render.register
