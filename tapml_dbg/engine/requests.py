@@ -104,12 +104,13 @@ class RequestBuilder:
         return UnitRequest(unit_json=unit_json, inputs=refs, outputs=spec.outputs)
 
     def ops_request(self, names: list[str], outputs: list[str],
-                    target_values: dict[str, list[np.ndarray]] | None = None) -> UnitRequest:
-        """Ops `names` fused as one unit, returning the values of `outputs`."""
+                    target_values: dict[str, list[np.ndarray]] | None = None, input_per_use: bool = False) -> UnitRequest:
+        """Ops `names` fused as one unit, returning the values of `outputs` (`input_per_use`:
+        `model.units.build_unit`'s)."""
         if len(names) == 1 and outputs == names:
             unit_json, spec = self.one_op_unit(names[0])
         else:
-            func, spec = build_unit(self.main, names, outputs)
+            func, spec = build_unit(self.main, names, outputs, input_per_use)
             unit_json = function_to_json(func)
         return self.request(unit_json, spec, target_values)
 

@@ -48,7 +48,7 @@ from tapml_dbg.engine.results import BisectResult, Culprit, StepResult
 from tapml_dbg.judge.classify import type_evidence
 from tapml_dbg.judge.verdict import FUSED, ISOLATED, PROPAGATED, Mode, Status, Verdict, WrongClass
 from tapml_dbg.model.analysis import frontier
-from tapml_dbg.model.generation import step_ranges
+from tapml_dbg.model.generation import fused_spans
 from tapml_dbg.runtime.background import Background
 from tapml_dbg.runtime.messages import UnitResult
 
@@ -176,6 +176,7 @@ class Bisection:
         self.explain_units = 0  # units run to classify the culprit (Session.explain), not to find it
         self.chain = ChainFinding()  # what the per-op chain found (phase 1)
         self.fused_first = self.first  # where the fused probes start: `first`, or a generation step's first op
+        self.by_step = False  # the fused probes are a generation's steps (`_fused_search_by_step`)
         self.screen = session.screen_rule(ISOLATED)  # the sweep's
         self.unscreened = session.unscreened()  # ops only a full verdict may judge, in the chain and the sweep
 
@@ -269,7 +270,7 @@ class Bisection:
 
     def fused_search(self) -> int | None:
         """The first prefix end k whose fused probe fails (None: no prefix fails)."""
-        spans = [span for span in step_ranges(self.session.ops) if span.stop > self.first and span.start <= self.last]
+        spans = [span for span in fused_spans(self.session.ops) if span.stop > self.first and span.start <= self.last]
         if len(spans) > 1:
             return self._fused_search_by_step(spans)
         if self.parallel:  # same answer and path as first_failing, ~1.5x fewer rounds with 2 lanes
@@ -282,6 +283,7 @@ class Bisection:
         (as a deployment runs a prefill and each decode step as calls of their own, no unit spans two
         steps); the first step whose unit fails is searched over its fused prefixes. Decode steps are
         one structure, so their units compile once."""
+        self.by_step = True
         for span in spans:
             self.fused_first = max(span.start, self.first)
             last = min(span.stop - 1, self.last)
@@ -327,7 +329,8 @@ class Bisection:
         outputs = self._frontier(k)
         if not names or not outputs:
             return None
-        return self.session.requests.ops_request(names, outputs)
+        # a generation's steps: one structure for every decode step (the first reads the prefill's values)
+        return self.session.requests.ops_request(names, outputs, input_per_use=self.by_step)
 
     def _outcome(self, k: int, result: UnitResult) -> bool:
         """Whether the probe of prefix [first, k] failed: it did not run, or a frontier value diverges."""

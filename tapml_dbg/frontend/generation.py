@@ -3,7 +3,7 @@
 `record MODEL --generate N` drives an unwrapped causal LM (frontend/causal_lm.py says which) the way
 `generate()` runs greedy decoding with a KV cache, and records it as ONE call unrolled step by step:
 
-    forward(input_ids, attention_mask, tokens) -> logits (batch, N + 1, vocab)
+    forward(input_ids, attention_mask, tokens) -> (logits (batch, N + 1, vocab), *state)
 
 - the KV cache is transformers' `StaticCache` of prompt + N slots (what `generate()` uses with
   `cache_implementation="static"`), its layers' update written functionally (`SlotLayer`); the
@@ -12,7 +12,9 @@
 - decode step k (1..N): one token, `tokens[:, k - 1]`, written to slot prompt + k - 1 with the mask
   opened there and the cache of the steps before it; the cache is a value of the graph, so it flows
   between steps as data (the trace holds every step's keys and values);
-- the output is the last position's logits of every step.
+- the output is the last position's logits of every step, then the state a next step would read (the
+  token index, mask, position, slot and every layer's keys, values and length), as a deployment's
+  decode call returns its cache: so the last step computes and hands on what every step does.
 
 `tokens` are the source's greedy tokens (the argmax of each step's logits, computed on the source
 before the export), an input of the graph: a replay that propagates the target's own values is
@@ -183,8 +185,9 @@ def _generation_module():
             mask = torch.where(slots == slot, torch.ones_like(mask), mask)
             return mask, self._step(cache, token, mask, position.view(1, 1), slot.view(1))
 
-        def _generate(self, input_ids, attention_mask, steps: int, feed) -> list:
-            """The prefill and `steps` decode steps, each fed `feed(last logits)`: every step's logits."""
+        def _generate(self, input_ids, attention_mask, steps: int, feed) -> tuple[list, list]:
+            """The prefill and `steps` decode steps, each fed `feed(last logits)`: every step's logits, and
+            the state a next step would read (the mask, position, slot and every layer's cache)."""
             cache, mask, position, first = self._prefill(input_ids, attention_mask, steps)
             logits, slot = [first], cache.layers[0].cumulative_length
             for _ in range(steps):
@@ -193,7 +196,9 @@ def _generation_module():
                 mask, step_logits = self._decode(cache, token, mask, position, slot)
                 logits.append(step_logits)
                 slot = slot + 1
-            return logits
+            state = [mask, position, slot] + [value for layer in cache.layers
+                                              for value in (layer.keys, layer.values, layer.cumulative_length)]
+            return logits, state
 
         def forward(self, input_ids, attention_mask, tokens):
             read = [None]  # which token the next step reads: a value, not a constant (made after the prefill)
@@ -205,11 +210,14 @@ def _generation_module():
                 read[0] = read[0] + 1
                 return token
 
-            return torch.cat(self._generate(input_ids, attention_mask, tokens.shape[1], recorded), dim=1)
+            logits, state = self._generate(input_ids, attention_mask, tokens.shape[1], recorded)
+            # the state is returned as a deployment's decode call returns its cache: so the last step hands on
+            # what every other step does, and is their structure (one compiled unit for every decode step)
+            return (torch.cat(logits, dim=1), read[0], *state)
 
         def greedy(self, input_ids, attention_mask, steps: int):
             """The source's own greedy tokens: (1, steps + 1), the argmax of every step's logits."""
-            logits = self._generate(input_ids, attention_mask, steps, lambda last: last.argmax(-1))
+            logits, _state = self._generate(input_ids, attention_mask, steps, lambda last: last.argmax(-1))
             return torch.cat([step.argmax(-1) for step in logits], dim=1)
 
     return GreedyGeneration

@@ -73,3 +73,18 @@ def step_ranges(ops: list) -> list[range]:
             ranges.append(range(start, index))
             start = index
     return ranges or [range(0)]
+
+
+def fused_spans(ops: list) -> list[range]:
+    """The generation steps as the fused search probes them: `step_ranges`, with the last step's ops past
+    those that repeat the step before it (the graph's epilogue: the concatenation of every step's logits
+    and the returned state) a span of their own, so that the last decode step is the structure of every
+    other and shares its compiled unit."""
+    spans = step_ranges(ops)
+    if len(spans) < 3:  # no two decode steps to compare
+        return spans
+    before, last = spans[-2], spans[-1]
+    body = range(last.start, last.start + len(before))
+    if len(last) > len(before) and all(ops[i].op == ops[j].op for i, j in zip(before, body)):
+        return spans[:-1] + [body, range(body.stop, last.stop)]
+    return spans

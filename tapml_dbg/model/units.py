@@ -38,8 +38,15 @@ def bindings_by_name(main) -> dict:
 _last_table: list = []  # [main, its table]: IR is immutable, so the same object has the same table
 
 
-def build_unit(main, op_names: list[str], outputs: list[str]):
-    """Return `(unit_function, UnitSpec)`; parameters are flattened tensor inputs."""
+def build_unit(main, op_names: list[str], outputs: list[str], input_per_use: bool = False):
+    """Return `(unit_function, UnitSpec)`; parameters are flattened tensor inputs.
+
+    `input_per_use`: every op's use of an outside value is a parameter of its own (the same value
+    may then be fed to several). Two slices that compute the same thing from values produced
+    elsewhere are then one structure even where one of them reads a single value in two roles
+    (a generation's first decode step reads the prefill's position where later steps read two
+    values of the step before), so they compile once.
+    """
     from tvm import relax
 
     table = bindings_by_name(main)
@@ -48,19 +55,32 @@ def build_unit(main, op_names: list[str], outputs: list[str]):
     params: list = []
     spec_inputs: list[tuple[str, int]] = []
     prologue: list = []
-    remap: dict = {}
+    remap: dict = {}  # outside var -> the var the unit reads it through (per use: per binding)
     seen: set[str] = set()
-    for binding in chosen:
+    bindings = []
+    for position, binding in enumerate(chosen):
+        if input_per_use:
+            remap = {}
         for var in relax.analysis.free_vars(binding.value):
-            if var.name in defined or var.name in seen:
+            if var.name in defined or var in remap or (var.name in seen and not input_per_use):
                 continue
+            # a name of its own for every further use: a unit's names are its JSON's references
+            name = var.name if var.name not in seen else f"{var.name}__use{position}"
             seen.add(var.name)
             if isinstance(var.ty, relax.TupleType):
-                remap[var] = _tuple_input(var, var.name, f"{var.name}__", params, spec_inputs, prologue)
+                remap[var] = _tuple_input(var, name, f"{name}__", params, spec_inputs, prologue)
+            elif input_per_use and name != var.name:
+                remap[var] = relax.Var(name, var.ty)
+                params.append(remap[var])
+                spec_inputs.append((var.name, -1))
             else:
                 params.append(var)
                 spec_inputs.append((var.name, -1))
-    bindings = prologue + [_rebind(b, remap) for b in chosen] if remap else list(chosen)
+        if input_per_use:
+            bindings.append(_rebind(binding, remap))
+    if not input_per_use:
+        bindings = [_rebind(b, remap) for b in chosen] if remap else list(chosen)
+    bindings = prologue + bindings
     result_vars = [table[name].var for name in outputs]
     builder = relax.BlockBuilder()
     with builder.function("main", params, attrs={"num_input": len(params)}, pure=True):
