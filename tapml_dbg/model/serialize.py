@@ -53,6 +53,25 @@ def function_to_json(func) -> dict:
             "output": _expr_to_json(func.body.body)}
 
 
+def without_names(data: dict) -> dict:
+    """The function's JSON with its variables renamed by position (params `p0`.., bindings `b0`..): two
+    functions that differ in names only, which TVM's structural hash does not see, are equal here."""
+    names = {param["name"]: f"p{i}" for i, param in enumerate(data.get("params", []))}
+    names.update((binding["name"], f"b{i}") for i, binding in enumerate(data.get("bindings", [])))
+
+    def renamed(value):
+        if isinstance(value, dict):
+            if isinstance(value.get("var"), str) and len(value) == 1:
+                return {"var": names.get(value["var"], value["var"])}
+            return {key: (names.get(item, item) if key == "name" and isinstance(item, str) else renamed(item))
+                    for key, item in value.items()}
+        if isinstance(value, list):
+            return [renamed(item) for item in value]
+        return value
+
+    return renamed(data)
+
+
 def function_from_json(data: dict):
     """Rebuild the function with a BlockBuilder, which re-infers every binding's type."""
     from tvm import relax

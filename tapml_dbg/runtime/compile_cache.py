@@ -30,7 +30,7 @@ from pathlib import Path
 
 from tapml_dbg import portable, settings
 from tapml_dbg.errors import UsageError
-from tapml_dbg.model.serialize import function_from_json
+from tapml_dbg.model.serialize import function_from_json, without_names
 from tapml_dbg.runtime.target import parse_target
 
 DEFAULT_CACHE_DIR = settings.value(settings.CACHE_DIR)
@@ -154,13 +154,13 @@ class UnitIndex:
 
     def __init__(self, cache_dir: Path, target: str, transform: str | None):
         self.folder = Path(cache_dir)
+        self.transform = transform
         identity = json.dumps({"target": target, "transform": transform_identity(transform)}, sort_keys=True)
         self.path = self.folder / INDEX_FOLDER / f"{hashlib.sha256(identity.encode()).hexdigest()[:KEY_CHARS]}.json"
         self.entries: dict[str, str] | None = None
 
-    @staticmethod
-    def unit_id(unit_json: dict) -> str:
-        return hashlib.sha256(json.dumps(unit_json, sort_keys=True).encode()).hexdigest()[:KEY_CHARS]
+    def unit_id(self, unit_json: dict) -> str:
+        return unit_id(unit_json, self.transform)
 
     def exists(self) -> bool:
         """Whether units ran under this target and transform text before (with any TVM)."""
@@ -265,6 +265,15 @@ def _built_by() -> str:
     import tvm
 
     return f"tvm {tvm.__version__}, recipe {BUILD_RECIPE}"
+
+
+def unit_id(unit_json: dict, transform: str | None) -> str:
+    """A unit's id in the index and the ledger. Under a transform, the digest of its JSON: a pass may
+    look at names (a planted fault does). Without one, of its JSON without names (`without_names`):
+    the key is then its structure's, so the same op in every block, or in every decode step of a
+    generation, is one id, keyed once a session instead of once an op."""
+    data = unit_json if transform else without_names(unit_json)
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:KEY_CHARS]
 
 
 def transform_identity(spec: str | None) -> str:

@@ -26,8 +26,8 @@ import psutil
 from tapml_dbg.errors import TapmlError, TraceError
 from tapml_dbg.portable import PortableError, Runner, flatten, one_line
 from tapml_dbg.portable.screen import clearly_passes
-from tapml_dbg.runtime.compile_cache import (CacheEntry, CompiledUnit, KeyLedger, UnitIndex, compile_only, compile_unit,
-                                             environment_scope, load_transform, transform_identity)
+from tapml_dbg.runtime.compile_cache import (CacheEntry, CompiledUnit, KeyLedger, compile_only, compile_unit,
+                                             environment_scope, load_transform, transform_identity, unit_id)
 from tapml_dbg.runtime.messages import ChainRequest, UnitRequest, UnitStatus, WorkerConfig
 from tapml_dbg.runtime.target import NO_DEVICE_HINT, parse_target
 from tapml_dbg.trace import TraceReader
@@ -273,8 +273,8 @@ class _WorkerState:
                         wait=not request.ahead, build=build)
         if self.ledger is None:
             return fetch()
-        identity, unit_id = transform_identity(spec.transform), UnitIndex.unit_id(request.unit_json)
-        key = None if rebuild else self.ledger.get(identity, unit_id)
+        identity, unit = transform_identity(spec.transform), unit_id(request.unit_json, spec.transform)
+        key = None if rebuild else self.ledger.get(identity, unit)
         if key:  # keyed by another worker: no need to run the transform again
             entry = CacheEntry(cache_dir, key)
             if entry.valid():
@@ -283,7 +283,7 @@ class _WorkerState:
                 return CompiledUnit(entry.library, False, key, elsewhere=True)
         compiled = fetch()
         if transform_identity(spec.transform) == identity:  # the pass's text did not change meanwhile
-            self.ledger.add(identity, unit_id, compiled.key)
+            self.ledger.add(identity, unit, compiled.key)
         return compiled
 
     def _load(self, runner: Runner, request: UnitRequest, compiled: CompiledUnit):
