@@ -113,6 +113,30 @@ def test_help_is_generated_from_the_table(t):
     assert "usage: continue" in out and "aliases: c, cont" in out and "new divergence" in out
 
 
+def test_the_verbs_both_front_ends_share_are_declared_once():
+    """bisect, run, migrate and dump: the CLI's options and the REPL's usage, help and parsing from ui/verbs.py."""
+    import argparse
+    import re
+
+    from tapml_dbg.ui import cli, verbs
+
+    parser = cli.build_parser()
+    subcommands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    for verb in (verbs.BISECT, verbs.RUN, verbs.MIGRATE, verbs.DUMP):
+        command = C.lookup(verb.name)
+        assert (command.usage, command.help) == (verb.usage, verb.repl_help)
+        cli_options = {a.option_strings[-1]: a for a in subcommands[verb.name]._actions if a.option_strings}
+        for option in verb.options:
+            assert cli_options[option.flag].help == option.help
+            assert tuple(cli_options[option.flag].choices or ()) == option.choices
+    assert C.lookup("migrate").usage == "migrate [--by layer|op] [--one-at-a-time]"
+    assert verbs.BISECT.parse([]) == {"no_sweep": False} and verbs.BISECT.parse(["--no-sweep"]) == {"no_sweep": True}
+    assert verbs.MIGRATE.parse(["--one-at-a-time", "--by", "op"]) == {"by": "op", "one_at_a_time": True}
+    for words in (["--by"], ["layer"]):
+        with pytest.raises(ArgError, match=re.escape("give --by layer|op and/or --one-at-a-time")):
+            verbs.MIGRATE.parse(words)
+
+
 def test_suggest_commands_ops_layers_keywords(faulty_session):
     names = lambda text: [s.text for s in suggest(text, len(text), faulty_session)]
     assert names("ste") == ["step"]

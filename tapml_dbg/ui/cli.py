@@ -31,6 +31,8 @@ from tapml_dbg.ui.render import NextCommands, TraceSummary, render
 from tapml_dbg.ui.repl.app import run_replay
 from tapml_dbg.ui.report.html import prepare_folder, write_report
 from tapml_dbg.ui.report.model_explorer import write_model_explorer
+from tapml_dbg.ui import verbs
+from tapml_dbg.ui.verbs import Verb
 
 os.environ.setdefault("TVM_LOG_DEBUG", "0")
 
@@ -94,6 +96,11 @@ def _subcommand(commands, name: str, summary: str, description: str) -> argparse
     return commands.add_parser(name, help=summary, description=f"{summary[0].upper()}{summary[1:]}. {description}")
 
 
+def _verb(commands, verb: Verb) -> argparse.ArgumentParser:
+    """The subcommand of a verb the REPL has too (ui/verbs.py), its help from the shared declaration."""
+    return _subcommand(commands, verb.name, verb.summary, verb.description)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tapml-dbg", description=DESCRIPTION, epilog=EPILOG,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -138,14 +145,11 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("-c", dest="commands", metavar='"CMD; CMD"', help="run commands and exit")
     replay.add_argument("--script", metavar="FILE", help="run commands from FILE and exit")
 
-    bisect = _subcommand(commands, "bisect", "find the first divergent op",
-                         "Probes prefixes of the model on the target, confirms the candidate with its isolated "
-                         "verdict and sweeps the ops below it, so a fault that washes out is still found.")
+    bisect = _verb(commands, verbs.BISECT)
     bisect.add_argument("trace", metavar="TRACE", help=TRACE_HELP)
     _add_target_options(bisect)
     bisect.add_argument("--json", action="store_true", help="one JSON object on stdout")
-    bisect.add_argument("--no-sweep", action="store_true",
-                        help="skip the isolated sweep that catches faults which wash out downstream")
+    verbs.BISECT.add_options(bisect)
     bisect.add_argument("--report", metavar="DIR", help="also write the HTML report (as `tapml-dbg report`) to DIR")
     _add_keep_option(bisect)
 
@@ -172,12 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_target_options(fixer)
     fixer.add_argument("--json", action="store_true", help="one JSON object on stdout")
 
-    mixed = _subcommand(commands, "run", "run the model once mixed: the offload set on the target, the rest on "
-                                         "the source",
-                        "Ops off the target re-execute on torch CPU in the recorded dtype, fed the values before "
-                        "them (the target's where their producer is offloaded); prints the model's outputs against "
-                        "the recording, top-1 agreement of the last dimension and the ops failing in that run "
-                        "(docs/migrate.md).")
+    mixed = _verb(commands, verbs.RUN)
     mixed.add_argument("trace", metavar="TRACE", help=TRACE_HELP)
     mixed.add_argument("--offload", default="all", metavar="SPEC",
                        help="what runs on the target: all (default), none, or op selectors as in the REPL "
@@ -186,23 +185,14 @@ def build_parser() -> argparse.ArgumentParser:
     mixed.add_argument("--json", action="store_true", help="one JSON object on stdout")
     _add_keep_option(mixed)
 
-    migrate = _subcommand(commands, "migrate", "offload the model step by step and find where its output breaks",
-                          "TapML's gradual migration: the offloaded prefix grows one top-level block (or op) per "
-                          "step, one mixed run each; a table of the output's error per step, the first failing "
-                          "step and the op inside it that breaks the output (docs/migrate.md).")
+    migrate = _verb(commands, verbs.MIGRATE)
     migrate.add_argument("trace", metavar="TRACE", help=TRACE_HELP)
-    migrate.add_argument("--by", choices=["layer", "op"], default="layer",
-                         help="what a step adds: a top-level block (default) or one op")
-    migrate.add_argument("--one-at-a-time", action="store_true",
-                         help="only one block (or op) on the target per step, the rest on the source: ranks them "
-                              "by their effect on the output")
+    verbs.MIGRATE.add_options(migrate)
     _add_target_options(migrate)
     migrate.add_argument("--json", action="store_true", help="one JSON object on stdout")
     _add_keep_option(migrate)
 
-    dump = _subcommand(commands, "dump", "write one op as a standalone repro",
-                       "A folder with the op's Relax module, its recorded inputs and outputs, and a repro.py "
-                       "that needs only tvm and numpy.")
+    dump = _verb(commands, verbs.DUMP)
     dump.add_argument("trace", metavar="TRACE", help=TRACE_HELP)
     which = dump.add_mutually_exclusive_group(required=True)
     which.add_argument("--op", metavar="OP", help="op index or name (`tapml-dbg info TRACE --json` lists them); "

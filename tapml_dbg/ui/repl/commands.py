@@ -33,6 +33,7 @@ from tapml_dbg.repro.dump import dump_op
 from tapml_dbg.trace.inspect import trace_info
 from tapml_dbg.ui.repl import results as R
 from tapml_dbg.ui.repl.parsing import ArgError, format_slice, parse_float, parse_int, parse_slice
+from tapml_dbg.ui.verbs import BISECT, DUMP, MIGRATE, RUN, Verb
 
 OPS_PAGE = 200  # `ops` shows at most this many rows; narrow with a pattern or a range
 UNKNOWN_COMMAND_CUTOFF = 0.6  # difflib similarity needed to suggest a command for a typo
@@ -323,12 +324,7 @@ def cmd_delete(ctx: Context, args: list[str]):
 
 
 def cmd_bisect(ctx: Context, args: list[str]):
-    _need(args, 0, 1)
-    sweep = True
-    if args:
-        if args[0] != "--no-sweep":
-            raise ArgError(f"unknown option {args[0]!r}")
-        sweep = False
+    sweep = not BISECT.parse(args)["no_sweep"]
     with ctx.progress(f"bisect on {ctx.session.target}") as progress:
         return R.BisectDone(ctx.session.bisect(sweep=sweep, progress=progress))
 
@@ -342,17 +338,9 @@ def cmd_run(ctx: Context, args: list[str]):
 
 
 def cmd_migrate(ctx: Context, args: list[str]):
-    by, one_at_a_time, rest = "layer", False, list(args)
-    while rest:
-        option = rest.pop(0)
-        if option == "--one-at-a-time":
-            one_at_a_time = True
-        elif option == "--by" and rest:
-            by = rest.pop(0)
-        else:
-            raise ArgError(f"unknown option {option!r}: give --by layer|op and/or --one-at-a-time")
+    options = MIGRATE.parse(args)
     with ctx.progress(f"migrate on {ctx.session.target}") as progress:
-        return ctx.session.migrate(by, one_at_a_time, progress)
+        return ctx.session.migrate(options["by"], options["one_at_a_time"], progress)
 
 
 def cmd_triage(ctx: Context, args: list[str]):
@@ -543,6 +531,11 @@ def _tol_completion(previous: list[str]) -> tuple:
     return ()
 
 
+def _shared(verb: Verb, handler: Callable) -> Command:
+    """The command of a verb the CLI has too: usage, help and completion from its one declaration (ui/verbs.py)."""
+    return Command(verb.name, (), verb.usage, verb.repl_help, handler, verb.completion)
+
+
 COMMANDS: list[Command] = [
     Command("help", ("h", "?"), "help [CMD]",
             "List the commands, or explain one.", cmd_help, (("<command>",),)),
@@ -601,23 +594,9 @@ COMMANDS: list[Command] = [
             (("nan", "diverge", "<op>", "<layer>"),)),
     Command("delete", ("d",), "delete [N]", "Delete breakpoint N, or all of them.", cmd_delete,
             (("<breakpoint>",),)),
-    Command("bisect", (), "bisect [--no-sweep]",
-            "Find the first divergent op.\n"
-            "A propagated search over prefixes, an isolated confirmation, and an isolated sweep of the\n"
-            "ops before it that catches faults which wash out (skip it with --no-sweep). Ctrl-C cancels.",
-            cmd_bisect, (("--no-sweep",),)),
-    Command("run", (), "run [all|none|OPS|LAYERS]",
-            "Run the whole model once mixed: the offload set on the target, the rest on the source.\n"
-            "Ops off the target re-execute on torch CPU fed the values before them (the target's where\n"
-            "their producer is offloaded); prints the model's outputs against the recording and the ops\n"
-            "failing in that run. Without argument: the offload set (`boundary`, `offload`).",
-            cmd_run, (("all", "none", "<layer>"),)),
-    Command("migrate", (), "migrate [--by layer|op] [--one-at-a-time]",
-            "TapML's gradual offload: one mixed run per step, the step that breaks the output, its culprit.\n"
-            "The offloaded prefix grows one top-level block (or op) at a time; --one-at-a-time puts one\n"
-            "block alone on the target to rank blocks by their effect on the output (docs/migrate.md).",
-            cmd_migrate, lambda previous: ("layer", "op") if previous[-1:] == ["--by"] else
-            ("--by", "--one-at-a-time")),
+    _shared(BISECT, cmd_bisect),
+    _shared(RUN, cmd_run),
+    _shared(MIGRATE, cmd_migrate),
     Command("triage", (), "triage",
             "Every divergent op of the model, grouped by cause.\n"
             "Both verdicts of every op (as `plot`), then the ops that diverge by themselves (isolated\n"
@@ -658,11 +637,7 @@ COMMANDS: list[Command] = [
             "Choose the verdict that decides divergence stops.\n"
             "It counts for `continue`, `next` and `break diverge`, and picks the target value `print`\n"
             "shows. Default: propagated.", cmd_mode, (("isolated", "propagated"),)),
-    Command("dump", (), "dump OP DIR",
-            "Write an op as a standalone repro into DIR.\n"
-            "The repro needs only tvm and numpy. OP may be a range A:B: ops A..B-1 as one unit; an op\n"
-            "that fails only compiled with its producers (fused) is written as that unit.",
-            cmd_dump, (("<op>",), ("<path>",))),
+    _shared(DUMP, cmd_dump),
     Command("reset", (), "reset",
             "Back to op 0, every op offloaded, no target values.\n"
             "Breakpoints, mode and tolerances are kept.", cmd_reset),
