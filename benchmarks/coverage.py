@@ -226,7 +226,11 @@ def _stage_behind(trace: Path, target: str, cache: Path, work: Path, state: dict
             result = session.bisect()
             if not result.diverged:
                 info["kept"] = sorted(kept)
-                state["fault_op"] = _fault_op(session, after=first_bug, avoid={r.name for r in rewritten})
+                # behind the first real bug got past: the first op rewritten or kept (the clean stage's
+                # culprit may be an error of the moment, such as a device out of memory)
+                passed_bugs = [op.index for op in rewritten] + sorted(kept)
+                info["first_bug"] = min(passed_bugs) if passed_bugs else first_bug
+                state["fault_op"] = _fault_op(session, after=info["first_bug"], avoid={r.name for r in rewritten})
                 kept_names = kept_text(session.ops, kept) if kept else ""
                 break
             culprit = result.culprit
