@@ -42,6 +42,7 @@ class TraceReader:
         self._ops = None
         self._verified: set[str] = set()  # datasets whose checksum already matched in this reader
         self._groups: dict[str, h5py.Group] = {}  # top-level groups, checked once (the file is read-only)
+        self._op_groups: dict[int, h5py.Group] = {}  # op index -> its group, checked once
         self._op_markers: dict[tuple[int, str], bool] = {}
         h5safe.plugin_search.acquire()
         self._plugins_off = True
@@ -197,11 +198,13 @@ class TraceReader:
     def _op_group_or_none(self, index: int) -> h5py.Group | None:
         if not 0 <= index < len(self.ops):
             return None
-        ops = self._group(S.GROUP_OPS)
-        name = str(index)
-        if ops.get(name, getlink=True) is None:
-            return None
-        return h5safe.child(ops, name, h5py.Group, f"op {index}")
+        if index not in self._op_groups:  # asked for its markers, its note and its outputs: looked up once
+            ops = self._group(S.GROUP_OPS)
+            name = str(index)
+            if not ops.id.links.exists(name.encode()):
+                return None  # (not kept: a recorder still writing may add it)
+            self._op_groups[index] = h5safe.child(ops, name, h5py.Group, f"op {index}")
+        return self._op_groups[index]
 
     def op_group_names(self) -> list[str]:
         """Names under /ops (each should be an op index of the op table)."""
@@ -365,6 +368,7 @@ class TraceReader:
                 pass  # a damaged file may fail to release its (read-only) caches; nothing to lose
             self._file = None
             self._groups.clear()
+            self._op_groups.clear()
         if self._plugins_off:
             self._plugins_off = False
             h5safe.plugin_search.release()
