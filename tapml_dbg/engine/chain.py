@@ -144,9 +144,7 @@ class ChainSearch:
         if not self._compiles_ahead:
             return None
         lanes = self.session.lanes
-        units = [self.session.requests.to_build(index) for index in self.indices]
-        distinct = {lanes.index.unit_id(unit.unit_json): unit for unit in units}
-        todo = [unit for unit_id, unit in distinct.items() if not lanes.index.holds(unit_id)]
+        todo = self.units_to_build()
         if not todo:
             return None
 
@@ -162,6 +160,14 @@ class ChainSearch:
             build()
             return None
         return Background(build, "tapml-prepare")
+
+    def units_to_build(self) -> list:
+        """Every distinct unit of the chain the cache does not hold yet (as far as its index knows), in
+        the chain's order."""
+        lanes = self.session.lanes
+        units = [self.session.requests.to_build(index) for index in self.indices]
+        distinct = {lanes.index.unit_id(unit.unit_json): unit for unit in units}
+        return [unit for unit_id, unit in distinct.items() if not lanes.index.holds(unit_id)]
 
     def remember(self, request, result) -> None:
         """Tell the cache's index the key of every unit the chain ran (for the next prepare)."""

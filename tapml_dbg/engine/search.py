@@ -185,7 +185,10 @@ class Bisection:
         session = self.session
         started = time.perf_counter()
         units_before = session.lanes.units
-        candidate = self.search()
+        try:
+            candidate = self.search()
+        finally:
+            session.lanes.stop_ahead()  # what it did not build by now is not wanted
         end = candidate if candidate is not None else self.last + 1
         earliest = None
         if self.sweep_enabled and self.parallel:  # the sweep's batches and the candidate's unit side by side
@@ -229,10 +232,14 @@ class Bisection:
             return None
         self.progress(0, None, f"chain ops {self.first}..{self.last}")
         chain = ChainSearch(self.session, self.first, self.last, self.unscreened)
+        # on idle cycles while the chain runs: phase 2's first probes, then the chain's units from its end
+        # (the chain builds them from its start: the two meet halfway)
+        self.session.lanes.build_ahead(self._probes_ahead() + chain.units_to_build()[::-1])
         beside = self._chain_beside_sweep(chain) if self.sweep_enabled and self.session.lanes.has_side else None
         self.chain = chain.run(beside)
         self.search_trace.probes.extend(self.chain.probes)
         if self.chain.index is not None:
+            self.session.lanes.stop_ahead()  # no fused probe to make
             return self.chain.index
         if self.chain.lost:
             self.notes.append(f"{LOST_CHAIN_NOTE} ({self.chain.message})")
@@ -268,9 +275,26 @@ class Bisection:
             compiled=True,  # prepared ahead, or built by a run lane itself
             unscreened=self.unscreened, building=preparing.is_alive if preparing is not None else None)
 
+    def _spans(self) -> list[range]:
+        """The spans the fused probes cover: the search's range, or a generation's steps in it."""
+        return [span for span in fused_spans(self.session.ops) if span.stop > self.first and span.start <= self.last]
+
+    def _probes_ahead(self) -> list:
+        """The fused probes phase 2 starts with, one of each kind (a generation's decode steps are one
+        structure): built ahead, in case the chain finds nothing (`Lanes.build_ahead`)."""
+        spans = self._spans()
+        kinds_seen, requests = set(), []
+        for span in spans:
+            kinds = tuple(self.session.ops[i].op for i in span)
+            if kinds not in kinds_seen:
+                kinds_seen.add(kinds)
+                first, last = max(span.start, self.first), min(span.stop - 1, self.last)
+                requests.append(self._probe_request(first, last, by_step=len(spans) > 1))
+        return [request for request in requests if request is not None]
+
     def fused_search(self) -> int | None:
         """The first prefix end k whose fused probe fails (None: no prefix fails)."""
-        spans = [span for span in fused_spans(self.session.ops) if span.stop > self.first and span.start <= self.last]
+        spans = self._spans()
         if len(spans) > 1:
             return self._fused_search_by_step(spans)
         if self.parallel:  # same answer and path as first_failing, ~1.5x fewer rounds with 2 lanes
@@ -317,20 +341,24 @@ class Bisection:
                 outcomes[k] = self._outcome(k, self.session.lanes.counted(result))
         return [outcomes[k] for k in ks]
 
-    def _frontier(self, k: int) -> list[str]:
+    def _frontier(self, k: int, first: int | None = None) -> list[str]:
         kept = {self.session.ops[i].name for i in self.kept}
-        return [name for name in frontier(self.session.ops, self.session.consumers, self.fused_first, k)
-                if name not in kept]
+        first = self.fused_first if first is None else first
+        return [name for name in frontier(self.session.ops, self.session.consumers, first, k) if name not in kept]
 
     def _prefix_request(self, k: int):
+        """The fused probe of ops [first, k]."""
+        return self._probe_request(self.fused_first, k, self.by_step)
+
+    def _probe_request(self, first: int, k: int, by_step: bool):
         """The fused probe of ops [first, k], kept ops cut out (their recorded values are its inputs);
-        None when it holds nothing but kept ops."""
-        names = [op.name for op in self.session.ops[self.fused_first:k + 1] if op.index not in self.kept]
-        outputs = self._frontier(k)
+        None when it holds nothing but kept ops. `by_step`: a generation's steps, one structure for
+        every decode step (the first reads the prefill's values: `build_unit`'s input_per_use)."""
+        names = [op.name for op in self.session.ops[first:k + 1] if op.index not in self.kept]
+        outputs = self._frontier(k, first)
         if not names or not outputs:
             return None
-        # a generation's steps: one structure for every decode step (the first reads the prefill's values)
-        return self.session.requests.ops_request(names, outputs, input_per_use=self.by_step)
+        return self.session.requests.ops_request(names, outputs, input_per_use=by_step)
 
     def _outcome(self, k: int, result: UnitResult) -> bool:
         """Whether the probe of prefix [first, k] failed: it did not run, or a frontier value diverges."""

@@ -283,6 +283,14 @@ class TargetExecutor:
         except OSError:
             pass
 
+    def interrupt(self) -> None:
+        """Kill the worker from a thread other than the one running its requests, which reaps it
+        (two threads reaping one worker would close its pipe twice)."""
+        self.interrupted = True
+        process = self._process
+        if process is not None:
+            process.kill()
+
     def stop(self, kill: bool = False) -> None:
         if self._process is None:
             return

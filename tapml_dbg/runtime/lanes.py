@@ -22,12 +22,13 @@ from __future__ import annotations
 import os
 import tempfile
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
 from tapml_dbg import settings
 from tapml_dbg.errors import TargetError, TraceError, UsageError
+from tapml_dbg.runtime.background import Background, StopFlag
 from tapml_dbg.runtime.compile_cache import UnitIndex
 from tapml_dbg.runtime.executor import TargetExecutor
 from tapml_dbg.runtime.messages import ChainRequest, UnitRequest, UnitResult, UnitStatus, WorkerConfig
@@ -39,6 +40,7 @@ COMPILE_LANES_CAP = 16  # compile lanes by default: one per core but one, at mos
 UNITS_PER_COMPILE_LANE = 48  # a dispatch starts one compile lane per this many units ...
 MIN_COMPILE_LANES = 2  # ... and none unless it would start this many (one would only move the compiles)
 EARLY_SIDE_MIN_CORES = 4  # cores a machine needs for a search's side worker to start with the session
+AHEAD_NICENESS = 10  # the worker building units ahead takes idle cycles only: what a search waits on comes first
 
 
 def default_compile_lanes() -> int:
@@ -102,6 +104,8 @@ class Lanes:
         self.cache = CacheReport()
         self._replan = False
         self._side: TargetExecutor | None = None
+        self._ahead: TargetExecutor | None = None  # `build_ahead`'s worker, while it builds
+        self._ahead_stop = StopFlag()
         self._index: UnitIndex | None = None
         self._counting = threading.Lock()
 
@@ -171,6 +175,41 @@ class Lanes:
         if self._side is not None:
             self._side.interrupted = True  # (its crash is no fault to run again)
             self._side.stop(kill=True)
+
+    def build_ahead(self, requests: list[UnitRequest]) -> None:
+        """Compile units a later phase may run (a search's fused probes) into the cache, one after
+        another on a worker of their own at a low priority (AHEAD_NICENESS), while the caller goes on:
+        on a machine whose cores the search leaves idle part of the time (the chain compiles one unit
+        after another), the phase then finds them built. A unit another worker is building is left to
+        it; a failure is left to the unit's run to report. Where there is no core to spare: nothing."""
+        self.stop_ahead()
+        if not requests or not self.has_side:
+            return
+        config = self.pool.config
+        host = config.spec.with_options(rpc=None, tracker=None, key=None)  # it never opens a device
+        worker = TargetExecutor(replace(config, spec=host, niceness=AHEAD_NICENESS), self.zygotes)
+        stop = self._ahead_stop = StopFlag()
+        self._ahead = worker
+
+        def build() -> None:
+            try:
+                for request in requests:
+                    if stop.is_set():
+                        return
+                    result = worker.run(request.prepared(ahead=True))
+                    with self._counting:
+                        self.cache.add(result)  # libraries compiled (not units run: no probe of the search's)
+            finally:  # stopped: a worker it started again after the stop's kill is killed too
+                worker.stop(kill=stop.is_set())
+
+        Background(build, "tapml-ahead")
+
+    def stop_ahead(self) -> None:
+        """Stop building ahead (the search no longer needs those units): the unit being built is dropped."""
+        worker, self._ahead = self._ahead, None
+        if worker is not None:
+            self._ahead_stop.set()
+            worker.interrupt()  # (its thread reaps it)
 
     def prepare(self, requests: list[UnitRequest], per_lane: int | None = None,
                 cancel: threading.Event | None = None) -> list[UnitResult | None]:
@@ -249,6 +288,7 @@ class Lanes:
     def close(self) -> None:
         """Stop every worker: all are told first, so they exit side by side (one after another, each
         waits for the last one's teardown; figures: docs/perf.md)."""
+        self.stop_ahead()
         workers = self.pool.lanes + ([self._side] if self._side is not None else []) \
             + (self.compile_pool.lanes if self.compile_pool is not None else [])
         for worker in workers:

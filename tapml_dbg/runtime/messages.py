@@ -57,16 +57,17 @@ class WorkerConfig:
     spec: TargetSpec
     cache_dir: str = ""
     ledger_path: str = ""  # the session's KeyLedger (runtime/compile_cache.py); "": none
+    niceness: int = 0  # added to the worker's niceness when it starts (a worker building ahead: idle cycles only)
 
     def to_json(self) -> str:
         return json.dumps({"trace_path": self.trace_path, "spec": self.spec.to_json(), "cache_dir": self.cache_dir,
-                           "ledger_path": self.ledger_path})
+                           "ledger_path": self.ledger_path, "niceness": self.niceness})
 
     @classmethod
     def from_json(cls, text: str) -> "WorkerConfig":
         data = json.loads(text)
         return cls(data["trace_path"], TargetSpec.from_json(data["spec"]), data["cache_dir"],
-                   data.get("ledger_path", ""))
+                   data.get("ledger_path", ""), int(data.get("niceness", 0)))
 
 
 @dataclass

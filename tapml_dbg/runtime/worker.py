@@ -42,6 +42,8 @@ def worker_main(conn, config: WorkerConfig, log_path: str | None = None) -> None
     """Serve requests until told to stop or the pipe closes."""
     if log_path:
         _redirect_native_output(log_path)
+    if config.niceness:
+        os.nice(config.niceness)
     state = _WorkerState(config)
     state.warm_up()
     while True:
@@ -93,6 +95,8 @@ class _WorkerState:
         self.recorded: RecentOpOutputs | None = None  # the trace's op outputs, the last ones read kept
         self.read_ahead: ReadAhead | None = None  # while a chain runs: what it will read, read while it waits
         self.ledger = KeyLedger(config.ledger_path, environment_scope(os.environ)) if config.ledger_path else None
+        self.known: dict[str, CompiledUnit] = {}  # `handle`'s
+        self.identity: str | None = None
 
     def warm_up(self) -> None:
         """What every worker's first unit pays, paid before it is asked for one (workers start
@@ -105,6 +109,8 @@ class _WorkerState:
             pass
 
     def handle(self, request: UnitRequest | ChainRequest) -> dict:
+        self.known = {}  # unit id -> its library, found in this request (a chain runs a kind of op many times)
+        self.identity = None  # the transform's, read once a request
         if isinstance(request, ChainRequest):
             return self._chain(request)
         return self._unit(request)
@@ -273,17 +279,24 @@ class _WorkerState:
                         wait=not request.ahead, build=build)
         if self.ledger is None:
             return fetch()
-        identity, unit = transform_identity(spec.transform), unit_id(request.unit_json, spec.transform)
+        if self.identity is None:
+            self.identity = transform_identity(spec.transform)
+        identity, unit = self.identity, unit_id(request.unit_json, spec.transform)
+        if unit in self.known and not rebuild:
+            return self.known[unit]
         key = None if rebuild else self.ledger.get(identity, unit)
         if key:  # keyed by another worker: no need to run the transform again
             entry = CacheEntry(cache_dir, key)
             if entry.valid():
-                return CompiledUnit(entry.library, True, key)
+                self.known[unit] = CompiledUnit(entry.library, True, key)
+                return self.known[unit]
             if not build:  # its library is not there yet
                 return CompiledUnit(entry.library, False, key, elsewhere=True)
         compiled = fetch()
         if transform_identity(spec.transform) == identity:  # the pass's text did not change meanwhile
             self.ledger.add(identity, unit, compiled.key)
+            if not compiled.elsewhere:
+                self.known[unit] = CompiledUnit(compiled.path, True, compiled.key)
         return compiled
 
     def _load(self, runner: Runner, request: UnitRequest, compiled: CompiledUnit):
