@@ -47,14 +47,17 @@ class ChainFinding:
     message: str = ""
     runs: int = 0  # chained runs made
     probes: list[tuple[int, bool]] = field(default_factory=list)  # (k, ops first..k wrong?), as a search trace
+    kept: dict = field(default_factory=dict)  # the `also_keep` values of a run to the end
 
 
 class ChainSearch:
     """One per-op search over ops [first, last] of a session."""
 
-    def __init__(self, session, first: int, last: int, unscreened: set[str]):
-        """`unscreened`: the ops only a full verdict may judge (`Session.unscreened`)."""
+    def __init__(self, session, first: int, last: int, unscreened: set[str], also_keep: set[str] = frozenset()):
+        """`unscreened`: the ops only a full verdict may judge (`Session.unscreened`); `also_keep`: ops whose
+        values a run to the end hands back too (`ChainFinding.kept`)."""
         self.session = session
+        self.also_keep = also_keep
         self.first, self.last = first, last
         # a kept op is no unit of the chain: its consumers read its recorded value (engine/kept.py)
         self.indices = [i for i in range(first, last + 1) if session.ops[i].outputs and i not in session.kept]
@@ -68,7 +71,8 @@ class ChainSearch:
         """The next chained run: every op, the ones judged so far accepted; each run collects twice
         the suspects of the one before, so a model of many passing suspects costs O(log N) runs."""
         return self.session.requests.chain(self.indices, screen=self.screen, accept=self.accept,
-                                           unscreened=self.unscreened, suspects=self._suspects(runs))
+                                           unscreened=self.unscreened, suspects=self._suspects(runs),
+                                           also_keep=self.also_keep)
 
     @staticmethod
     def _suspects(runs: int) -> int:
@@ -111,6 +115,7 @@ class ChainSearch:
                 return self._found(finding, index, verdict, {})
             if len(result.suspects) < wanted:  # it ran to the end
                 finding.probes.append((self.last, False))
+                finding.kept = result.also_kept
                 return finding
 
     def _wrong(self, index: int, result, values: list) -> Verdict | None:

@@ -73,11 +73,21 @@ def require_generation(session) -> GenerationInfo:
     return info
 
 
-def teacher_forced(session) -> TokenReport:
-    """Every step's token verdict with the target's own cache, fed the source's tokens."""
+def output_name(session) -> str:
+    """The op whose first value is every step's logits (the graph's output)."""
+    return session.ops[_output_index(session)].name
+
+
+def teacher_forced(session, chained: list | None = None) -> TokenReport:
+    """Every step's token verdict with the target's own cache, fed the source's tokens. `chained`: the
+    output's values from a chain of every op up to it that ran already (a search's), so none runs again."""
     info = require_generation(session)
     report = TokenReport(TEACHER_FORCED, session.where)
-    logits = _target_logits(session, None, report)
+    if chained:
+        report.runs = 1
+        logits = np.asarray(chained[0])
+    else:
+        logits = _target_logits(session, None, report)
     if logits is not None:
         report.steps = _compare(info, _source_logits(session), logits)
     return report

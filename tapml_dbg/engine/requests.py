@@ -18,7 +18,7 @@ import numpy as np
 from tapml_dbg.errors import TraceError
 from tapml_dbg.model.graph import OpInfo, TensorSpec
 from tapml_dbg.model.serialize import function_to_json
-from tapml_dbg.model.units import UnitSpec, build_unit
+from tapml_dbg.model.units import UnitSpec, build_unit, one_op_json
 from tapml_dbg.portable.screen import ScreenRule
 from tapml_dbg.runtime.messages import ChainRequest, UnitRequest
 from tapml_dbg.trace import TraceReader
@@ -28,9 +28,10 @@ class RequestBuilder:
     """Builds the requests of one trace's units."""
 
     def __init__(self, reader: TraceReader, main, ops: list[OpInfo],
-                 casts: dict[tuple[str, int], TensorSpec] | None = None):
+                 casts: dict[tuple[str, int], TensorSpec] | None = None, graph: dict | None = None):
         self.reader = reader
         self.main = main
+        self.graph = graph  # `main` as the trace stores it (model/serialize's JSON), when the caller has it
         self.ops = ops
         self.by_name = {op.name: op for op in ops}
         self.input_names = set(reader.input_names)
@@ -118,16 +119,20 @@ class RequestBuilder:
         """Op `name` alone as a unit (its json and spec), built once: a bisect asks for each op's
         unit three times (compile ahead, chain, sweep), for every op (figures: docs/perf.md)."""
         if name not in self._one_op:
-            func, spec = build_unit(self.main, [name], [name])
-            self._one_op[name] = (function_to_json(func), spec)
+            sliced = one_op_json(self.main, self.graph, name) if self.graph is not None else None
+            if sliced is None:
+                func, spec = build_unit(self.main, [name], [name])
+                sliced = (function_to_json(func), spec)
+            self._one_op[name] = sliced
         return self._one_op[name]
 
     def chain(self, indices: list[int], keep: list[int] | None = None, screen: ScreenRule | None = None,
-              accept: set[str] = frozenset(), unscreened: set[str] = frozenset(), suspects: int = 1) -> ChainRequest:
+              accept: set[str] = frozenset(), unscreened: set[str] = frozenset(), suspects: int = 1,
+              also_keep: set[str] = frozenset()) -> ChainRequest:
         """Ops `indices` (in order) each as its own one-op unit, chained on the target: an input that
         an earlier op of the chain computes is that op's target value, any other a recorded one.
         `keep`: the ops whose values come back (default: all); `screen`, `accept`, `unscreened`,
-        `suspects`: a screening chain, which stops at its `suspects`-th suspect (`ChainRequest`)."""
+        `suspects`, `also_keep`: a screening chain, which stops at its `suspects`-th suspect (`ChainRequest`)."""
         units, names, chained = [], [], set()
         for index in indices:
             name = self.ops[index].name
@@ -138,7 +143,8 @@ class RequestBuilder:
             names.append(name)
             chained.add(name)
         kept = names if keep is None else [self.ops[i].name for i in keep]
-        return ChainRequest(units, names, kept, screen, frozenset(accept), frozenset(unscreened), suspects)
+        return ChainRequest(units, names, kept, screen, frozenset(accept), frozenset(unscreened), suspects,
+                            also_keep=frozenset(also_keep))
 
     def isolated_batch(self, indices: list[int], screen: ScreenRule, unscreened: set[str] = frozenset(),
                        stop_at_suspect: bool = False, defer_unbuilt: bool = False) -> tuple[ChainRequest, list[int]]:

@@ -42,7 +42,7 @@ from typing import Callable
 
 from tapml_dbg.engine import fused
 from tapml_dbg.engine.chain import ChainFinding, ChainSearch
-from tapml_dbg.engine.generation import teacher_forced, trace_generation
+from tapml_dbg.engine.generation import output_name, teacher_forced, trace_generation
 from tapml_dbg.engine.kept import kept_note
 from tapml_dbg.engine.results import BisectResult, Culprit, StepResult
 from tapml_dbg.judge.classify import type_evidence
@@ -179,6 +179,8 @@ class Bisection:
         self.by_step = False  # the fused probes are a generation's steps (`_fused_search_by_step`)
         self.screen = session.screen_rule(ISOLATED)  # the sweep's
         self.unscreened = session.unscreened()  # ops only a full verdict may judge, in the chain and the sweep
+        # a generation's output, handed back by a chain of every op up to it (its tokens need no second run)
+        self.output = output_name(session) if trace_generation(session) is not None and self.first == 0 else None
 
     # -- the run ---------------------------------------------------------------------------
     def run(self) -> BisectResult:
@@ -218,7 +220,8 @@ class Bisection:
         neighbourhood = self.neighbourhood(culprit.index) if culprit else []
         if session.lanes.plan.note:
             self.notes.append(session.lanes.plan.note)
-        tokens = teacher_forced(session) if trace_generation(session) is not None else None
+        tokens = teacher_forced(session, self.chain.kept.get(self.output)) \
+            if trace_generation(session) is not None else None
         return BisectResult(diverged=culprit is not None, ops=len(session.ops), probes=probes,
                             seconds=time.perf_counter() - started, target=session.target, culprit=culprit,
                             neighbourhood=neighbourhood, search=self.search_trace.probes, notes=self.notes,
@@ -231,7 +234,8 @@ class Bisection:
         if self.last < self.first:
             return None
         self.progress(0, None, f"chain ops {self.first}..{self.last}")
-        chain = ChainSearch(self.session, self.first, self.last, self.unscreened)
+        chain = ChainSearch(self.session, self.first, self.last, self.unscreened,
+                            also_keep={self.output} if self.output else set())
         # on idle cycles while the chain runs: phase 2's first probes, then the chain's units from its end
         # (the chain builds them from its start: the two meet halfway)
         self.session.lanes.build_ahead(self._probes_ahead() + chain.units_to_build()[::-1])

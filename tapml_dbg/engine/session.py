@@ -78,7 +78,8 @@ class Session:
         import_tvm_without_torch()  # torch comes when a verdict needs it (runtime/tvm_import.py)
         parse_target(self.spec.target)  # fail early on a bad target string ...
         load_transform(self.spec.transform)  # ... and on a bad FILE.py:FUNC
-        self.main = function_from_json(reader.graph())
+        graph = reader.graph()
+        self.main = function_from_json(graph)
         self.ops = [OpInfo.from_json(op) for op in reader.ops]
         self.by_name = {op.name: op for op in self.ops}
         self.op_table = OpTable.of(self.ops)
@@ -87,7 +88,7 @@ class Session:
         self.policy = policy or TolerancePolicy()
         # the live source reference: float64 references, undefined values, type changes (engine/references.py)
         self.reference = SourceReference(reader, self.ops, self.main, load_source_graph(reader))
-        self.requests = RequestBuilder(reader, self.main, self.ops, self.reference.replay_casts())
+        self.requests = RequestBuilder(reader, self.main, self.ops, self.reference.replay_casts(), graph)
         self.isolated_verdicts = IsolatedVerdicts(self.ops, self.requests, self.lanes, self.judge)
         self._mixed_runner: MixedRunner | None = None
         self.kept: frozenset[int] = frozenset()  # ops kept on the source (engine/kept.py); `reset` keeps them

@@ -326,6 +326,11 @@ def _kind(value) -> str:
     return "null" if value is None else type(value).__name__
 
 
+def type_to_json(ty) -> dict:
+    """A tensor's (or a tuple's) type as this format writes a parameter's."""
+    return _type_to_json(ty)
+
+
 def _type_to_json(ty) -> dict:
     from tvm import relax
 

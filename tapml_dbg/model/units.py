@@ -14,6 +14,7 @@ import threading
 from dataclasses import dataclass, field
 
 from tapml_dbg.model.graph import TensorSpec
+from tapml_dbg.model.serialize import type_to_json
 
 
 @dataclass
@@ -89,6 +90,56 @@ def build_unit(main, op_names: list[str], outputs: list[str], input_per_use: boo
         builder.emit_func_output(relax.Tuple(result_vars))
     func = builder.get()["main"]
     return func, UnitSpec(ops=list(op_names), outputs=list(outputs), inputs=spec_inputs)
+
+
+def one_op_json(main, graph: dict, name: str) -> tuple[dict, UnitSpec] | None:
+    """Op `name` alone as a unit, in model/serialize's JSON: what `build_unit` + `function_to_json` make
+    of it, sliced from the stored graph's own JSON instead (a search builds one per op, and the slice
+    costs a tenth). None where a slice is not that simple (a tuple-typed input, a match_cast)."""
+    from tvm import relax
+
+    stored = _stored_bindings(graph).get(name)
+    if stored is None or "match_cast" in stored:
+        return None
+    inputs = [var for var in _referenced(stored["value"]) if var != name]
+    table = bindings_by_name(main)
+    params = {param.name: param for param in main.params}
+    types = []
+    for var in inputs:
+        ty = table[var].var.ty if var in table else params[var].ty if var in params else None
+        if ty is None or not isinstance(ty, relax.TensorType):
+            return None
+        types.append(type_to_json(ty))
+    unit = {"schema": graph["schema"], "num_input": len(inputs),
+            "params": [{"name": var, **ty} for var, ty in zip(inputs, types)],
+            "bindings": [{"name": name, "value": stored["value"]}], "output": {"tuple": [{"var": name}]}}
+    return unit, UnitSpec(ops=[name], outputs=[name], inputs=[(var, -1) for var in inputs])
+
+
+def _stored_bindings(graph: dict) -> dict:
+    """Binding name -> its stored JSON (the last graph's table is kept, as `bindings_by_name` does)."""
+    if not (_last_stored and _last_stored[0] is graph):
+        _last_stored[:] = [graph, {binding["name"]: binding for binding in graph["bindings"]}]
+    return _last_stored[1]
+
+
+_last_stored: list = []
+
+
+def _referenced(value) -> list[str]:
+    """The variables an expression's JSON reads, in the order of their first appearance."""
+    found: dict[str, None] = {}
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            if isinstance(item.get("var"), str) and len(item) == 1:
+                found.setdefault(item["var"], None)
+            else:
+                stack.extend(reversed(list(item.values())))
+        elif isinstance(item, list):
+            stack.extend(reversed(item))
+    return list(found)
 
 
 def _tuple_input(var, packed_name: str, field_prefix: str, params: list, spec_inputs: list, prologue: list):

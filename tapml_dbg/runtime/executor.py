@@ -199,7 +199,7 @@ class TargetExecutor:
             library=reply.get("library", ""), failed_op=reply.get("failed_op", ""),
             suspects=reply.get("suspects", []),
             upstream=reply.get("upstream", {}), unit_keys=reply.get("unit_keys", []),
-            deferred=reply.get("deferred", []))
+            deferred=reply.get("deferred", []), also_kept=reply.get("also_kept", {}))
 
     def _ensure_started(self) -> None:
         """A running worker: forked from the zygote where there is one (its pid asked for only when

@@ -128,6 +128,7 @@ class ChainRequest:
     independent: bool = False  # units fed recorded values only (a batch of isolated runs): nothing is kept
     defer_unbuilt: bool = False
     sync_each: bool = False  # wait for the device after each unit: a fault is reported by the unit that made it
+    also_keep: frozenset[str] = frozenset()  # with `screen`: values returned whatever the screen says (`also_kept`)
 
 
 @dataclass
@@ -146,6 +147,7 @@ class UnitResult:
     upstream: dict[str, dict[str, list[np.ndarray]]] = field(default_factory=dict)  # per suspect: its chain-fed inputs
     unit_keys: list[tuple[str, bool]] = field(default_factory=list)  # a chain's units: (cache key, from the cache)
     deferred: list[str] = field(default_factory=list)  # a batch's units skipped, not built yet (`defer_unbuilt`)
+    also_kept: dict[str, list[np.ndarray]] = field(default_factory=dict)  # a screening chain's `also_keep` values
     poisoned: bool = False  # it ended in a fault that can poison its process (`poisons_worker`): that worker is retired
     fresh_rerun: bool = False  # the first attempt's fault may have been inherited: this is the run in a fresh worker
 

@@ -124,6 +124,7 @@ class _WorkerState:
             self._trace()  # open here: the read-ahead's plan only looks things up in it
             self.read_ahead = ReadAhead(partial(self._reads_of, chain), READ_AHEAD_BYTES)
             kept: dict[str, list] = {}
+            also_kept: dict[str, list] = {}
             wanted = set(chain.keep)
             suspects: list[str] = []
             deferred: list[str] = []  # units not built yet, skipped (`defer_unbuilt`)
@@ -157,12 +158,14 @@ class _WorkerState:
                             break
                 elif name in wanted:
                     kept[name] = [value.numpy() for value in reply["outputs"][0]]
+                if chain.screen is not None and name in chain.also_keep:
+                    also_kept[name] = [value.numpy() for value in reply["outputs"][0]]
                 for done in last_use.pop(position, ()):  # no later unit reads it: free the device memory
                     self.chain_values.pop(done, None)
             names = suspects if chain.screen is not None else [name for name in chain.keep if name in kept]
             return {"status": UnitStatus.OK, "outputs": [kept[name] for name in names], "suspects": suspects,
                     "deferred": deferred, "upstream": upstream, "unit_keys": keys,
-                    "cached": all(cached for _key, cached in keys),
+                    "cached": all(cached for _key, cached in keys), "also_kept": also_kept,
                     "seconds": time.perf_counter() - started, "read_ahead": self.read_ahead.read_ahead}
         except TraceError as exc:  # a corrupt recorded value the screen read: the trace's own message
             return {"status": UnitStatus.TRACE_ERROR, "message": str(exc)}
