@@ -16,13 +16,15 @@ Usage:
   python benchmarks/generation_bench.py                  # tiny_llama, 16 decode steps, llvm
   python benchmarks/generation_bench.py --steps 8 --target cuda
   python benchmarks/generation_bench.py --fault OP       # plant a x1.5 fault at OP (faults.py:scale)
-Figures are from one run on one machine: compare the ratio, not the absolute seconds.
+  python benchmarks/generation_bench.py --repeat 5       # each bisect 5 times (default 3), alternated
+Figures are from one run on one machine: compare the ratio (of the medians), not the absolute seconds.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import tempfile
 import time
@@ -64,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--target", default="llvm")
     parser.add_argument("--fault", metavar="OP", help="plant a x1.5 fault at OP (both traces must have it)")
+    parser.add_argument("--repeat", type=int, default=3, help="bisects of each trace, alternated (median)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="tapml-gen-bench-") as scratch:
@@ -74,15 +77,21 @@ def main(argv: list[str] | None = None) -> int:
 
             transform = fault_transform(folder, "scale", args.fault, scale=1.5)
         forward, generation = record_both(folder, args.steps)
-        rows = []
-        for label, trace in (("single forward (prefill)", forward), (f"generation, {args.steps} decode steps", generation)):
-            seconds, facts = bisect_seconds(trace, args.target, folder / "cache", transform)
-            rows.append({"run": label, "seconds": seconds, **facts})
+        labels = {forward: "single forward (prefill)", generation: f"generation, {args.steps} decode steps"}
+        runs: dict = {forward: [], generation: []}
+        for round_ in range(args.repeat):  # alternated, so that a slow minute of a shared machine hits both
+            for trace in ((forward, generation) if round_ % 2 == 0 else (generation, forward)):
+                runs[trace].append(bisect_seconds(trace, args.target, folder / "cache", transform))
+    rows = []
+    for trace, done in runs.items():
+        seconds = sorted(run[0] for run in done)
+        rows.append({"run": labels[trace], "seconds": statistics.median(seconds), "each": seconds, **done[-1][1]})
     ratio = rows[1]["seconds"] / rows[0]["seconds"]
     print(machine_text(args.target))
-    print(f"{'bisect':<34} {'ops':>6} {'units run':>10} {'seconds':>8}")
+    print(f"{'bisect (median of ' + str(args.repeat) + ', cold each)':<34} {'ops':>6} {'units run':>10} {'seconds':>8}  each")
     for row in rows:
-        print(f"{row['run']:<34} {row['ops']:>6} {row['units']:>10} {row['seconds']:>8.2f}")
+        each = " ".join(f"{s:.1f}" for s in row["each"])
+        print(f"{row['run']:<34} {row['ops']:>6} {row['units']:>10} {row['seconds']:>8.2f}  {each}")
     print(f"generation / single forward: {ratio:.2f}x (target: at most {TARGET_RATIO:.0f}x)")
     if args.json:
         print(json.dumps({"rows": rows, "ratio": ratio}))
