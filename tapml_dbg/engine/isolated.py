@@ -186,6 +186,15 @@ class IsolatedVerdicts:
         for index in batch[ran:]:  # one unit each from the op that did not run: its own verdict
             self._submit(work, index, index)
 
+    def absorb(self, held: list[int], result: UnitResult, most: int) -> None:
+        """A screened batch (`RequestBuilder.isolated_batch` of `held`, stopping at its `most`-th suspect)
+        that ran beside a sweep: the ops it ran are settled as `fill` settles them; those it did not run,
+        and all of a batch that failed, are left to the next sweep."""
+        if result.ok:
+            for _settled in self._results(("batch", tuple(held), most), result, None, lambda _batch: None,
+                                          lambda _index: None):
+                pass
+
     def fill_window(self, indices: list[int]) -> None:
         """Verdicts of a few ops side by side, one unit each (the neighbourhood of a culprit)."""
         if self.lanes.size == 1:

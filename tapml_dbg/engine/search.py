@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from tapml_dbg.engine import fused
-from tapml_dbg.engine.chain import ChainFinding, ChainSearch
+from tapml_dbg.engine.chain import ChainFinding, ChainSearch, chain_timeout
 from tapml_dbg.engine.generation import output_name, teacher_forced, trace_generation
 from tapml_dbg.engine.kept import kept_note
 from tapml_dbg.engine.results import BisectResult, Culprit, StepResult
@@ -53,6 +53,10 @@ from tapml_dbg.runtime.background import Background
 from tapml_dbg.runtime.messages import UnitResult
 
 NEIGHBOURHOOD_RADIUS = 2  # ops shown on each side of a culprit
+SIDE_SWEEP_MIN_OPS = 64  # the sweep's ops left when the chain is done that are worth a run beside it
+# the part of them the chain's worker takes: it has just read every recorded value the chain screened
+# (its worker keeps them), so an op costs it a fraction of what it costs a lane (figures: docs/perf.md)
+SIDE_SWEEP_SHARE = 0.75
 WASHED_OUT_NOTE = ("the divergence does not persist to the model's output (it washes out or is masked "
                    "downstream)")
 TYPE_NOTE = "found by its type alone: the values the model computes downstream agree"
@@ -177,6 +181,9 @@ class Bisection:
         self.chain = ChainFinding()  # what the per-op chain found (phase 1)
         self.fused_first = self.first  # where the fused probes start: `first`, or a generation step's first op
         self.by_step = False  # the fused probes are a generation's steps (`_fused_search_by_step`)
+        self.split: int | None = None  # the sweep's ops from here on run beside it (`_chain_then_top`)
+        self.chained = None  # the chain's first run's result, once it is done (beside the sweep)
+        self.top = None  # (ops, result, most) of the sweep's upper part, run beside it
         self.screen = session.screen_rule(ISOLATED)  # the sweep's
         self.unscreened = session.unscreened()  # ops only a full verdict may judge, in the chain and the sweep
         # a generation's output, handed back by a chain of every op up to it (its tokens need no second run)
@@ -256,7 +263,8 @@ class Bisection:
         session = self.session
         request = chain.request()  # (a trace that cannot feed the chain raises here, first)
         preparing = chain.prepare(wait=False)  # compile lanes build ahead while the chain runs
-        running = Background(lambda: session.lanes.run_beside(request, chain.timeout), "tapml-chain")
+        self.chained, self.top = None, None
+        running = Background(lambda: self._chain_then_top(request, chain), "tapml-chain")
         session.warm_up_torch()  # while the chain runs (not before its request: the import holds the GIL)
         try:
             self._sweep_beside(chain, running, preparing)
@@ -268,14 +276,40 @@ class Bisection:
             running.join()
             if preparing is not None:
                 preparing.join()  # its keys are in the index before the chain's own (ChainSearch.remember)
-        return request, session.lanes.counted(running.result())
+        chained = session.lanes.counted(running.result())
+        if self.top is not None:  # the sweep's upper part, run beside it once the chain was done
+            held, result, most = self.top
+            session.isolated_verdicts.absorb(held, session.lanes.counted(result), most)
+        return request, chained
+
+    def _chain_then_top(self, request, chain: ChainSearch):
+        """The chain on the side worker; when it found nothing (the sweep then has every op to do), the
+        upper part (SIDE_SWEEP_SHARE) of the ops the sweep has not reached yet, on the same worker, while
+        the lanes sweep the rest (`self.split` bounds them): the chain's worker does not sit idle."""
+        result = self.session.lanes.run_beside(request, chain.timeout)
+        self.chained = result
+        if not result.ok or result.suspects:
+            return result
+        verdicts = self.session.isolated_verdicts
+        left = [i for i in self._judged(self.first, self.last + 1)
+                if i not in verdicts.cache and i not in verdicts.screened and self.session.ops[i].outputs]
+        top = left[int(len(left) * (1 - SIDE_SWEEP_SHARE)):]
+        if len(top) < SIDE_SWEEP_MIN_OPS:
+            return result
+        batch, held = self.session.requests.isolated_batch(top, self.screen, self.unscreened)
+        if held:
+            self.split = held[0]
+            self.top = (held, self.session.lanes.run_beside(batch, chain_timeout(self.session, len(held))),
+                        batch.suspects)
+        return result
 
     def _sweep_beside(self, chain: ChainSearch, running: Background, preparing: Background | None) -> None:
         """While the compile lanes build ahead, the sweep runs the ops whose units are built and
         leaves the others to the end (it does not wait for a build the chain waits for too)."""
         self.session.isolated_verdicts.fill(
             self._judged(self.first, self.last + 1), self.progress, stop_at_failure=True, screen=self.screen,
-            bound=lambda: chain.bound(running.value) if running.finished else None,
+            bound=lambda: self.split - 1 if self.split is not None else (
+                chain.bound(self.chained) if self.chained is not None else None),
             compiled=True,  # prepared ahead, or built by a run lane itself
             unscreened=self.unscreened, building=preparing.is_alive if preparing is not None else None)
 
