@@ -134,8 +134,10 @@ def test_a_given_mask_is_kept_and_wrappers_keep_the_contract(tmp_path):
     mask[0, 0] = 0
     wrapper, inputs, info = drive_causal_lm(model, (ids, mask))
     assert inputs[1] is mask and info.mask == "attention mask as given (1 padded positions)"
+    positions = torch.tensor([[0, 0, 1, 2, 3, 4]])  # generate()'s: cumsum(mask) - 1, 0 at padding
     with torch.no_grad():
-        assert torch.equal(wrapper(*inputs), model(input_ids=ids, attention_mask=mask).logits)
+        expected = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits
+        assert torch.equal(wrapper(*inputs), expected)
     wrapped, _ = _build(str(EXAMPLES / "tiny_llama.py"))
     assert is_causal_lm(model) and not is_causal_lm(wrapped) and not is_causal_lm(torch.nn.Linear(2, 2))
     with pytest.raises(ModelError, match="token ids, an integer tensor"):
