@@ -200,3 +200,34 @@ def test_engine_functions_take_at_most_seven_parameters():
             if count > MAX_ENGINE_PARAMETERS and where not in ENGINE_PARAMETERS_ALLOWED:
                 wrong.append(f"{where} ({count} parameters)")
     assert not wrong, f"engine functions over {MAX_ENGINE_PARAMETERS} parameters (group them):\n" + "\n".join(wrong)
+
+
+# ------------------------------------------------------------------------------ the plan seam ([14])
+ENGINE_RUNTIME_MODULES = {  # what the engine may know of the runtime: what to run, where, and whom to hand it to
+    "tapml_dbg.runtime.messages",  # the plan messages and their typed results
+    "tapml_dbg.runtime.target",  # the target spec
+    "tapml_dbg.runtime.scheduler",  # the one entry point: it decides how (lanes, threads, compile ahead)
+}
+CONCURRENCY_LIBRARIES = ("threading", "concurrent", "multiprocessing", "_thread", "asyncio")
+
+
+def _engine_imports():
+    for path in _sources():
+        if _part(_module_name(path)) == "engine":
+            for name, _top, line in _imports(path):
+                yield path, name, line
+
+
+def test_the_engine_reaches_the_runtime_through_three_modules():
+    known = _known_modules()
+    used = {name for _path, name, _line in _engine_imports()
+            if name.startswith(ROOT + ".runtime") and name in known and name != ROOT + ".runtime"}
+    assert used <= ENGINE_RUNTIME_MODULES, (
+        f"engine/ imports runtime modules beyond the plan seam: {sorted(used - ENGINE_RUNTIME_MODULES)} "
+        "(ask runtime/scheduler.py for it)")
+
+
+def test_the_engine_starts_no_thread():
+    wrong = [f"{path.relative_to(PACKAGE.parent)}:{line} imports {name}" for path, name, line in _engine_imports()
+             if name.split(".")[0] in CONCURRENCY_LIBRARIES]
+    assert not wrong, "the engine states what to run, the runtime runs it beside (Runtime.beside):\n" + "\n".join(wrong)

@@ -18,22 +18,12 @@ kills the worker, a timeout) says so (`lost`), and the caller searches another w
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
-from tapml_dbg.errors import TapmlError
 from tapml_dbg.judge.verdict import PROPAGATED, Verdict
-from tapml_dbg.runtime.background import Background, StopFlag
-from tapml_dbg.runtime.lanes import MIN_COMPILE_LANES
+from tapml_dbg.runtime.scheduler import Background
 
 CHAIN_SUSPECTS = 8  # suspects a chain collects before it stops: a passing one costs no second run
-OPS_PER_TIMEOUT = 100  # a chain may take the unit timeout once per this many ops
-PREPARE_UNITS_PER_LANE = 4  # a prepare step starts a compile lane per this many units to build
-
-
-def chain_timeout(session, units: int) -> float:
-    """How long a chain of `units` one-op units may take: the unit timeout once per OPS_PER_TIMEOUT."""
-    return session.lanes.pool.timeout_s * max(1, math.ceil(units / OPS_PER_TIMEOUT))
 
 
 @dataclass
@@ -64,8 +54,7 @@ class ChainSearch:
         typed = {session.ops[i].name for i in session.type_changed_ops()}
         self.accept, self.unscreened = set(typed), unscreened - typed
         self.screen = session.screen_rule(PROPAGATED)
-        self.timeout = chain_timeout(session, len(self.indices))
-        self.stop_preparing = StopFlag()  # set: a prepare in the background starts no more units
+        self.timeout = session.lanes.chain_timeout(len(self.indices))
 
     def request(self, runs: int = 0):
         """The next chained run: every op, the ones judged so far accepted; each run collects twice
@@ -135,47 +124,20 @@ class ChainSearch:
         finding.probes.append((index, True))
         return finding
 
-    @property
-    def _compiles_ahead(self) -> bool:
-        """Compile lanes to build units ahead of the chain (the unit index is only kept for them)."""
-        return self.session.lanes.compile_lanes >= MIN_COMPILE_LANES and bool(self.indices)
-
     def prepare(self, wait: bool = True) -> Background | None:
-        """With compile lanes, every distinct unit the cache does not hold yet (as far as its index
-        knows) is compiled side by side, one lane per few units. `wait=False`: in a thread, while
-        the chain runs (returned: join it before `remember`), when the compile lanes do it all; the
-        chain then takes each unit it reaches from the cache, waiting on the unit's lock while a
-        compile lane builds it, or builds it itself when no lane has got to it yet."""
-        if not self._compiles_ahead:
+        """Every distinct unit of the chain the cache does not hold yet, built ahead by the runtime
+        (`Runtime.compile_ahead`). `wait=False`: in the background while the chain runs (returned:
+        join it before `remember`); the chain then takes each unit it reaches from the cache, waiting
+        on the unit's lock while a compile lane builds it, or builds it itself."""
+        if not self.indices or not self.session.lanes.compiles_ahead:
             return None
-        lanes = self.session.lanes
-        todo = self.units_to_build()
-        if not todo:
-            return None
-
-        def build() -> None:  # their keys go in the index: a chain that stops early does not run them all
-            try:
-                results = lanes.prepare(todo, per_lane=PREPARE_UNITS_PER_LANE, cancel=self.stop_preparing)
-            except TapmlError:  # a hint only: the chain builds what is missing itself
-                return
-            lanes.index.record((unit.unit_json, result.key) for unit, result in zip(todo, results)
-                               if result is not None and result.ok)
-
-        if wait or not lanes.prepares_on_compile_lanes(len(todo), PREPARE_UNITS_PER_LANE):
-            build()
-            return None
-        return Background(build, "tapml-prepare")
+        return self.session.lanes.compile_ahead(self.units_to_build(), wait)
 
     def units_to_build(self) -> list:
         """Every distinct unit of the chain the cache does not hold yet (as far as its index knows), in
         the chain's order."""
-        lanes = self.session.lanes
-        units = [self.session.requests.to_build(index) for index in self.indices]
-        distinct = {lanes.index.unit_id(unit.unit_json): unit for unit in units}
-        return [unit for unit_id, unit in distinct.items() if not lanes.index.holds(unit_id)]
+        return self.session.lanes.units_to_build(self.session.requests.to_build(index) for index in self.indices)
 
     def remember(self, request, result) -> None:
-        """Tell the cache's index the key of every unit the chain ran (for the next prepare)."""
-        if self._compiles_ahead and result.unit_keys:
-            self.session.lanes.index.record((unit.unit_json, key) for unit, (key, _cached)
-                                            in zip(request.units, result.unit_keys))
+        """Tell the runtime the key of every unit the chain ran (for the next prepare)."""
+        self.session.lanes.remember(request, result)

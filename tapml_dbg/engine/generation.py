@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tapml_dbg.engine.chain import chain_timeout
 from tapml_dbg.errors import UsageError
 from tapml_dbg.judge.tokens import BUG, TOKEN_TOP_K, TokenStep, compare_step
 from tapml_dbg.model.generation import TOKENS_INPUT, GenerationInfo
@@ -144,7 +143,7 @@ def _target_logits(session, tokens: np.ndarray | None, report: TokenReport) -> n
     if tokens is not None:
         for unit in request.units:
             unit.inputs = [("value", tokens) if tuple(ref) == ("input", TOKENS_INPUT) else ref for ref in unit.inputs]
-    result = session.lanes.run(request, chain_timeout(session, len(indices)))
+    result = session.lanes.run(request, session.lanes.chain_timeout(len(indices)))
     report.runs += 1
     if not result.ok or not result.outputs:
         message = result.message or "no output"

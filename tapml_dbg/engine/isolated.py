@@ -3,7 +3,7 @@
 Each op is its own unit, so the compile cache (keyed by the unit's structure after the user's
 transform) compiles an op once however many identical copies of it the model holds (GPT-2 124M:
 717 ops, 68 distinct units), and an edited transform recompiles only the ops it changes. The
-units of a sweep go through `Lanes.dispatch`: compiled side by side on the compile lanes, run
+units of a sweep go through `Runtime.dispatch`: compiled side by side on the compile lanes, run
 as they are built; a crash is that op's verdict only.
 """
 
@@ -16,7 +16,7 @@ from tapml_dbg.engine.requests import RequestBuilder
 from tapml_dbg.judge.verdict import ISOLATED, Status, Verdict
 from tapml_dbg.model.graph import OpInfo
 from tapml_dbg.portable.screen import ScreenRule
-from tapml_dbg.runtime.lanes import Lanes
+from tapml_dbg.runtime.scheduler import Runtime
 from tapml_dbg.runtime.messages import UnitRequest, UnitResult, UnitStatus
 
 SWEEP_BATCH = 32  # screened isolated runs per request: one round trip instead of 32 (a search's stop at a suspect)
@@ -33,7 +33,7 @@ def _noop(*_args, **_kwargs) -> None:
 class IsolatedVerdicts:
     """The isolated-verdict cache of one session, and the ways to fill it."""
 
-    def __init__(self, ops: list[OpInfo], requests: RequestBuilder, lanes: Lanes, judge: Judge):
+    def __init__(self, ops: list[OpInfo], requests: RequestBuilder, lanes: Runtime, judge: Judge):
         self.ops = ops
         self.requests = requests
         self.lanes = lanes
@@ -85,7 +85,7 @@ class IsolatedVerdicts:
         are never cancelled. `screen`: ops whose outputs clearly pass it get no verdict, only the
         knowledge that they pass (judge/screen.py): what a search needs, at a fraction of the cost;
         the ops are then run SWEEP_BATCH to a request. `compiled`: the units' libraries are cached
-        already (`Lanes.dispatch`). `unscreened`: ops only a full verdict may judge.
+        already (`Runtime.dispatch`). `unscreened`: ops only a full verdict may judge.
         """
         self.fill(indices, progress, stop_at_failure=True, also=also, screen=screen, compiled=compiled,
                   unscreened=unscreened)

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from tapml_dbg.engine import fused
-from tapml_dbg.engine.chain import ChainFinding, ChainSearch, chain_timeout
+from tapml_dbg.engine.chain import ChainFinding, ChainSearch
 from tapml_dbg.engine.generation import output_name, teacher_forced, trace_generation
 from tapml_dbg.engine.kept import kept_note
 from tapml_dbg.engine.results import BisectResult, Culprit, StepResult
@@ -49,7 +49,6 @@ from tapml_dbg.judge.classify import type_evidence
 from tapml_dbg.judge.verdict import FUSED, ISOLATED, PROPAGATED, Mode, Status, Verdict, WrongClass
 from tapml_dbg.model.analysis import frontier
 from tapml_dbg.model.generation import fused_spans
-from tapml_dbg.runtime.background import Background
 from tapml_dbg.runtime.messages import UnitResult
 
 NEIGHBOURHOOD_RADIUS = 2  # ops shown on each side of a culprit
@@ -264,12 +263,13 @@ class Bisection:
         request = chain.request()  # (a trace that cannot feed the chain raises here, first)
         preparing = chain.prepare(wait=False)  # compile lanes build ahead while the chain runs
         self.chained, self.top = None, None
-        running = Background(lambda: self._chain_then_top(request, chain), "tapml-chain")
+        running = session.lanes.beside(lambda: self._chain_then_top(request, chain), "tapml-chain")
         session.warm_up_torch()  # while the chain runs (not before its request: the import holds the GIL)
         try:
             self._sweep_beside(chain, running, preparing)
         except BaseException:  # Ctrl-C, a lost target: the chain's worker must not outlive the search,
-            chain.stop_preparing.set()  # nor its compiles ahead (the next command's units use those lanes)
+            if preparing is not None:  # nor its compiles ahead (the next command's units use those lanes)
+                preparing.cancel()
             session.lanes.stop_beside()
             raise
         finally:
@@ -299,11 +299,11 @@ class Bisection:
         batch, held = self.session.requests.isolated_batch(top, self.screen, self.unscreened)
         if held:
             self.split = held[0]
-            self.top = (held, self.session.lanes.run_beside(batch, chain_timeout(self.session, len(held))),
+            self.top = (held, self.session.lanes.run_beside(batch, self.session.lanes.chain_timeout(len(held))),
                         batch.suspects)
         return result
 
-    def _sweep_beside(self, chain: ChainSearch, running: Background, preparing: Background | None) -> None:
+    def _sweep_beside(self, chain: ChainSearch, running, preparing) -> None:
         """While the compile lanes build ahead, the sweep runs the ops whose units are built and
         leaves the others to the end (it does not wait for a build the chain waits for too)."""
         self.session.isolated_verdicts.fill(

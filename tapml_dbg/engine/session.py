@@ -2,8 +2,8 @@
 
 Like `bdb`, it knows nothing of terminals: every method returns result objects and reports
 progress through a callback. Its jobs are split over small collaborators: `RequestBuilder`
-(units and where their inputs come from), `Lanes` (the worker processes that compile and run
-them: a crash inside TVM becomes a verdict, not the end of the session), `IsolatedVerdicts`
+(units and where their inputs come from), `Runtime` (the worker processes that compile and run
+them, and how: a crash inside TVM becomes a verdict, not the end of the session), `IsolatedVerdicts`
 (the verdict cache and batched sweeps), `judge_outputs` (the verdict rule), `Bisection` (the
 search), `stops.Debugger` (breakpoints and stepping), `compile_check` (codegen only).
 """
@@ -34,11 +34,10 @@ from tapml_dbg.model.analysis import consumers_of, dead_tuple_fields
 from tapml_dbg.model.graph import OpInfo
 from tapml_dbg.model.select import OpTable
 from tapml_dbg.model.serialize import function_from_json
-from tapml_dbg.runtime.compile_cache import DEFAULT_CACHE_DIR, load_transform, transform_identity
-from tapml_dbg.runtime.lanes import Lanes
 from tapml_dbg.runtime.messages import UnitResult
-from tapml_dbg.runtime.target import TargetSpec, parse_target
-from tapml_dbg.runtime.tvm_import import import_tvm_without_torch, warm_up_torch
+from tapml_dbg.runtime.scheduler import (DEFAULT_CACHE_DIR, Runtime, check_setup, transform_identity,
+                                         warm_up_torch)
+from tapml_dbg.runtime.target import TargetSpec
 from tapml_dbg.trace import TraceReader
 from tapml_dbg.trace.schema import CAST_NOTE_PREFIX
 
@@ -63,11 +62,8 @@ class Session:
         self._torch_import = None  # torch imported in a thread while a search runs (bisect)
         self._transform_identity = transform_identity(self.spec.transform)  # to notice an edited pass
         # one lane per free tracker server (or --parallel N); lane 0 also does the sequential work
-        self.lanes = Lanes(str(reader.path), self.spec, str(cache_dir))
-        if start_workers:
-            self.lanes.start(beside=searching)
-            if searching and not self.lanes.index.exists():  # new transform text or cache: it will compile ahead
-                self.lanes.start_compile_lanes()
+        self.lanes = Runtime.open(reader.path, self.spec, cache_dir, start_workers=start_workers,
+                                  searching=searching)
         try:
             self._build(reader, policy)
         except BaseException:
@@ -75,9 +71,7 @@ class Session:
             raise
 
     def _build(self, reader: TraceReader, policy: TolerancePolicy | None) -> None:
-        import_tvm_without_torch()  # torch comes when a verdict needs it (runtime/tvm_import.py)
-        parse_target(self.spec.target)  # fail early on a bad target string ...
-        load_transform(self.spec.transform)  # ... and on a bad FILE.py:FUNC
+        check_setup(self.spec)  # fail early on a bad target string or FILE.py:FUNC
         graph = reader.graph()
         self.main = function_from_json(graph)
         self.ops = [OpInfo.from_json(op) for op in reader.ops]

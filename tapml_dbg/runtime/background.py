@@ -18,7 +18,9 @@ StopFlag = threading.Event  # set: the work it was handed starts no more units
 class Background(Generic[T]):
     """`work()` on a daemon thread, started at once."""
 
-    def __init__(self, work: Callable[[], T], name: str):
+    def __init__(self, work: Callable[[], T], name: str, stop: StopFlag | None = None):
+        """`stop`: the flag the work reads to start no more units (`cancel` sets it)."""
+        self.stop = stop if stop is not None else StopFlag()
         self._value: T | None = None
         self._error: BaseException | None = None
         self._finished = False
@@ -31,6 +33,10 @@ class Background(Generic[T]):
             self._finished = True
         except BaseException as exc:  # noqa: BLE001 - raised again by `result`, in the caller's thread
             self._error = exc
+
+    def cancel(self) -> None:
+        """Ask the work to start nothing more (what it started finishes)."""
+        self.stop.set()
 
     def is_alive(self) -> bool:
         return self._thread.is_alive()

@@ -1,0 +1,104 @@
+"""The runtime's one entry point for the engine: it takes what to run, and decides how.
+
+The engine imports three runtime modules (DESIGN.md, "Architecture"; tests/test_layers.py): the
+plan messages (`messages`: units, chains, batches and their typed results), the target spec
+(`target`) and this one. What the engine states here is *what* it wants: a unit or chain run, a
+batch of independent units dispatched, a piece of its own work run beside the caller, the units a
+chain will need built ahead. *How* stays in runtime/: the worker lanes and the side worker
+(`lanes`), compile lanes and the minimum that makes them worth starting, the compile cache's unit
+index (which units are built: its bookkeeping), threads (`background`), the TVM and torch imports
+(`tvm_import`), transforms and their identity (`compile_cache`). A change to the search's
+scheduling touches runtime/ only.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Callable, Iterable, TypeVar
+
+from tapml_dbg.errors import TapmlError
+from tapml_dbg.runtime.background import Background, StopFlag
+from tapml_dbg.runtime.compile_cache import DEFAULT_CACHE_DIR, load_transform, transform_identity
+from tapml_dbg.runtime.lanes import MIN_COMPILE_LANES, Lanes
+from tapml_dbg.runtime.messages import ChainRequest, UnitRequest, UnitResult
+from tapml_dbg.runtime.target import TargetSpec, parse_target
+from tapml_dbg.runtime.tvm_import import import_tvm_without_torch, warm_up_torch
+
+__all__ = ["DEFAULT_CACHE_DIR", "Background", "Runtime", "check_setup", "transform_identity", "warm_up_torch"]
+
+T = TypeVar("T")
+OPS_PER_TIMEOUT = 100  # a chain may take the unit timeout once per this many ops
+PREPARE_UNITS_PER_LANE = 4  # building ahead starts a compile lane per this many units to build
+
+
+def check_setup(spec: TargetSpec) -> None:
+    """Fail early, with the one-line error, on a bad target string or transform FILE.py:FUNC; TVM is
+    imported without torch (torch comes when a verdict needs it: runtime/tvm_import.py)."""
+    import_tvm_without_torch()
+    parse_target(spec.target)
+    load_transform(spec.transform)
+
+
+class Runtime(Lanes):
+    """The lanes of one session, plus the scheduling policy the engine leaves to the runtime."""
+
+    @classmethod
+    def open(cls, trace_path: str | Path, spec: TargetSpec, cache_dir: str | Path, *, start_workers: bool = False,
+             searching: bool = False) -> "Runtime":
+        """`start_workers`: start the worker processes now, so that they import TVM while the caller
+        does; `searching`: a search comes first: its side worker too, and the compile lanes when
+        the cache's index knows nothing of this transform text yet (it will compile ahead)."""
+        runtime = cls(str(trace_path), spec, str(cache_dir))
+        if start_workers:
+            runtime.start(beside=searching)
+            if searching and not runtime.index.exists():
+                runtime.start_compile_lanes()
+        return runtime
+
+    # -- work beside the caller ------------------------------------------------------------
+    @staticmethod
+    def beside(work: Callable[[], T], name: str) -> Background[T]:
+        """`work()` on a thread of the runtime's own, started at once (join or `result()` it)."""
+        return Background(work, name)
+
+    def chain_timeout(self, units: int) -> float:
+        """How long a chain of `units` one-op units may take: the unit timeout once per OPS_PER_TIMEOUT."""
+        return self.pool.timeout_s * max(1, math.ceil(units / OPS_PER_TIMEOUT))
+
+    # -- building ahead --------------------------------------------------------------------
+    @property
+    def compiles_ahead(self) -> bool:
+        """Enough compile lanes to build a chain's units ahead of it (the unit index is kept for them)."""
+        return self.compile_lanes >= MIN_COMPILE_LANES
+
+    def units_to_build(self, units: Iterable[UnitRequest]) -> list[UnitRequest]:
+        """The distinct units the cache does not hold yet (as far as its index knows), in order."""
+        distinct = {self.index.unit_id(unit.unit_json): unit for unit in units}
+        return [unit for unit_id, unit in distinct.items() if not self.index.holds(unit_id)]
+
+    def compile_ahead(self, units: list[UnitRequest], wait: bool = True) -> Background | None:
+        """Build `units` side by side on the compile lanes, one lane per few units, their keys noted
+        in the index. `wait=False`: in the background when the compile lanes do it all (returned:
+        join it before `remember`; `cancel()` starts no more units). None: nothing runs ahead."""
+        if not self.compiles_ahead or not units:
+            return None
+        stop = StopFlag()
+
+        def build() -> None:  # a hint only: whoever needs a unit builds what is missing itself
+            try:
+                results = self.prepare(units, per_lane=PREPARE_UNITS_PER_LANE, cancel=stop)
+            except TapmlError:
+                return
+            self.index.record((unit.unit_json, result.key) for unit, result in zip(units, results)
+                              if result is not None and result.ok)
+
+        if wait or not self.prepares_on_compile_lanes(len(units), PREPARE_UNITS_PER_LANE):
+            build()
+            return None
+        return Background(build, "tapml-prepare", stop=stop)
+
+    def remember(self, request: ChainRequest, result: UnitResult) -> None:
+        """Note in the index the key of every unit a chain ran (for the next `units_to_build`)."""
+        if self.compiles_ahead and result.unit_keys:
+            self.index.record((unit.unit_json, key) for unit, (key, _cached) in zip(request.units, result.unit_keys))
