@@ -156,7 +156,7 @@ def test_kernels_without_a_device_module_are_a_compile_error_in_the_engine_and_i
 
     # as TVM builds it, the unit has device code: the check lets it through (no false alarm)
     assert not compile_cache.compile_unit(unit_json, CUDA, None, cache).cached
-    assert worker.handle(UnitRequest(unit_json, [], compile_only=True))["status"] == UnitStatus.OK
+    assert worker.handle(UnitRequest(unit_json, [], compile_only=True)).status == UnitStatus.OK
 
     # the same unit when its kernels stay on the host (what an unscheduled PrimFunc gives)
     monkeypatch.setattr(portable_runner, "has_device_module", lambda executable: False)
@@ -164,7 +164,7 @@ def test_kernels_without_a_device_module_are_a_compile_error_in_the_engine_and_i
     worker.config.cache_dir = str(fresh)
     for request in (UnitRequest(unit_json, []), UnitRequest(unit_json, [], compile_only=True)):
         reply = worker.handle(request)
-        assert reply["status"] == UnitStatus.COMPILE_ERROR and NO_DEVICE_CODE in reply["message"], reply
+        assert reply.status == UnitStatus.COMPILE_ERROR and NO_DEVICE_CODE in reply.message, reply
     assert not list(fresh.glob("*.so")), "a unit without device code must not be cached"
 
     data = portable.Data(str(tmp_path))
@@ -173,7 +173,7 @@ def test_kernels_without_a_device_module_are_a_compile_error_in_the_engine_and_i
     finally:
         data.close()
     assert check.status == portable.COMPILE_ERROR and NO_DEVICE_CODE in check.message, check.report()
-    assert check.message == reply["message"]  # word for word: one function decided both
+    assert check.message == reply.message  # word for word: one function decided both
     out = io.StringIO()
     assert portable.repro_main(str(tmp_path), [], out=out) == portable.EXIT_REPRODUCED
     assert f"on {TargetSpec(target=CUDA).where}: compile-error" in out.getvalue()

@@ -77,9 +77,9 @@ def test_a_chain_reads_ahead_while_it_builds_and_computes_what_it_computes_witho
     config = WorkerConfig(str(trace), TargetSpec(target="llvm"), str(tmp_path / "cache"))
 
     cold, warm = _WorkerState(config).handle(request), _WorkerState(config).handle(request)
-    assert cold["status"] == warm["status"] == UnitStatus.OK, (cold.get("message"), warm.get("message"))
-    assert cold["read_ahead"] >= len(indices) // 2, "most recorded values were read during the builds"
-    assert warm["read_ahead"] == 0
-    assert cold["suspects"] == warm["suspects"] and len(cold["outputs"]) == len(warm["outputs"])
-    for a, b in zip(cold["outputs"], warm["outputs"]):
+    assert cold.status == warm.status == UnitStatus.OK, (cold.message, warm.message)
+    assert cold.read_ahead >= len(indices) // 2, "most recorded values were read during the builds"
+    assert warm.read_ahead == 0
+    assert cold.suspects == warm.suspects and len(cold.outputs) == len(warm.outputs)
+    for a, b in zip(cold.outputs, warm.outputs):
         assert all(np.array_equal(x, y) for x, y in zip(a, b))

@@ -42,7 +42,8 @@ from pathlib import Path
 
 from tapml_dbg import settings
 from tapml_dbg.runtime import zygote
-from tapml_dbg.runtime.messages import ChainRequest, UnitRequest, UnitResult, UnitStatus, WorkerConfig, poisons_worker
+from tapml_dbg.runtime.messages import (ChainRequest, UnitRequest, UnitResult, UnitStatus, WorkerConfig, WorkerReply,
+                                       poisons_worker)
 
 REPLY_POLL_S = 0.2  # how often a waiting request checks that its worker is still alive
 REAP_TIMEOUT_S = 5.0  # how long a stopped worker gets to exit before it is killed
@@ -182,8 +183,8 @@ class TargetExecutor:
                 ready = False
             if ready:
                 try:
-                    reply = self._conn.recv()
-                    self._answered, self._last_rss = True, reply.get("rss")
+                    reply: WorkerReply = self._conn.recv()
+                    self._answered, self._last_rss = True, reply.rss
                     break
                 except (EOFError, OSError):
                     pass
@@ -193,13 +194,9 @@ class TargetExecutor:
                 tail = self.log_tail()
                 message = _describe_exit(code) + (f"; last log: {tail}" if tail else "")
                 return UnitResult(UnitStatus.CRASH, message=message, seconds=time.perf_counter() - started)
-        return UnitResult(
-            status=UnitStatus(reply["status"]), outputs=reply.get("outputs", []), message=reply.get("message", ""),
-            cached=reply.get("cached", False), seconds=time.perf_counter() - started, key=reply.get("key", ""),
-            library=reply.get("library", ""), failed_op=reply.get("failed_op", ""),
-            suspects=reply.get("suspects", []),
-            upstream=reply.get("upstream", {}), unit_keys=reply.get("unit_keys", []),
-            deferred=reply.get("deferred", []), also_kept=reply.get("also_kept", {}))
+        result = reply.result
+        result.seconds = time.perf_counter() - started
+        return result
 
     def _ensure_started(self) -> None:
         """A running worker: forked from the zygote where there is one (its pid asked for only when

@@ -63,10 +63,12 @@ class CacheReport:
 
     compiled: int = 0
     reused: int = 0
+    compiled_ahead: int = 0  # of `compiled`: built speculatively for a later phase (`Lanes.build_ahead`)
     compiled_keys: list[str] = field(default_factory=list)  # in the order they were built
     keys: set[str] = field(default_factory=set)  # every distinct key a unit had
 
-    def add(self, result: UnitResult) -> None:
+    def add(self, result: UnitResult, ahead: bool = False) -> None:
+        """`ahead`: a speculative build (the phase it was for may never come)."""
         units = result.unit_keys or ([(result.key, result.cached)] if result.key else [])  # a chain: its units
         for key, cached in units:  # (a unit without a key did not compile, or was compile-only)
             self.keys.add(key)
@@ -74,6 +76,7 @@ class CacheReport:
                 self.reused += 1
             else:
                 self.compiled += 1
+                self.compiled_ahead += ahead
                 self.compiled_keys.append(key)
 
 
@@ -171,10 +174,11 @@ class Lanes:
 
     def stop_beside(self) -> None:
         """Kill the side worker (a search interrupted while its chain runs): the waiting thread
-        gets a crash result, and the next request starts a fresh worker."""
+        gets a crash result, and the next request starts a fresh worker. Killed only: the thread that
+        runs its request reaps it (two threads reaping one worker close its pipe twice: EBADF, or a
+        descriptor another lane opened since)."""
         if self._side is not None:
-            self._side.interrupted = True  # (its crash is no fault to run again)
-            self._side.stop(kill=True)
+            self._side.interrupt()  # (interrupted: its crash is no fault to run again)
 
     def build_ahead(self, requests: list[UnitRequest]) -> None:
         """Compile units a later phase may run (a search's fused probes) into the cache, one after
@@ -198,7 +202,7 @@ class Lanes:
                         return
                     result = worker.run(request.prepared(ahead=True))
                     with self._counting:
-                        self.cache.add(result)  # libraries compiled (not units run: no probe of the search's)
+                        self.cache.add(result, ahead=True)  # libraries compiled (not units run: no probe of the search's)
             finally:  # stopped: a worker it started again after the stop's kill is killed too
                 worker.stop(kill=stop.is_set())
 

@@ -148,9 +148,19 @@ class UnitResult:
     unit_keys: list[tuple[str, bool]] = field(default_factory=list)  # a chain's units: (cache key, from the cache)
     deferred: list[str] = field(default_factory=list)  # a batch's units skipped, not built yet (`defer_unbuilt`)
     also_kept: dict[str, list[np.ndarray]] = field(default_factory=dict)  # a screening chain's `also_keep` values
+    read_ahead: int = 0  # a chain: recorded values its worker read ahead while it waited for a build
     poisoned: bool = False  # it ended in a fault that can poison its process (`poisons_worker`): that worker is retired
     fresh_rerun: bool = False  # the first attempt's fault may have been inherited: this is the run in a fresh worker
 
     @property
     def ok(self) -> bool:
         return self.status == UnitStatus.OK
+
+
+@dataclass
+class WorkerReply:
+    """What a worker sends back for a request: its result, and the worker's resident memory (the
+    executor replaces a worker that grew too much: `TargetExecutor._recycle_if_grown`)."""
+
+    result: UnitResult
+    rss: int | None = None

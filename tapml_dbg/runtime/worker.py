@@ -14,8 +14,6 @@ if __name__ == "__main__":  # a worker process: it never uses torch (starts in ~
 
 import os
 import sys
-import time
-import traceback
 from contextlib import nullcontext
 from dataclasses import replace
 from functools import partial
@@ -28,7 +26,7 @@ from tapml_dbg.portable import PortableError, Runner, flatten, one_line
 from tapml_dbg.portable.screen import clearly_passes
 from tapml_dbg.runtime.compile_cache import (CacheEntry, CompiledUnit, KeyLedger, compile_only, compile_unit,
                                              environment_scope, load_transform, transform_identity, unit_id)
-from tapml_dbg.runtime.messages import ChainRequest, UnitRequest, UnitStatus, WorkerConfig
+from tapml_dbg.runtime.messages import ChainRequest, UnitRequest, UnitResult, UnitStatus, WorkerConfig, WorkerReply
 from tapml_dbg.runtime.target import NO_DEVICE_HINT, parse_target
 from tapml_dbg.trace import TraceReader
 from tapml_dbg.trace.read_ahead import ReadAhead
@@ -53,7 +51,7 @@ def worker_main(conn, config: WorkerConfig, log_path: str | None = None) -> None
             return
         if message is None:
             return
-        conn.send(state.handle(message) | {"rss": own_rss()})
+        conn.send(WorkerReply(state.handle(message), own_rss()))
 
 
 def own_rss() -> int | None:
@@ -108,17 +106,16 @@ class _WorkerState:
         except Exception:  # noqa: BLE001 - reported by the first unit, as without the warm-up
             pass
 
-    def handle(self, request: UnitRequest | ChainRequest) -> dict:
+    def handle(self, request: UnitRequest | ChainRequest) -> UnitResult:
         self.known = {}  # unit id -> its library, found in this request (a chain runs a kind of op many times)
         self.identity = None  # the transform's, read once a request
         if isinstance(request, ChainRequest):
             return self._chain(request)
         return self._unit(request)
 
-    def _chain(self, chain: ChainRequest) -> dict:
+    def _chain(self, chain: ChainRequest) -> UnitResult:
         """Each unit in turn, fed the earlier units' outputs on the device; the kept ones come back
         (a screening chain: it stops at the first suspect, see `ChainRequest`)."""
-        started = time.perf_counter()
         self.chain_values = {}
         try:
             self._trace()  # open here: the read-ahead's plan only looks things up in it
@@ -138,17 +135,17 @@ class _WorkerState:
                         deferred.append(name)
                         continue
                 reply = self._unit(unit, keep_on_device=True, sync=chain.sync_each)
-                if reply["status"] == UnitStatus.TRACE_ERROR:  # the trace's own one-line message
+                if reply.status == UnitStatus.TRACE_ERROR:  # the trace's own one-line message
                     return reply
-                if reply["status"] != UnitStatus.OK:
-                    return reply | {"failed_op": name, "message": f"op {name}: {reply.get('message', '')}",
-                                    "outputs": [kept[s] for s in suspects], "suspects": suspects, "deferred": deferred,
-                                    "upstream": upstream, "unit_keys": keys}
-                keys.append((reply["key"], reply["cached"]))
+                if not reply.ok:
+                    return replace(reply, failed_op=name, message=f"op {name}: {reply.message}",
+                                   outputs=[kept[s] for s in suspects], suspects=suspects, deferred=deferred,
+                                   upstream=upstream, unit_keys=keys)
+                keys.append((reply.key, reply.cached))
                 if not chain.independent:
-                    self.chain_values[name] = reply["outputs"][0]
+                    self.chain_values[name] = reply.outputs[0]
                 if chain.screen is not None and name not in chain.accept:
-                    values = [value.numpy() for value in reply["outputs"][0]]
+                    values = [value.numpy() for value in reply.outputs[0]]
                     if name in chain.unscreened or not self._clear(name, values, chain.screen):
                         suspects.append(name)
                         kept[name] = values
@@ -157,18 +154,18 @@ class _WorkerState:
                         if len(suspects) >= chain.suspects:
                             break
                 elif name in wanted:
-                    kept[name] = [value.numpy() for value in reply["outputs"][0]]
+                    kept[name] = [value.numpy() for value in reply.outputs[0]]
                 if chain.screen is not None and name in chain.also_keep:
-                    also_kept[name] = [value.numpy() for value in reply["outputs"][0]]
+                    also_kept[name] = [value.numpy() for value in reply.outputs[0]]
                 for done in last_use.pop(position, ()):  # no later unit reads it: free the device memory
                     self.chain_values.pop(done, None)
             names = suspects if chain.screen is not None else [name for name in chain.keep if name in kept]
-            return {"status": UnitStatus.OK, "outputs": [kept[name] for name in names], "suspects": suspects,
-                    "deferred": deferred, "upstream": upstream, "unit_keys": keys,
-                    "cached": all(cached for _key, cached in keys), "also_kept": also_kept,
-                    "seconds": time.perf_counter() - started, "read_ahead": self.read_ahead.read_ahead}
+            return UnitResult(UnitStatus.OK, outputs=[kept[name] for name in names], suspects=suspects,
+                              deferred=deferred, upstream=upstream, unit_keys=keys,
+                              cached=all(cached for _key, cached in keys), also_kept=also_kept,
+                              read_ahead=self.read_ahead.read_ahead)
         except TraceError as exc:  # a corrupt recorded value the screen read: the trace's own message
-            return {"status": UnitStatus.TRACE_ERROR, "message": str(exc)}
+            return UnitResult(UnitStatus.TRACE_ERROR, message=str(exc))
         finally:
             self.chain_values = {}
             if self.read_ahead is not None:
@@ -223,32 +220,29 @@ class _WorkerState:
             return False
         return clearly_passes(values, self._recorded(index), rule)
 
-    def _unit(self, request: UnitRequest, keep_on_device: bool = False, sync: bool = False) -> dict:
+    def _unit(self, request: UnitRequest, keep_on_device: bool = False, sync: bool = False) -> UnitResult:
         """Compile (or load) and run one unit. `sync`: wait for the device before replying, so that an
         asynchronous kernel fault is this unit's error (a chain kept on the device runs on otherwise)."""
         spec = self.config.spec
-        started = time.perf_counter()
         try:
             if request.compile_only:
                 compile_only(request.unit_json, spec.target, spec.transform)  # raises without device code
-                return {"status": UnitStatus.OK, "outputs": [],
-                        "seconds": time.perf_counter() - started}
+                return UnitResult(UnitStatus.OK)
             compiled = self._compiled(request)
         except (TapmlError, PortableError) as exc:
-            return {"status": UnitStatus.COMPILE_ERROR, "message": str(exc)}
+            return UnitResult(UnitStatus.COMPILE_ERROR, message=str(exc))
         except Exception as exc:
-            return {"status": UnitStatus.COMPILE_ERROR, "message": one_line(exc), "detail": traceback.format_exc()}
+            return UnitResult(UnitStatus.COMPILE_ERROR, message=one_line(exc))
         # (a unit left to the worker building it is not one this request compiled)
-        done = {"status": UnitStatus.OK, "cached": compiled.cached or compiled.elsewhere, "key": compiled.key,
-                "library": str(compiled.path), "compile_seconds": time.perf_counter() - started}
+        done = UnitResult(UnitStatus.OK, cached=compiled.cached or compiled.elsewhere, key=compiled.key,
+                          library=str(compiled.path))
         if request.prepare:
-            return done | {"outputs": []}
-        compiled_at = time.perf_counter()
+            return done
         try:
             runner = self._runner()
             runner.device()
         except (TapmlError, PortableError) as exc:
-            return {"status": UnitStatus.TARGET_LOST, "message": str(exc)}
+            return UnitResult(UnitStatus.TARGET_LOST, message=str(exc))
         try:
             vm = self._load(runner, request, compiled)
             args = [self._argument(ref) for ref in request.inputs]
@@ -258,17 +252,17 @@ class _WorkerState:
             if sync:
                 runner.device().sync()
         except TraceError as exc:  # a corrupt recorded value: the user's to know, not the op's verdict
-            return {"status": UnitStatus.TRACE_ERROR, "message": str(exc)}
+            return UnitResult(UnitStatus.TRACE_ERROR, message=str(exc))
         except (TapmlError, PortableError) as exc:
-            return {"status": UnitStatus.ERROR, "message": str(exc)}
+            return UnitResult(UnitStatus.ERROR, message=str(exc))
         except Exception as exc:
             if runner.is_remote and (_looks_like_lost_connection(exc) or not runner.alive()):
                 self._forget_remote()
-                return {"status": UnitStatus.TARGET_LOST,
-                        "message": f"lost the RPC connection to {spec.rpc or spec.tracker} ({one_line(exc)}); the "
-                                   "next command reconnects once the server is back"}
-            return {"status": UnitStatus.ERROR, "message": one_line(exc), "detail": traceback.format_exc()}
-        return done | {"outputs": outputs, "run_seconds": time.perf_counter() - compiled_at}
+                return UnitResult(UnitStatus.TARGET_LOST,
+                                  message=f"lost the RPC connection to {spec.rpc or spec.tracker} ({one_line(exc)}); "
+                                          "the next command reconnects once the server is back")
+            return UnitResult(UnitStatus.ERROR, message=one_line(exc))
+        return replace(done, outputs=outputs)
 
     def _compiled(self, request: UnitRequest, rebuild: bool = False, build: bool = True) -> CompiledUnit:
         """The unit's library: the one a compile lane named, or whose key another worker of the
