@@ -82,6 +82,7 @@ class Session:
         self.policy = policy or TolerancePolicy()
         # the live source reference: float64 references, undefined values, type changes (engine/references.py)
         self.reference = SourceReference(reader, self.ops, self.main, load_source_graph(reader))
+        self._tolerance_dtypes: dict[int, str | None] = {}  # op index -> `tolerance_dtype`
         self.requests = RequestBuilder(reader, self.main, self.ops, self.reference.replay_casts(), graph)
         self.isolated_verdicts = IsolatedVerdicts(self.ops, self.requests, self.lanes, self.judge)
         self._mixed_runner: MixedRunner | None = None
@@ -220,9 +221,15 @@ class Session:
         return self.reader.op_outputs(index)
 
     def tolerance_dtype(self, index: int) -> str | None:
-        """The source's own dtype when the recorder had to cast its value (e.g. fp16 mm -> fp32)."""
-        note = self.reader.op_note(index) if index in self.recorded else ""
-        return note[len(CAST_NOTE_PREFIX):] if note.startswith(CAST_NOTE_PREFIX) else None
+        """The source's own dtype when the recorder had to cast its value (e.g. fp16 mm -> fp32): an
+        older trace's note. A trace with its source graph keeps its own values and lists type changes
+        in the graph (engine/references.py): no note to read (a search asks for every op's)."""
+        if self.reference.graph is not None:
+            return None
+        if index not in self._tolerance_dtypes:
+            note = self.reader.op_note(index) if index in self.recorded else ""
+            self._tolerance_dtypes[index] = note[len(CAST_NOTE_PREFIX):] if note.startswith(CAST_NOTE_PREFIX) else None
+        return self._tolerance_dtypes[index]
 
     def judge(self, index: int, mode: Mode, result: UnitResult, outputs: list[np.ndarray] | None,
               rerun: list[np.ndarray] | None = None, fed_by_target: set[str] | None = None) -> Verdict:

@@ -29,14 +29,30 @@ class UnitSpec:
 def bindings_by_name(main) -> dict:
     """Binding name -> binding of `main`; the last function's table is kept (walking a big `main`
     through TVM's containers is not free, and a sweep builds one unit per op; docs/perf.md)."""
-    if _last_table and _last_table[0] is main:
-        return _last_table[1]
-    table = {b.var.name: b for block in main.body.blocks for b in block.bindings}
-    _last_table[:] = [main, table]
-    return table
+    return _tables(main)[0]
 
 
-_last_table: list = []  # [main, its table]: IR is immutable, so the same object has the same table
+def _tables(main) -> tuple[dict, dict, dict]:
+    """`main`'s bindings and parameters by name, and the JSON of each tensor-typed variable's type
+    (None: not a tensor), filled as asked (a search slices one unit per op: each looks its inputs up)."""
+    if not (_last_table and _last_table[0] is main):
+        bindings = {b.var.name: b for block in main.body.blocks for b in block.bindings}
+        _last_table[:] = [main, (bindings, {param.name: param for param in main.params}, {})]
+    return _last_table[1]
+
+
+def _tensor_type_json(main, var: str) -> dict | None:
+    """The JSON of variable `var`'s type when it is a tensor, else None (remembered with `_tables`)."""
+    table, params, types = _tables(main)
+    if var not in types:
+        from tvm import relax
+
+        ty = table[var].var.ty if var in table else params[var].ty if var in params else None
+        types[var] = type_to_json(ty) if isinstance(ty, relax.TensorType) else None
+    return types[var]
+
+
+_last_table: list = []  # [main, its tables]: IR is immutable, so the same object has the same tables
 
 
 def build_unit(main, op_names: list[str], outputs: list[str], input_per_use: bool = False):
@@ -96,22 +112,16 @@ def one_op_json(main, graph: dict, name: str) -> tuple[dict, UnitSpec] | None:
     """Op `name` alone as a unit, in model/serialize's JSON: what `build_unit` + `function_to_json` make
     of it, sliced from the stored graph's own JSON instead (a search builds one per op, and the slice
     costs a tenth). None where a slice is not that simple (a tuple-typed input, a match_cast)."""
-    from tvm import relax
-
     stored = _stored_bindings(graph).get(name)
     if stored is None or "match_cast" in stored:
         return None
     inputs = [var for var in _referenced(stored["value"]) if var != name]
-    table = bindings_by_name(main)
-    params = {param.name: param for param in main.params}
-    types = []
-    for var in inputs:
-        ty = table[var].var.ty if var in table else params[var].ty if var in params else None
-        if ty is None or not isinstance(ty, relax.TensorType):
-            return None
-        types.append(type_to_json(ty))
+    types = [_tensor_type_json(main, var) for var in inputs]
+    if any(ty is None for ty in types):
+        return None
     unit = {"schema": graph["schema"], "num_input": len(inputs),
-            "params": [{"name": var, **ty} for var, ty in zip(inputs, types)],
+            "params": [{"name": var, "shape": list(ty["shape"]), "dtype": ty["dtype"]}
+                       for var, ty in zip(inputs, types)],
             "bindings": [{"name": name, "value": stored["value"]}], "output": {"tuple": [{"var": name}]}}
     return unit, UnitSpec(ops=[name], outputs=[name], inputs=[(var, -1) for var in inputs])
 

@@ -24,7 +24,7 @@ import tempfile
 import threading
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Protocol
+from typing import Callable, Protocol
 
 from tapml_dbg import settings
 from tapml_dbg.errors import TargetError, TraceError, UsageError
@@ -180,14 +180,16 @@ class Lanes:
         if self._side is not None:
             self._side.interrupt()  # (interrupted: its crash is no fault to run again)
 
-    def build_ahead(self, requests: list[UnitRequest]) -> None:
+    def build_ahead(self, plan: Callable[[], list[UnitRequest]]) -> None:
         """Compile units a later phase may run (a search's fused probes) into the cache, one after
         another on a worker of their own at a low priority (AHEAD_NICENESS), while the caller goes on:
         on a machine whose cores the search leaves idle part of the time (the chain compiles one unit
         after another), the phase then finds them built. A unit another worker is building is left to
-        it; a failure is left to the unit's run to report. Where there is no core to spare: nothing."""
+        it; a failure is left to the unit's run to report. Where there is no core to spare: nothing.
+        `plan()` names the units, called on the builder's thread: working out which units a
+        generation's thousands of ops need is not the caller's to wait for (its chain starts now)."""
         self.stop_ahead()
-        if not requests or not self.has_side:
+        if not self.has_side:
             return
         config = self.pool.config
         host = config.spec.with_options(rpc=None, tracker=None, key=None)  # it never opens a device
@@ -197,12 +199,12 @@ class Lanes:
 
         def build() -> None:
             try:
-                for request in requests:
+                for request in plan():
                     if stop.is_set():
                         return
                     result = worker.run(request.prepared(ahead=True))
                     with self._counting:
-                        self.cache.add(result, ahead=True)  # libraries compiled (not units run: no probe of the search's)
+                        self.cache.add(result, ahead=True)  # libraries built, no probe of the search
             finally:  # stopped: a worker it started again after the stop's kill is killed too
                 worker.stop(kill=stop.is_set())
 

@@ -24,7 +24,7 @@ import threading
 
 import h5py
 import numpy as np
-from h5py import h5a, h5d, h5g, h5l, h5o, h5pl
+from h5py import h5a, h5d, h5g, h5l, h5o, h5pl, h5s
 
 from tapml_dbg.trace import schema as S
 from tapml_dbg.trace.validate import SchemaError
@@ -173,12 +173,12 @@ def _dtype_text(dtype) -> str:
 def check_storage(ds: h5py.Dataset, part: str, file_size: int) -> None:
     """Refuse, before reading, a dataset stored outside the file, filtered by anything but the
     allowed filters, of a non-numeric type, or declaring more bytes than the file can hold."""
-    if ds.is_virtual:
+    plist = ds.id.get_create_plist()  # (the low-level calls: a search checks thousands of datasets)
+    layout = plist.get_layout()
+    if layout == h5d.VIRTUAL:
         raise SchemaError(part, "it is a virtual dataset (data mapped from other files); a trace holds its own data")
-    plist = ds.id.get_create_plist()
     if plist.get_external_count():
         raise SchemaError(part, "its data is stored in an external file; a trace holds its own data")
-    layout = plist.get_layout()
     if layout not in _LAYOUTS:
         raise SchemaError(part, f"it has storage layout {layout}, which a trace does not use")
     for k in range(plist.get_nfilters()):
@@ -186,10 +186,10 @@ def check_storage(ds: h5py.Dataset, part: str, file_size: int) -> None:
         if code not in S.ALLOWED_FILTERS:
             raise SchemaError(part, f"it is filtered by HDF5 filter {code}, which is not one of "
                                     f"{', '.join(S.ALLOWED_FILTERS.values())}; refusing to load a plugin for it")
-    dtype = ds.dtype
+    dtype = ds.id.dtype
     if dtype.kind not in "iuf" or dtype.itemsize not in (1, 2, 4, 8):
         raise SchemaError(part, f"it holds {_dtype_text(dtype)}, not plain numbers")
-    shape = ds.shape
+    shape = ds.id.shape
     if shape is None:
         raise SchemaError(part, "it has no dataspace (an empty HDF5 dataset)")
     if len(shape) > S.MAX_NDIM:
@@ -215,7 +215,11 @@ def check_storage(ds: h5py.Dataset, part: str, file_size: int) -> None:
 def read_array(ds: h5py.Dataset, part: str, file_size: int) -> np.ndarray:
     """The dataset's values, after `check_storage`, as a C-contiguous array in the file's byte order."""
     check_storage(ds, part, file_size)
-    return np.asarray(ds[()])
+    dataset = ds.id
+    array = np.empty(dataset.shape, dataset.dtype)  # the file's dtype, byte order included
+    if array.size:
+        dataset.read(h5s.ALL, h5s.ALL, array)
+    return array
 
 
 def stored_checksum(ds: h5py.Dataset, part: str, required: bool) -> int | None:

@@ -281,10 +281,11 @@ class TraceReader:
         part = f"op {index}'s outputs"
 
         def load():
-            names = list(group)
-            if set(names) != {str(k) for k in range(len(names))}:
+            count = group.id.get_num_objs()  # named 0..count-1: each of those there, and no other
+            if not all(group.id.links.exists(str(k).encode()) for k in range(count)):
+                names = list(group)
                 raise SchemaError(part, f"they are named {sorted(names)[:8]}, not 0..{len(names) - 1}")
-            return [h5safe.child(group, str(k), h5py.Dataset, _output_part(index, k)) for k in range(len(names))]
+            return [h5safe.child(group, str(k), h5py.Dataset, _output_part(index, k)) for k in range(count)]
         return self._guard(part, load)
 
     # ---- tensors -----------------------------------------------------------------------
@@ -293,8 +294,9 @@ class TraceReader:
             dtype = h5safe.attr_str(ds, S.ATTR_DTYPE, part, self.file_size)
             V.validate_dtype(dtype, part, "@dtype")
             want = S.storage_dtype(dtype)
-            if ds.dtype.newbyteorder("=") != want:
-                raise SchemaError(part, f"it is declared {dtype} but stored as {ds.dtype} (expected {want})")
+            stored = ds.id.dtype
+            if stored.newbyteorder("=") != want:
+                raise SchemaError(part, f"it is declared {dtype} but stored as {stored} (expected {want})")
             return S.from_stored(self._verified_array(ds, part), dtype)
         return self._guard(part, load)
 
