@@ -244,7 +244,7 @@ class Bisection:
                             also_keep={self.output} if self.output else set())
         # on idle cycles while the chain runs: phase 2's first probes, then the chain's units from its end
         # (the chain builds them from its start: the two meet halfway)
-        self.session.lanes.build_ahead(lambda: self._probes_ahead() + chain.units_to_build()[::-1])
+        self.session.lanes.build_ahead(self._probes_ahead() + chain.units_to_build()[::-1])
         beside = self._chain_beside_sweep(chain) if self.sweep_enabled and self.session.lanes.has_side else None
         self.chain = chain.run(beside)
         self.search_trace.probes.extend(self.chain.probes)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import math
 import re
+import threading
 
 import numpy as np
 
@@ -72,6 +73,11 @@ def without_names(data: dict) -> dict:
     return renamed(data)
 
 
+# TVM's BlockBuilder keeps one scope stack per process: a unit built on one thread while another is
+# built elsewhere breaks both ("assert BlockBuilder._stack[-1] is self"). Every builder holds this.
+BUILDING = threading.RLock()
+
+
 def function_from_json(data: dict):
     """Rebuild the function with a BlockBuilder, which re-infers every binding's type."""
     from tvm import relax
@@ -87,17 +93,18 @@ def function_from_json(data: dict):
         env: dict[str, object] = {}
         params = [relax.Var(p["name"], _type_from_json(p)) for p in data["params"]]
         env.update({p.name: p for p in params})
-        builder = relax.BlockBuilder()
-        with builder.function("main", params, attrs={"num_input": int(data["num_input"])}, pure=True):
-            for binding in data["bindings"]:
-                value = _expr_from_json(binding["value"], env)
-                if "match_cast" in binding:
-                    env[binding["name"]] = builder.match_cast(value, _type_from_json(binding["match_cast"]),
-                                                              binding["name"])
-                else:
-                    env[binding["name"]] = builder.emit(value, binding["name"])
-            builder.emit_func_output(_expr_from_json(data["output"], env))
-        return builder.get()["main"]
+        with BUILDING:
+            builder = relax.BlockBuilder()
+            with builder.function("main", params, attrs={"num_input": int(data["num_input"])}, pure=True):
+                for binding in data["bindings"]:
+                    value = _expr_from_json(binding["value"], env)
+                    if "match_cast" in binding:
+                        env[binding["name"]] = builder.match_cast(value, _type_from_json(binding["match_cast"]),
+                                                                  binding["name"])
+                    else:
+                        env[binding["name"]] = builder.emit(value, binding["name"])
+                builder.emit_func_output(_expr_from_json(data["output"], env))
+            return builder.get()["main"]
     except TraceError:
         raise
     except Exception as exc:

@@ -14,7 +14,7 @@ import threading
 from dataclasses import dataclass, field
 
 from tapml_dbg.model.graph import TensorSpec
-from tapml_dbg.model.serialize import type_to_json
+from tapml_dbg.model.serialize import BUILDING, type_to_json
 
 
 @dataclass
@@ -99,12 +99,13 @@ def build_unit(main, op_names: list[str], outputs: list[str], input_per_use: boo
         bindings = [_rebind(b, remap) for b in chosen] if remap else list(chosen)
     bindings = prologue + bindings
     result_vars = [table[name].var for name in outputs]
-    builder = relax.BlockBuilder()
-    with builder.function("main", params, attrs={"num_input": len(params)}, pure=True):
-        for binding in bindings:
-            builder.emit_normalized(binding)
-        builder.emit_func_output(relax.Tuple(result_vars))
-    func = builder.get()["main"]
+    with BUILDING:  # (a search's threads build units side by side)
+        builder = relax.BlockBuilder()
+        with builder.function("main", params, attrs={"num_input": len(params)}, pure=True):
+            for binding in bindings:
+                builder.emit_normalized(binding)
+            builder.emit_func_output(relax.Tuple(result_vars))
+        func = builder.get()["main"]
     return func, UnitSpec(ops=list(op_names), outputs=list(outputs), inputs=spec_inputs)
 
 

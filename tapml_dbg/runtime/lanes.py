@@ -24,7 +24,7 @@ import tempfile
 import threading
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Protocol
 
 from tapml_dbg import settings
 from tapml_dbg.errors import TargetError, TraceError, UsageError
@@ -180,16 +180,16 @@ class Lanes:
         if self._side is not None:
             self._side.interrupt()  # (interrupted: its crash is no fault to run again)
 
-    def build_ahead(self, plan: Callable[[], list[UnitRequest]]) -> None:
+    def build_ahead(self, requests: list[UnitRequest]) -> None:
         """Compile units a later phase may run (a search's fused probes) into the cache, one after
         another on a worker of their own at a low priority (AHEAD_NICENESS), while the caller goes on:
         on a machine whose cores the search leaves idle part of the time (the chain compiles one unit
         after another), the phase then finds them built. A unit another worker is building is left to
         it; a failure is left to the unit's run to report. Where there is no core to spare: nothing.
-        `plan()` names the units, called on the builder's thread: working out which units a
-        generation's thousands of ops need is not the caller's to wait for (its chain starts now)."""
+        (The requests are the caller's to make: units are built with TVM's BlockBuilder, whose scope
+        stack is one per process, so no second thread may build units while the caller does.)"""
         self.stop_ahead()
-        if not self.has_side:
+        if not requests or not self.has_side:
             return
         config = self.pool.config
         host = config.spec.with_options(rpc=None, tracker=None, key=None)  # it never opens a device
@@ -199,7 +199,7 @@ class Lanes:
 
         def build() -> None:
             try:
-                for request in plan():
+                for request in requests:
                     if stop.is_set():
                         return
                     result = worker.run(request.prepared(ahead=True))
