@@ -69,6 +69,22 @@ def test_a_planted_elementwise_fault_minimizes_to_a_handful_of_elements(planted_
     assert clean_run.returncode == 0, clean_run.stdout + clean_run.stderr
 
 
+def test_a_fused_unit_with_a_weight_minimizes_only_to_shapes_the_host_can_follow(planted_mlp, tmp_path):
+    """`dump --ops addmm_2:gelu_1 --minimize`: the matmul's weight is not cut with the unit's inputs, so
+    the host's float64 reference keeps the full width at some candidate shapes; such a candidate
+    is not judged (it used to fail `worst element` with an IndexError) and the repro still fails."""
+    session = fresh(planted_mlp)  # faults.py:scale on gelu_1 (x1.01)
+    first = session.by_name[PLANTED_OP].index - 1
+    result = dump_op(session, PLANTED_OP, tmp_path / "fused", ops=f"{first}:{first + 2}", minimize=True)
+    shrunk = result.minimized
+    assert shrunk.best is not None and shrunk.best.failed and shrunk.elements < sum(
+        int(np.prod(s)) for s in shrunk.full_shapes)
+    worst = json.loads((tmp_path / "fused" / "meta.json").read_text())["minimized"]["worst"]
+    assert worst is not None and worst["output"] == 0
+    reproduced = run_repro(tmp_path / "fused", tmp_path)
+    assert reproduced.returncode == 1, reproduced.stdout + reproduced.stderr
+
+
 def test_the_fp16_softmax_finding_minimizes_to_a_small_repro_that_still_fails(demo_session, tmp_path, monkeypatch):
     monkeypatch.setattr(minimize_module, "MAX_PROBES", SOFTMAX_PROBES)
     result = dump_op(fresh(demo_session), "_softmax", tmp_path / "softmax", minimize=True)

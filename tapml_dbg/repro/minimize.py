@@ -225,6 +225,8 @@ class Minimizer:
         if not result.ok:  # a crash or compile error at a smaller shape is not the divergence being minimized
             raise NotMinimizable(f"the unit did not run at {candidate.shapes}: {result.message}")
         outputs = candidate.outputs = result.outputs[0]
+        if [np.shape(t) for t in outputs] != [np.shape(e) for e in candidate.expected]:
+            raise NotMinimizable(f"the host reference at {candidate.shapes} does not have the unit's output shapes")
         candidate.metrics = [lib.compare(t, e, rtol, atol) for t, e, (rtol, atol)
                              in zip(outputs, candidate.expected, self.tolerances)]
         candidate.failed = any(not m["passed"] for m in candidate.metrics)
