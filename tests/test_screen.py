@@ -9,6 +9,7 @@ import pytest
 from conftest import fault_transform
 from tapml_dbg.judge.compare import PolicyKind, Tolerance, TolerancePolicy, compare_output
 from tapml_dbg.judge.screen import clearly_passes, rule_for
+from tapml_dbg.engine.isolated import SweepPlan
 from tapml_dbg.engine.session import Session
 from tapml_dbg.judge.verdict import ISOLATED
 
@@ -91,7 +92,8 @@ def test_a_searching_sweep_stops_each_batch_at_its_first_suspect(traces, tmp_pat
     with Session.open(path, transform=fault_transform(tmp_path, "scale", fault.name), policy=policy) as session:
         sweep = session.isolated_verdicts
         before = session.lanes.units
-        failing = sweep.lowest_failing(swept, screen=session.screen_rule(ISOLATED), unscreened=session.unscreened())
+        failing = sweep.lowest_failing(swept, SweepPlan(screen=session.screen_rule(ISOLATED),
+                                                          unscreened=session.unscreened()))
         assert failing is not None and failing.index == fault.index
         assert session.lanes.units - before == 3  # one batch, stopped at each passing suspect, then at the fault
         below, above = [i for i in swept if i < fault.index], [i for i in swept if i > fault.index]
@@ -122,8 +124,9 @@ def test_a_sweep_beside_compiles_ahead_runs_the_built_units_first_and_the_others
 
         session.lanes.counted = counting
         rest = [i for i in swept if i not in built]
-        sweep.fill(rest, stop_at_failure=True, screen=session.screen_rule(ISOLATED), compiled=True,
-                   unscreened=session.unscreened(), building=lambda: True)  # nobody builds: all left to the end
+        sweep.fill(rest, SweepPlan(screen=session.screen_rule(ISOLATED), unscreened=session.unscreened(),
+                                   stop_at_failure=True, compiled=True,
+                                   building=lambda: True))  # nobody builds: all left to the end
         first_skipped, first_ran = deferred[0]
         assert first_skipped and first_ran  # the ops of a built unit's copy ran, the others were skipped ...
         assert all(cached for _key, cached in first_ran)  # ... so the first batch built nothing, waited for nothing

@@ -10,6 +10,7 @@ as they are built; a crash is that op's verdict only.
 from __future__ import annotations
 
 from collections import OrderedDict
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from tapml_dbg.engine.requests import RequestBuilder
@@ -28,6 +29,31 @@ Progress = Callable[..., None]
 
 def _noop(*_args, **_kwargs) -> None:
     return None
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    """How a sweep of isolated verdicts runs (the ops themselves are `fill`'s first argument).
+
+    `screen`: ops whose outputs clearly pass it get no verdict, only the knowledge that they pass
+    (judge/screen.py): what a search needs, at a fraction of the cost; the ops then run SWEEP_BATCH to
+    a request. `unscreened`: ops only a full verdict may judge. `stop_at_failure`: units above the first
+    failing op are not started (the lowest failing op is then the one a sequential sweep finds,
+    whatever the lane count). `compiled`: the units' libraries are cached already
+    (`Runtime.dispatch`). `also`: ops whose verdict is wanted anyway (a bisect's candidate): their
+    units go first and are never cancelled. `bound()`, asked after each result: the highest op still
+    wanted, once it is known (None: all of them). `building()`: compile lanes are building units
+    ahead; while they do, a batch skips the ops whose units are not built yet instead of waiting for
+    them, and those ops run once everything else has.
+    """
+
+    screen: ScreenRule | None = None
+    unscreened: frozenset[str] | set[str] = frozenset()
+    stop_at_failure: bool = False
+    compiled: bool = False
+    also: tuple[int, ...] = ()
+    bound: Callable[[], int | None] | None = None
+    building: Callable[[], bool] | None = None
 
 
 class IsolatedVerdicts:
@@ -76,40 +102,24 @@ class IsolatedVerdicts:
                 self.failed_runs.popitem(last=False)
         return verdict
 
-    def lowest_failing(self, indices: list[int], progress: Progress = _noop, also: list[int] = (),
-                       screen: ScreenRule | None = None, compiled: bool = False,
-                       unscreened: set[str] = frozenset()) -> Verdict | None:
-        """The sweep: verdicts for `indices` until the lowest failing one is known; that verdict, if any.
-
-        `also`: ops whose verdict is wanted anyway (the bisect candidate); their units go first and
-        are never cancelled. `screen`: ops whose outputs clearly pass it get no verdict, only the
-        knowledge that they pass (judge/screen.py): what a search needs, at a fraction of the cost;
-        the ops are then run SWEEP_BATCH to a request. `compiled`: the units' libraries are cached
-        already (`Runtime.dispatch`). `unscreened`: ops only a full verdict may judge.
-        """
-        self.fill(indices, progress, stop_at_failure=True, also=also, screen=screen, compiled=compiled,
-                  unscreened=unscreened)
+    def lowest_failing(self, indices: list[int], plan: SweepPlan = SweepPlan(),
+                       progress: Progress = _noop) -> Verdict | None:
+        """The sweep: verdicts for `indices` until the lowest failing one is known; that verdict, if any
+        (`plan`, its `stop_at_failure` set)."""
+        self.fill(indices, replace(plan, stop_at_failure=True), progress)
         for index in indices:
             verdict = self.cache.get(index)
             if verdict is not None and verdict.failed:
                 return verdict
         return None
 
-    def fill(self, indices: list[int], progress: Progress = _noop, stop_at_failure: bool = False,
-             also: list[int] = (), screen: ScreenRule | None = None,
-             bound: Callable[[], int | None] | None = None, compiled: bool = False,
-             unscreened: set[str] = frozenset(), building: Callable[[], bool] | None = None) -> None:
-        """Fill the cache for `indices`: one unit per op (a batch of them per request when
-        screened), lowest first, over all lanes.
-
-        With `stop_at_failure`, units above the first failing op are not started: the lowest
-        failing op is then the one a sequential sweep finds, whatever the lane count. `bound`,
-        asked after each result: the highest op still wanted, once it is known (None: all of them).
-        A batch that fails part-way runs its remaining ops one unit each, so that a crash is one
-        op's verdict. `building()`: compile lanes are building units ahead; while they do, a batch
-        skips the ops whose units are not built yet instead of waiting for them, and those ops run
-        once everything else has (after a transform edit, the ops of the kinds it changed).
+    def fill(self, indices: list[int], plan: SweepPlan = SweepPlan(), progress: Progress = _noop) -> None:
+        """Fill the cache for `indices` as `plan` says: one unit per op (a batch of them per request
+        when screened), lowest first, over all lanes. A batch that fails part-way runs its remaining
+        ops one unit each, so that a crash is one op's verdict.
         """
+        screen, unscreened, stop_at_failure = plan.screen, plan.unscreened, plan.stop_at_failure
+        also, bound, compiled, building = plan.also, plan.bound, plan.compiled, plan.building
         first = [i for i in dict.fromkeys(also) if i not in self.cache]
         known = self.screened if screen is not None else set()
         todo = [i for i in dict.fromkeys(indices)

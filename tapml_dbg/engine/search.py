@@ -37,12 +37,13 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from tapml_dbg.engine import fused
 from tapml_dbg.engine.chain import ChainFinding, ChainSearch
 from tapml_dbg.engine.generation import output_name, teacher_forced, trace_generation
+from tapml_dbg.engine.isolated import SweepPlan
 from tapml_dbg.engine.kept import kept_note
 from tapml_dbg.engine.results import BisectResult, Culprit, StepResult
 from tapml_dbg.judge.classify import type_evidence
@@ -200,15 +201,14 @@ class Bisection:
         end = candidate if candidate is not None else self.last + 1
         earliest = None
         if self.sweep_enabled and self.parallel:  # the sweep's batches and the candidate's unit side by side
-            earliest = session.isolated_verdicts.lowest_failing(
-                self._judged(self.first, end), self.progress, also=[candidate] if candidate is not None else [],
-                screen=self.screen, compiled=True, unscreened=self.unscreened)
+            also = (candidate,) if candidate is not None else ()
+            earliest = session.isolated_verdicts.lowest_failing(self._judged(self.first, end),
+                                                                replace(self._sweep_plan, also=also), self.progress)
         culprit = self.confirm(candidate) if candidate is not None else None
         if self.sweep_enabled:
             if not self.parallel:
-                earliest = session.isolated_verdicts.lowest_failing(
-                    self._judged(self.first, end), self.progress, screen=self.screen, compiled=True,
-                    unscreened=self.unscreened)
+                earliest = session.isolated_verdicts.lowest_failing(self._judged(self.first, end), self._sweep_plan,
+                                                                    self.progress)
             if earliest is not None:
                 if culprit is None:
                     self.notes.append(TYPE_NOTE if earliest.wrong == WrongClass.TYPE else WASHED_OUT_NOTE)
@@ -306,12 +306,15 @@ class Bisection:
     def _sweep_beside(self, chain: ChainSearch, running, preparing) -> None:
         """While the compile lanes build ahead, the sweep runs the ops whose units are built and
         leaves the others to the end (it does not wait for a build the chain waits for too)."""
-        self.session.isolated_verdicts.fill(
-            self._judged(self.first, self.last + 1), self.progress, stop_at_failure=True, screen=self.screen,
-            bound=lambda: self.split - 1 if self.split is not None else (
-                chain.bound(self.chained) if self.chained is not None else None),
-            compiled=True,  # prepared ahead, or built by a run lane itself
-            unscreened=self.unscreened, building=preparing.is_alive if preparing is not None else None)
+        plan = replace(self._sweep_plan, stop_at_failure=True, bound=lambda: self.split - 1 if self.split is not None
+                       else (chain.bound(self.chained) if self.chained is not None else None),
+                       building=preparing.is_alive if preparing is not None else None)
+        self.session.isolated_verdicts.fill(self._judged(self.first, self.last + 1), plan, self.progress)
+
+    @property
+    def _sweep_plan(self) -> SweepPlan:
+        """The search's sweeps: screened, their units prepared ahead or built by a run lane itself."""
+        return SweepPlan(screen=self.screen, unscreened=self.unscreened, compiled=True)
 
     def _spans(self) -> list[range]:
         """The spans the fused probes cover: the search's range, or a generation's steps in it."""

@@ -347,7 +347,7 @@ class Session:
 
     def isolated_many(self, indices: list[int], progress: Progress = _noop) -> dict[int, Verdict]:
         """Isolated verdicts of many ops, batched and spread over the lanes (no early stop)."""
-        self.isolated_verdicts.fill(list(indices), progress)
+        self.isolated_verdicts.fill(list(indices), progress=progress)
         return {index: self.isolated(index) for index in indices}
 
     def propagated(self, index: int) -> Verdict:
