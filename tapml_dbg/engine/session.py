@@ -82,7 +82,6 @@ class Session:
         self.policy = policy or TolerancePolicy()
         # the live source reference: float64 references, undefined values, type changes (engine/references.py)
         self.reference = SourceReference(reader, self.ops, self.main, load_source_graph(reader))
-        self._tolerance_dtypes: dict[int, str | None] = {}  # op index -> `tolerance_dtype`
         self.requests = RequestBuilder(reader, self.main, self.ops, self.reference.replay_casts(), graph)
         self.isolated_verdicts = IsolatedVerdicts(self.ops, self.requests, self.lanes, self.judge)
         self._mixed_runner: MixedRunner | None = None
@@ -226,10 +225,8 @@ class Session:
         in the graph (engine/references.py): no note to read (a search asks for every op's)."""
         if self.reference.graph is not None:
             return None
-        if index not in self._tolerance_dtypes:
-            note = self.reader.op_note(index) if index in self.recorded else ""
-            self._tolerance_dtypes[index] = note[len(CAST_NOTE_PREFIX):] if note.startswith(CAST_NOTE_PREFIX) else None
-        return self._tolerance_dtypes[index]
+        note = self.reader.op_note(index) if index in self.recorded else ""
+        return note[len(CAST_NOTE_PREFIX):] if note.startswith(CAST_NOTE_PREFIX) else None
 
     def judge(self, index: int, mode: Mode, result: UnitResult, outputs: list[np.ndarray] | None,
               rerun: list[np.ndarray] | None = None, fed_by_target: set[str] | None = None) -> Verdict:

@@ -76,7 +76,8 @@ class CacheReport:
                 self.reused += 1
             else:
                 self.compiled += 1
-                self.compiled_ahead += ahead
+                if ahead:
+                    self.compiled_ahead += 1
                 self.compiled_keys.append(key)
 
 
