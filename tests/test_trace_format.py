@@ -626,6 +626,28 @@ def test_tensor_attributes_and_storage_of_the_wrong_type(tmp_path):
             r.op_outputs(2)
 
 
+def test_missing_op_attributes_and_objects_of_the_wrong_kind(tmp_path):
+    """What the op read path (one attribute open, datasets held by their low-level id) must still refuse."""
+    path = write_trace(tmp_path / "t.h5", n_ops=5)
+    with h5py.File(path, "r+") as f:
+        del f["ops/0/0"].attrs["dtype"]
+        del f["ops/1"].attrs["done"]
+        del f["ops/2/0"]
+        f.create_group("ops/2/0")
+        del f["ops/3"]
+        f["ops/3"] = np.zeros(3, np.float32)
+        f["ops/4/0"].attrs["crc32"] = np.array([1, 2], np.uint32)
+    with TraceReader(path) as r:
+        with pytest.raises(TraceError, match=r"op 0's recorded output 0 is corrupt \(@dtype is missing\)"):
+            r.op_outputs(0)
+        assert not r.has_op(1) and not r.stats_only(1)  # a missing marker: not recorded, never an error
+        with pytest.raises(TraceError, match=r"op 2's recorded output 0 is corrupt \(/ops/2/0 is not a dataset\)"):
+            r.op_outputs(2)
+        assert not r.has_op(3)  # an op "group" that is a dataset: no marker to read
+        with pytest.raises(TraceError, match=re.escape("(@crc32 must be an integer, not uint32 of shape (2,))")):
+            r.op_outputs(4)
+        assert r.finished_ops() == [0, 2, 4]
+
 @pytest.mark.parametrize("edit,needle", [
     (lambda ops, inputs: ops[1].update(name="other"), r"bindings do not match the op table \(first difference at op 1"),
     (lambda ops, inputs: inputs.update(y=inputs.pop("x")), r"it reads 'x', which is neither an input nor a param"),

@@ -20,11 +20,12 @@ through `FILE_ERRORS`.
 
 from __future__ import annotations
 
+import math
 import threading
 
 import h5py
 import numpy as np
-from h5py import h5a, h5d, h5g, h5l, h5o, h5pl, h5s
+from h5py import h5a, h5d, h5g, h5i, h5l, h5o, h5pl, h5s
 
 from tapml_dbg.trace import schema as S
 from tapml_dbg.trace.validate import SchemaError
@@ -72,35 +73,48 @@ plugin_search = _PluginSearch()
 
 # ---- links and objects -----------------------------------------------------------------------
 
-def child(group: h5py.Group, name: str, kind: type, part: str):
-    """`group[name]` when it is a hard link to a `kind` (h5py.Group or h5py.Dataset), else SchemaError.
+def child(group: h5py.Group, name: str, kind: type, part: str, missing_ok: bool = False):
+    """`group[name]` when it is a hard link to a `kind` (h5py.Group or h5py.Dataset), else SchemaError:
+    an h5py.Group, or for a dataset a `DatasetRef`.
 
     One level only: "a/b" must be walked as two calls, so no intermediate link is followed unchecked.
     (h5py's low-level calls: a search reads thousands of ops, and the high-level ones cost 3x more.)
+    With `missing_ok`, a name not in the group gives None (one lookup where the caller would check first).
     """
     if not isinstance(name, str) or not name or "/" in name or name in (".", ".."):
         raise SchemaError(part, f"{name!r} is not the name of one object")
     key = name.encode()
     if not group.id.links.exists(key):
+        if missing_ok:
+            return None
         raise SchemaError(part, f"{_where(group, name)} is missing")
     link = group.id.links.get_info(key).type
     if link != h5l.TYPE_HARD:
         what = "an external link to another file" if link == h5l.TYPE_EXTERNAL else "a soft link"
         raise SchemaError(part, f"{_where(group, name)} is {what}; a trace holds its own data only")
-    obj = _wrapped(h5o.open(group.id, key))
-    if not isinstance(obj, kind):
-        want = "a group" if kind is h5py.Group else "a dataset"
-        raise SchemaError(part, f"{_where(group, name)} is not {want}")
-    return obj
-
-
-def _wrapped(oid):
-    """The high-level object of a low-level id (a named datatype stays an id: neither kind)."""
-    if isinstance(oid, h5g.GroupID):
+    oid = h5o.open(group.id, key)  # (a named datatype is neither kind)
+    if kind is h5py.Group and isinstance(oid, h5g.GroupID):
         return h5py.Group(oid)
-    if isinstance(oid, h5d.DatasetID):
-        return h5py.Dataset(oid)
-    return oid
+    if kind is h5py.Dataset and isinstance(oid, h5d.DatasetID):
+        return DatasetRef(oid)
+    want = "a group" if kind is h5py.Group else "a dataset"
+    raise SchemaError(part, f"{_where(group, name)} is not {want}")
+
+
+class DatasetRef:
+    """A checked dataset as the reader holds it: the low-level id that every function here works on,
+    and its path. Not an h5py.Dataset, which creates a transfer property list per object that
+    nothing here uses: a search holds thousands of op outputs."""
+
+    __slots__ = ("id",)
+
+    def __init__(self, dataset_id: h5d.DatasetID):
+        self.id = dataset_id
+
+    @property
+    def name(self) -> str:
+        """The dataset's path in the file ("/ops/12/0"), as h5py's `.name` gives it."""
+        return h5i.get_name(self.id).decode("utf-8", "surrogateescape")
 
 
 def _where(group: h5py.Group, name: str) -> str:
@@ -115,12 +129,14 @@ def attr_str(obj, name: str, part: str, file_size: int, default: str | None = No
     attr = _attr_id(obj, name, part, default is not None)
     if attr is None:
         return default
-    dtype = attr.dtype
+    ftype = attr.get_type()
+    dtype = ftype.dtype
     if dtype.kind != STRING_KIND:
         raise SchemaError(part, f"@{name} must be a fixed-length string, not {_dtype_text(dtype)}")
-    _check_attr_size(attr, name, part, file_size)
+    shape = attr.shape
+    _check_attr_size(attr, shape, name, part, file_size)
     try:
-        return S.decode_str(_attr_value(attr, dtype)[()])
+        return S.decode_str(_attr_value(attr, shape, ftype, dtype)[()])
     except UnicodeDecodeError:
         raise SchemaError(part, f"@{name} is not UTF-8 text") from None
 
@@ -130,34 +146,42 @@ def attr_int(obj, name: str, part: str, default: int | None = None, low: int = 0
     attr = _attr_id(obj, name, part, default is not None)
     if attr is None:
         return default
-    dtype, shape = attr.dtype, attr.shape
+    ftype = attr.get_type()
+    dtype, shape = ftype.dtype, attr.shape
     if dtype.kind not in INT_KINDS or shape not in ((), (1,)):
         raise SchemaError(part, f"@{name} must be an integer, not {_dtype_text(dtype)} of shape {shape}")
-    value = int(_attr_value(attr, dtype).reshape(()))
+    value = int(_attr_value(attr, shape, ftype, dtype).reshape(()))
     if not low <= value <= high:
         raise SchemaError(part, f"@{name} is {value}, outside {low}..{high}")
     return value
 
 
 def _attr_id(obj, name: str, part: str, optional: bool):
+    """The attribute, opened in one call (it is there in the common case, and an op's attributes are
+    read thousands of times in a search); a KeyError from the open means "missing" only where HDF5
+    confirms the attribute is absent, otherwise it is the damaged file's error and propagates."""
     key = name.encode()
-    if not h5a.exists(obj.id, key):
-        if optional:
-            return None
-        raise SchemaError(part, f"@{name} is missing")
-    return h5a.open(obj.id, key)
+    try:
+        return h5a.open(obj.id, key)
+    except KeyError:
+        if h5a.exists(obj.id, key):
+            raise
+    if optional:
+        return None
+    raise SchemaError(part, f"@{name} is missing")
 
 
-def _attr_value(attr, dtype) -> np.ndarray:
-    """The attribute's value (its kind and shape checked by the caller), read in the file's own type."""
-    value = np.empty(attr.shape, dtype=dtype)
-    attr.read(value, mtype=attr.get_type())
+def _attr_value(attr, shape, ftype, dtype) -> np.ndarray:
+    """The attribute's value (its kind and shape checked by the caller), read in the file's own type
+    `ftype` (whose numpy form is `dtype`): passed in, as each query creates an HDF5 object."""
+    value = np.empty(shape, dtype=dtype)
+    attr.read(value, mtype=ftype)
     return value
 
 
-def _check_attr_size(attr, name: str, part: str, file_size: int) -> None:
-    if attr.shape != ():
-        raise SchemaError(part, f"@{name} must be a scalar, not of shape {attr.shape}")
+def _check_attr_size(attr, shape, name: str, part: str, file_size: int) -> None:
+    if shape != ():
+        raise SchemaError(part, f"@{name} must be a scalar, not of shape {shape}")
     if attr.get_storage_size() > file_size:
         raise SchemaError(part, f"@{name} declares {attr.get_storage_size()} bytes, more than the whole file")
 
@@ -170,9 +194,10 @@ def _dtype_text(dtype) -> str:
 
 # ---- datasets --------------------------------------------------------------------------------
 
-def check_storage(ds: h5py.Dataset, part: str, file_size: int) -> None:
+def check_storage(ds: DatasetRef, part: str, file_size: int) -> tuple[int, ...]:
     """Refuse, before reading, a dataset stored outside the file, filtered by anything but the
-    allowed filters, of a non-numeric type, or declaring more bytes than the file can hold."""
+    allowed filters, of a non-numeric type, or declaring more bytes than the file can hold.
+    Returns the shape it checked (each `.shape` query reads the dataspace again)."""
     plist = ds.id.get_create_plist()  # (the low-level calls: a search checks thousands of datasets)
     layout = plist.get_layout()
     if layout == h5d.VIRTUAL:
@@ -181,7 +206,8 @@ def check_storage(ds: h5py.Dataset, part: str, file_size: int) -> None:
         raise SchemaError(part, "its data is stored in an external file; a trace holds its own data")
     if layout not in _LAYOUTS:
         raise SchemaError(part, f"it has storage layout {layout}, which a trace does not use")
-    for k in range(plist.get_nfilters()):
+    nfilters = plist.get_nfilters()
+    for k in range(nfilters):
         code = plist.get_filter(k)[0]
         if code not in S.ALLOWED_FILTERS:
             raise SchemaError(part, f"it is filtered by HDF5 filter {code}, which is not one of "
@@ -194,11 +220,11 @@ def check_storage(ds: h5py.Dataset, part: str, file_size: int) -> None:
         raise SchemaError(part, "it has no dataspace (an empty HDF5 dataset)")
     if len(shape) > S.MAX_NDIM:
         raise SchemaError(part, f"it has {len(shape)} dimensions")
-    declared = int(np.prod(shape, dtype=object)) * dtype.itemsize
+    declared = math.prod(shape) * dtype.itemsize  # Python ints: no overflow on a crafted shape
     stored = ds.id.get_storage_size()
     if stored > file_size:
         raise SchemaError(part, f"it declares {stored} stored bytes in a file of {file_size}")
-    filtered = plist.get_nfilters() > 0
+    filtered = nfilters > 0
     if layout == h5d.CONTIGUOUS:
         if declared and stored != declared:
             raise SchemaError(part, f"it declares {declared} bytes but stores {stored}")
@@ -210,21 +236,22 @@ def check_storage(ds: h5py.Dataset, part: str, file_size: int) -> None:
             raise SchemaError(part, f"it declares {declared} bytes in compact storage")
     elif declared > max(stored, 1) * (S.MAX_COMPRESSION_RATIO if filtered else 1):
         raise SchemaError(part, f"it declares {declared} bytes but stores only {stored}")
+    return shape
 
 
-def read_array(ds: h5py.Dataset, part: str, file_size: int) -> np.ndarray:
+def read_array(ds: DatasetRef, part: str, file_size: int) -> np.ndarray:
     """The dataset's values, after `check_storage`, as a C-contiguous array in the file's byte order."""
-    check_storage(ds, part, file_size)
+    shape = check_storage(ds, part, file_size)
     dataset = ds.id
-    array = np.empty(dataset.shape, dataset.dtype)  # the file's dtype, byte order included
+    array = np.empty(shape, dataset.dtype)  # the file's dtype, byte order included
     if array.size:
         dataset.read(h5s.ALL, h5s.ALL, array)
     return array
 
 
-def stored_checksum(ds: h5py.Dataset, part: str, required: bool) -> int | None:
+def stored_checksum(ds: DatasetRef, part: str, required: bool) -> int | None:
     """The dataset's `@crc32`; None when it has none and the format version needs none (v1.0, v1.1)."""
-    if not required and S.ATTR_CHECKSUM not in ds.attrs:
+    if not required and not h5a.exists(ds.id, S.ATTR_CHECKSUM.encode()):
         return None
     return attr_int(ds, S.ATTR_CHECKSUM, part)
 

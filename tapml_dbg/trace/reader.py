@@ -130,9 +130,9 @@ class TraceReader:
 
         def load():
             ds = self._dataset(path, part)
-            h5safe.check_storage(ds, part, self.file_size)
-            if ds.dtype != np.uint8 or len(ds.shape) != 1:
-                raise SchemaError(part, f"it must hold UTF-8 bytes (uint8[n]), not {ds.dtype}{list(ds.shape)}")
+            shape = h5safe.check_storage(ds, part, self.file_size)
+            if ds.id.dtype != np.uint8 or len(shape) != 1:
+                raise SchemaError(part, f"it must hold UTF-8 bytes (uint8[n]), not {ds.id.dtype}{list(shape)}")
             data = self._verified_array(ds, part)
             try:
                 return data.tobytes().decode("utf-8")
@@ -161,7 +161,7 @@ class TraceReader:
     def param_stats(self, name: str) -> dict:
         return self._stats(self._named(S.GROUP_PARAMS, name), f"param {name!r}")
 
-    def _named(self, group: str, name: str) -> h5py.Dataset:
+    def _named(self, group: str, name: str) -> h5safe.DatasetRef:
         kind = group[:-1]
 
         def load():
@@ -199,11 +199,10 @@ class TraceReader:
         if not 0 <= index < len(self.ops):
             return None
         if index not in self._op_groups:  # asked for its markers, its note and its outputs: looked up once
-            ops = self._group(S.GROUP_OPS)
-            name = str(index)
-            if not ops.id.links.exists(name.encode()):
+            group = h5safe.child(self._group(S.GROUP_OPS), str(index), h5py.Group, f"op {index}", missing_ok=True)
+            if group is None:
                 return None  # (not kept: a recorder still writing may add it)
-            self._op_groups[index] = h5safe.child(ops, name, h5py.Group, f"op {index}")
+            self._op_groups[index] = group
         return self._op_groups[index]
 
     def op_group_names(self) -> list[str]:
@@ -276,7 +275,7 @@ class TraceReader:
                              f"(the recording stopped before it; record again)")
         return self._guard(f"op {index}", lambda: self._op_group_or_none(int(index)))
 
-    def _op_datasets(self, index: int) -> list[h5py.Dataset]:
+    def _op_datasets(self, index: int) -> list[h5safe.DatasetRef]:
         group = self._op_group(index)
         part = f"op {index}'s outputs"
 
@@ -289,7 +288,7 @@ class TraceReader:
         return self._guard(part, load)
 
     # ---- tensors -----------------------------------------------------------------------
-    def _tensor(self, ds: h5py.Dataset, part: str) -> np.ndarray:
+    def _tensor(self, ds: h5safe.DatasetRef, part: str) -> np.ndarray:
         def load():
             dtype = h5safe.attr_str(ds, S.ATTR_DTYPE, part, self.file_size)
             V.validate_dtype(dtype, part, "@dtype")
@@ -300,7 +299,7 @@ class TraceReader:
             return S.from_stored(self._verified_array(ds, part), dtype)
         return self._guard(part, load)
 
-    def _verified_array(self, ds: h5py.Dataset, part: str) -> np.ndarray:
+    def _verified_array(self, ds: h5safe.DatasetRef, part: str) -> np.ndarray:
         """The dataset's values after its storage checks; its checksum verified (once per reader)."""
         data = h5safe.read_array(ds, part, self.file_size)
         expected = h5safe.stored_checksum(ds, part, self.checksummed)
@@ -309,7 +308,7 @@ class TraceReader:
             self._verified.add(ds.name)
         return data
 
-    def _stats(self, ds: h5py.Dataset, part: str) -> dict:
+    def _stats(self, ds: h5safe.DatasetRef, part: str) -> dict:
         def load():
             text = h5safe.attr_str(ds, S.ATTR_STATS, part, self.file_size)
             return V.validate_stats(V.parse_json(text, f"{part}'s stats"), f"{part}'s stats")
@@ -323,7 +322,8 @@ class TraceReader:
             datasets.extend(self._op_datasets(index))
 
         def count():
-            unique = {ds.id: ds for ds in datasets}  # a tied param hard-linked under two names counts once
+            # a tied param hard-linked under two names counts once; h5py's own size (an empty dataspace's included)
+            unique = {ds.id: h5py.Dataset(ds.id) for ds in datasets}
             return sum(int(ds.size) * ds.dtype.itemsize for ds in unique.values())
         return self._guard("the tensors", count)
 
@@ -334,7 +334,7 @@ class TraceReader:
             self._groups[name] = h5safe.child(self._open_file(), name, h5py.Group, f"/{name}")
         return self._groups[name]
 
-    def _dataset(self, path: str, part: str) -> h5py.Dataset:
+    def _dataset(self, path: str, part: str) -> h5safe.DatasetRef:
         """A dataset by its path ("graph/op_table"), walked one checked link at a time."""
         *folders, name = path.split("/")
         group = self._open_file()
