@@ -73,9 +73,10 @@ def main(models: list[str]) -> None:
     shutil.rmtree(work, ignore_errors=True)
 
 
-def middle_op(session) -> str:
-    """The first plain float32 op from the middle on: where the benchmarks plant their fault."""
-    for op in session.ops[len(session.ops) // 2:]:
+def middle_op(session, fraction: float = 0.5) -> str:
+    """The first plain float32 op from the middle on (or from `fraction` of the ops on): where the
+    benchmarks plant their fault."""
+    for op in session.ops[int(len(session.ops) * fraction):]:
         if op.outputs and op.outputs[0].dtype == "float32" and op.relax_op.startswith("relax.") \
                 and "reshape" not in op.relax_op and not op.is_tuple:
             return op.name

@@ -13,7 +13,9 @@ In one run on one machine, for each model:
     the answer, where `tapml-dbg bisect` prints it; not the workers' and the interpreter's exit after):
     `Session.bisect` with an empty compile cache (cold), the same again (warm), and after the
     transform changed to also rewrite every op of one kind (changed: the middle op's kind; the values
-    stay the same, the units of that kind change), with what the compile cache built and reused;
+    stay the same, the units of that kind change), and after the pass file changed so that the fault
+    sits at another op (moved: the first plain float op from 3/4 of the model on, issue [17]'s "after a
+    transform change"), with what the compile cache built and reused;
   - the same edit made in a live session (the REPL's loop: bisect, edit the pass in place, bisect
     again; the second bisect timed, its units of that kind new ones);
 Then one table, with the machine and the versions. Compare ratios taken in the same run.
@@ -39,6 +41,7 @@ sys.path.insert(0, str(ROOT))
 
 DEFAULT_MODELS = ["tiny_llama", "gpt2_124m", "cnn"]
 CHILD_TIMEOUT_S = 3600
+MOVED_AT = 0.75  # the moved fault: the first plain float op from here on (a fraction of the ops)
 
 # appended to a copy of faults.py: the planted fault, plus a rewrite of every op of one kind that
 # keeps its values (x * 1.0 after the op; x + 0.0 for the live session's edit, so that its units are
@@ -208,24 +211,31 @@ def run(models: list[str], target: str, fix_pow: bool = False, parallel: int | N
     try:
         for model in models:
             row = {"model": model, **_child("anchor", model, target)}
+            print(f"{model} anchor: {json.dumps(row)}", file=sys.stderr, flush=True)
             trace = work / f"{model}.h5"
             started = time.perf_counter()
             recorded = record(str(ROOT / "examples" / f"{model}.py"), trace)
             row["record s"] = time.perf_counter() - started
             with Session.open(trace) as session:
-                middle = middle_op(session)
+                middle, moved = middle_op(session), middle_op(session, MOVED_AT)
                 op = session.by_name[middle]
-            row.update(ops=recorded.ops, fault=f"#{op.index} {middle}", kind=op.relax_op)
+            row.update(ops=recorded.ops, fault=f"#{op.index} {middle}", kind=op.relax_op,
+                       moved_to=f"#{session.by_name[moved].index} {moved}")
             fault = fault_transform(work, "scale", middle)
+            tail = TOUCH_KIND.format(kind=op.relax_op) + (FIX_POW if fix_pow else "")
             changed = Path(fault.rpartition(":")[0]).with_name(f"changed_{model}.py")
-            text = Path(fault.rpartition(":")[0]).read_text() + TOUCH_KIND.format(kind=op.relax_op) \
-                + (FIX_POW if fix_pow else "")
+            text = Path(fault.rpartition(":")[0]).read_text() + tail
             changed.write_text(text)
+            moved_file = Path(fault_transform(work, "scale", moved).rpartition(":")[0])
+            moved_file.write_text(moved_file.read_text() + tail)
             cache = work / f"cache-{model}"
             shutil.rmtree(cache, ignore_errors=True)
-            for phase, function in (("cold", "planted"), ("warm", "planted"), ("changed", "fault_and_touched_kind")):
-                row[phase] = _child("answer", str(trace), target, f"{changed}:{function}", str(cache), middle,
+            for phase, file, function, expected in (
+                    ("cold", changed, "planted", middle), ("warm", changed, "planted", middle),
+                    ("changed", changed, "fault_and_touched_kind", middle), ("moved", moved_file, "planted", moved)):
+                row[phase] = _child("answer", str(trace), target, f"{file}:{function}", str(cache), expected,
                                     str(parallel or ""))
+                print(f"{model} {phase}: {json.dumps(row[phase])}", file=sys.stderr, flush=True)  # so far
             live_file, edited = work / f"live_{model}.py", work / f"edited_{model}.py"
             live_file.write_text(text + LIVE.format(function="planted"))
             edited.write_text(text + LIVE.format(function="fault_and_retouched_kind"))
@@ -258,13 +268,13 @@ def _machine(target: str) -> str:
 def _print(rows: list[dict], target: str, parallel: int | None = None) -> None:
     print(_machine(target) + f"; run lanes {parallel or 1}")
     print("| model | ops | fault at | anchor: import + compile + run s | bisect cold s (x anchor) | "
-          "warm s (x anchor) | changed s (x anchor) | changed, live session s (x anchor) | "
-          "built cold / changed / live | found |")
-    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---|")
+          "warm s (x anchor) | changed s (x anchor) | moved to | moved s (x anchor) | "
+          "changed, live session s (x anchor) | built cold / changed / moved / live | found |")
+    print("|---|---:|---|---:|---:|---:|---:|---|---:|---:|---:|---|")
     for row in rows:
         anchor_s = row["anchor s"]
-        cold, warm, changed, live_run = (row[phase] for phase in ("cold", "warm", "changed", "live"))
-        wrong = [f"{r['culprit']}" for r in (cold, warm, changed, live_run) if not r["found"]]
+        cold, warm, changed, moved, live_run = (row[phase] for phase in ("cold", "warm", "changed", "moved", "live"))
+        wrong = [f"{r['culprit']}" for r in (cold, warm, changed, moved, live_run) if not r["found"]]
         if not live_run["noticed"]:
             wrong.append("the live session did not notice the edit")
 
@@ -274,10 +284,11 @@ def _print(rows: list[dict], target: str, parallel: int | None = None) -> None:
         print(f"| {row['model']} | {row['ops']} | {row['fault']} ({row['kind']}) | "
               f"{row['import s']:.1f} + {row['compile s']:.1f} + {row['run s']:.2f} = {anchor_s:.1f} | "
               f"{timed(cold['seconds'])} | {timed(warm['seconds'])} | {timed(changed['seconds'])} | "
-              f"{timed(live_run['live s'])} | {cold['compiled']} / {changed['compiled']} / {live_run['compiled']} | "
+              f"{row['moved_to']} | {timed(moved['seconds'])} | {timed(live_run['live s'])} | "
+              f"{cold['compiled']} / {changed['compiled']} / {moved['compiled']} / {live_run['compiled']} | "
               f"{'yes' if not wrong else 'NO: ' + ', '.join(wrong)} ({cold['verdict']}) |")
-    exits = [row[phase]["exit s"] for row in rows for phase in ("cold", "warm", "changed")]
-    print(f"(cold, warm, changed: wall seconds of a fresh process each, from its start to the answer, start-up "
+    exits = [row[phase]["exit s"] for row in rows for phase in ("cold", "warm", "changed", "moved")]
+    print(f"(cold, warm, changed, moved: wall seconds of a fresh process each, from its start to the answer, start-up "
           f"included, the exit after it not ({max(exits):.1f} s at most); changed, live "
           f"session: the second bisect of one session, after the pass was edited in place (the REPL's "
           f"edit-and-rerun loop); the TVM import itself, {rows[-1]['tvm import s']:.1f} s in the anchor's "
