@@ -12,6 +12,10 @@ Parts:
   1b          examples/llama_1b.py:causal_lm recorded (peak RSS), bisected and triaged on the target
   1b-behind   the same recorded, then bisected with TVM's CUDA `pow` NaN rewritten away (x * x) and with
               that rewrite plus a 1% fault planted at the middle op: a fault found behind a real bug
+  1b-scale    the same recorded (under --trace-dir, default the temporary folder), then, with the `pow`
+              rewrite, `migrate`, `report` and `triage` on the target, each stopped after --limit seconds
+              (issue [17]'s "1B-class models work end to end"); `--keep-trace` leaves the trace for a
+              later call on the same machine
 Usage: python benchmarks/llm_cuda.py [generation] [1b] [--target cuda] [--out DIR]
 Check a script on the CPU first: `--target llvm` with TAPML_LLAMA_1B_LAYERS=2 TAPML_LLAMA_1B_WIDTH=256.
 """
@@ -62,11 +66,15 @@ class Runner:
         self.out = out
         self.rows: list[dict] = []
 
-    def cli(self, label: str, *args: str, json_out: bool = False) -> dict | str:
+    def cli(self, label: str, *args: str, json_out: bool = False, limit: float = COMMAND_TIMEOUT_S) -> dict | str:
         started = time.perf_counter()
         before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-        result = subprocess.run([sys.executable, "-m", "tapml_dbg", *args], capture_output=True, text=True,
-                                timeout=COMMAND_TIMEOUT_S, cwd=ROOT)
+        try:
+            result = subprocess.run([sys.executable, "-m", "tapml_dbg", *args], capture_output=True, text=True,
+                                    timeout=limit, cwd=ROOT)
+        except subprocess.TimeoutExpired as exc:
+            text = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+            result = subprocess.CompletedProcess(exc.cmd, "stopped", text, f"stopped after {limit:.0f} s")
         seconds = time.perf_counter() - started
         peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # KiB; the largest child so far
         (self.out / f"{label}.out").write_text(result.stdout + "\n--- stderr\n" + result.stderr)
@@ -152,6 +160,27 @@ def one_b_behind(run: Runner, target: str) -> None:
     trace.unlink(missing_ok=True)
 
 
+def one_b_scale(run: Runner, target: str, trace_dir: Path, limit: float, keep_trace: bool) -> None:
+    """The 1.1B model through the commands a user runs after bisect, behind the `pow` rewrite."""
+    from time_to_answer import FIX_POW
+
+    trace = trace_dir / "llama_1b.h5"
+    if not trace.exists():
+        run.cli("record llama 1.1B", "record", f"{EXAMPLES / 'llama_1b.py'}:causal_lm", "-o", str(trace))
+    fixed = run.out / "fix_pow_only.py"
+    fixed.write_text(FAULTS.read_text() + FIX_POW)
+    fix = ["--target", target, "--transform", f"{fixed}:_fix"]
+    migrated = run.cli("migrate 1.1B, pow fixed", "migrate", str(trace), *fix, "--json", json_out=True, limit=limit)
+    if isinstance(migrated, dict) and migrated:
+        print("  migrate:", json.dumps({k: migrated.get(k) for k in ("first_failing_step", "seconds")}), len(migrated.get("steps", [])), "steps")
+    run.cli("report 1.1B, pow fixed", "report", str(trace), "-o", str(run.out / "report_1b"), *fix, limit=limit)
+    triaged = run.cli("triage 1.1B, pow fixed", "triage", str(trace), *fix, "--json", json_out=True, limit=limit)
+    for group in (triaged or {}).get("groups", []) if isinstance(triaged, dict) else []:
+        print(f"  cause {group['cause']} [{group['class']}]: {len(group['ops'])} ops")
+    if not keep_trace:
+        trace.unlink(missing_ok=True)
+
+
 PLANTED = '''
 
 
@@ -172,17 +201,27 @@ def _say(found) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("parts", nargs="*", default=["generation", "1b"], choices=["generation", "1b", "1b-behind"])
+    parser.add_argument("parts", nargs="*", default=["generation", "1b"],
+                        choices=["generation", "1b", "1b-behind", "1b-scale"])
     parser.add_argument("--target", default="cuda")
     parser.add_argument("--out", default=os.environ.get("OUT"))
+    parser.add_argument("--trace-dir", help="where 1b-scale keeps its 10 GB trace (default: a temporary folder)")
+    parser.add_argument("--limit", type=float, default=COMMAND_TIMEOUT_S, help="1b-scale: seconds per command")
+    parser.add_argument("--keep-trace", action="store_true", help="1b-scale: leave the trace for a later call")
     args = parser.parse_args(argv)
+    sys.path.insert(0, str(ROOT / "benchmarks"))
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="tapml-llm-cuda-"))
     out.mkdir(parents=True, exist_ok=True)
     print(f"{platform.machine()} {os.cpu_count()} cores, python {platform.python_version()}, target {args.target}, "
           f"out {out}", flush=True)
     run = Runner(out)
+    trace_dir = Path(args.trace_dir or tempfile.mkdtemp(prefix="tapml-1b-"))
+    trace_dir.mkdir(parents=True, exist_ok=True)
     for part in args.parts:
-        {"generation": generation, "1b": one_b, "1b-behind": one_b_behind}[part](run, args.target)
+        if part == "1b-scale":
+            one_b_scale(run, args.target, trace_dir, args.limit, args.keep_trace)
+        else:
+            {"generation": generation, "1b": one_b, "1b-behind": one_b_behind}[part](run, args.target)
     (out / "rows.json").write_text(json.dumps(run.rows, indent=1))
     return 0
 
