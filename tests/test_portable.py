@@ -202,3 +202,24 @@ def test_an_exception_without_a_message_says_where_it_was_raised(tmp_path):
         text = one_line(exc)
     assert text.startswith("AssertionError: `assert len(loops) == 3` at ") and text.endswith("rule.py:2 (no message)")
     assert one_line(ValueError("first\nthe cause")) == "ValueError: the cause"
+
+
+def test_compare_of_the_same_bits_gives_the_figures_of_the_full_passes():
+    """An exact output (a move, a weight's transpose) skips the float64 passes; its figures must be the
+    ones those passes give, NaNs and infinities in the same places included, and a value that differs
+    in its bits only (-0.0 against 0.0) still goes through them."""
+    from tapml_dbg.portable.comparison import compare
+
+    source = np.array([1.5, -3.25, np.nan, np.inf, -np.inf, 0.0, 2.0], dtype=np.float32)
+    same = compare(source.copy(), source, 1e-5, 1e-6)
+    assert same["passed"] and same["mismatched"] == 0 and same["cosine"] == 1.0
+    assert same["max_abs_err"] == same["max_rel_err"] == same["scale_rel_err"] == 0.0
+    assert same["absmax"] == 3.25 and same["bound"] == pytest.approx(1e-6 + 1e-5 * 3.25)
+    signed_zero = source.copy()
+    signed_zero[5] = -0.0
+    assert compare(signed_zero, source, 1e-5, 1e-6)["passed"]
+    off = source.copy()
+    off[0] = 1.6
+    assert not compare(off, source, 1e-5, 1e-6)["passed"]
+    half = np.array([1.0, -65504.0, np.inf], dtype=np.float16)
+    assert compare(half.copy(), half, 1e-3, 1e-3)["absmax"] == 65504.0

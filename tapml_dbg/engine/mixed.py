@@ -436,7 +436,7 @@ class MixedRunner:
         spec = self.session.requests.casts.get((op.name, output))
         if spec is not None:
             return _as_spec(array, spec)
-        array = np.ascontiguousarray(array)
+        array = np.asarray(array)  # a view stays one (a weight's transpose: a copy of it every step cost seconds)
         declared = op.outputs[output].shape if output < len(op.outputs) else array.shape
         if tuple(array.shape) != tuple(declared) and array.size == int(np.prod(declared, dtype=np.int64)):
             return array.reshape(declared)  # a 0-d source value of a (1,) op, as the recorder stores it
