@@ -252,3 +252,38 @@ def test_a_key_one_worker_computed_is_the_next_ones_without_the_transform(mlp, t
         transform.write_text(COUNTING_PASS + "\n# edited\n")
         fourth = session.lanes.run_beside(request)
         assert fourth.ok and calls.read_text().count("applied") == 3  # another text: not the old key
+
+
+def test_a_chain_sends_each_structure_once_and_names_count_under_a_transform(clean):
+    """The units of one structure in a chain (gelu in every block) go to the worker as one JSON
+    object with their id (pickled once, keyed once); under a transform, which may read names, each
+    op's own JSON goes, with the id of its own names."""
+    indices = [clean.by_name[name].index for name in GELU_OPS]
+    chain = clean.requests.chain(indices)
+    sent = compile_cache.shared_units(chain, None)
+    assert len({id(unit.unit_json) for unit in sent.units}) == 1
+    assert {unit.unit_id for unit in sent.units} == {compile_cache.unit_id(chain.units[0].unit_json, None)}
+    assert [unit.inputs for unit in sent.units] == [unit.inputs for unit in chain.units]  # each op's own inputs
+    named = compile_cache.shared_units(chain, "a_pass.py:fix")
+    assert [unit.unit_json for unit in named.units] == [unit.unit_json for unit in chain.units]
+    assert len({unit.unit_id for unit in named.units}) == len(GELU_OPS)
+    result = clean.lanes.run(chain)
+    assert result.ok and len(result.outputs) == len(GELU_OPS)
+
+
+def test_the_link_writes_the_bytes_tvms_default_link_writes(clean, tmp_path, monkeypatch):
+    """A unit's library linked by the C driver (compile_cache._link_options) is TVM's default g++
+    link, byte for byte; with $CXX set, TVM's own choice is used."""
+    import shutil as _shutil
+
+    if not (_shutil.which("gcc") and _shutil.which("g++")):
+        pytest.skip("needs gcc and g++")
+    module = compile_cache._transformed(_gelu_unit(clean), None).original
+    executable = portable.build(module, parse_target("llvm"))
+    ours, default = tmp_path / "ours.so", tmp_path / "default.so"
+    executable.export_library(str(ours), **compile_cache._link_options(".so"))
+    executable.export_library(str(default))
+    assert compile_cache._link_options(".so") and ours.read_bytes() == default.read_bytes()
+    monkeypatch.setenv("CXX", "g++")
+    assert compile_cache._link_options(".so") == {}
+    assert compile_cache._link_options(".tar") == {}

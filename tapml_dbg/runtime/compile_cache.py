@@ -24,8 +24,9 @@ import fcntl
 import hashlib
 import json
 import os
+import shutil
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tapml_dbg import portable, settings
@@ -126,7 +127,7 @@ class CacheEntry:
         """Export the library, then its record, each under a temporary name renamed into place."""
         suffix = f".tmp{os.getpid()}"  # executor.py removes a killed worker's `*.tmpPID.*` files
         library_tmp = self.library.with_suffix(f"{suffix}{self.library.suffix}")
-        executable.export_library(str(library_tmp))
+        executable.export_library(str(library_tmp), **_link_options(self.library.suffix))
         record = {"size": library_tmp.stat().st_size, "sha256": _file_digest(library_tmp)}
         meta_tmp = self.meta.with_suffix(f"{suffix}{ENTRY_META_SUFFIX}")
         meta_tmp.write_text(json.dumps(record))
@@ -160,7 +161,7 @@ class UnitIndex:
         self.entries: dict[str, str] | None = None
 
     def unit_id(self, unit_json: dict) -> str:
-        return unit_id(unit_json, self.transform)
+        return UNIT_IDS.get(unit_json, self.transform)
 
     def exists(self) -> bool:
         """Whether units ran under this target and transform text before (with any TVM)."""
@@ -274,6 +275,62 @@ def unit_id(unit_json: dict, transform: str | None) -> str:
     generation, is one id, keyed once a session instead of once an op."""
     data = unit_json if transform else without_names(unit_json)
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:KEY_CHARS]
+
+
+def _link_options(suffix: str) -> dict:
+    """How `export_library` links a unit's objects into a shared library. TVM's default driver is
+    g++, which searches libstdc++ that no kernel references (--as-needed drops it): the C driver
+    with libm after the objects writes the same bytes (checked for llvm and cuda units, float32 and
+    float16) in ~60% of the time (figures: docs/perf.md). TVM's default wherever $CXX or $CC picks
+    the compiler, where there is no gcc, or for another format than a shared library."""
+    if suffix != ".so" or os.environ.get("CXX") or os.environ.get("CC") or not shutil.which("gcc"):
+        return {}
+    return {"fcompile": _link_with_gcc}
+
+
+def _link_with_gcc(output: str, objects: list[str], **kwargs) -> None:
+    from tvm.support import cc
+
+    cc.create_shared(output, [*objects, "-lm"], cc="gcc", **kwargs)
+
+
+class UnitIds:
+    """`unit_id` by JSON object, each object keyed once: a search sends a unit per op, and the ops of
+    every layer and decode step are the few JSON objects the engine keeps per op (never mutated).
+    Each object is held while it is remembered (so its `id` is not reused); at most LIMIT of them."""
+
+    LIMIT = 16384
+
+    def __init__(self):
+        self._ids: dict[tuple[int, str | None], tuple[dict, str]] = {}
+
+    def get(self, unit_json: dict, transform: str | None) -> str:
+        key = (id(unit_json), transform)
+        known = self._ids.get(key)
+        if known is not None and known[0] is unit_json:
+            return known[1]
+        if len(self._ids) >= self.LIMIT:
+            self._ids.clear()
+        found = unit_id(unit_json, transform)
+        self._ids[key] = (unit_json, found)
+        return found
+
+
+UNIT_IDS = UnitIds()  # the session process's
+
+
+def shared_units(request, transform: str | None):
+    """A chain or batch as it is sent to a worker: each unit carries its id (computed here, once per
+    JSON object: `UnitIds`), and the units of one id hold one JSON object, the first of them (pickled
+    once). A request of one unit as it is: its worker keys it (a fused probe's JSON is large)."""
+    if not hasattr(request, "units"):
+        return request
+    first: dict[str, dict] = {}
+    units = []
+    for unit in request.units:
+        found = UNIT_IDS.get(unit.unit_json, transform)
+        units.append(replace(unit, unit_json=first.setdefault(found, unit.unit_json), unit_id=found))
+    return replace(request, units=units)
 
 
 def transform_identity(spec: str | None) -> str:

@@ -42,6 +42,7 @@ from pathlib import Path
 
 from tapml_dbg import settings
 from tapml_dbg.runtime import zygote
+from tapml_dbg.runtime.compile_cache import shared_units
 from tapml_dbg.runtime.messages import (ChainRequest, UnitRequest, UnitResult, UnitStatus, WorkerConfig, WorkerReply,
                                        poisons_worker)
 
@@ -141,7 +142,7 @@ class TargetExecutor:
         used = self._device_requests
         limit = timeout_s if timeout_s is not None else self.timeout_s
         try:
-            self._conn.send(request)
+            self._conn.send(shared_units(request, self.config.spec.transform))  # each distinct unit pickled once
         except (BrokenPipeError, OSError):
             self._reap()
             return UnitResult(UnitStatus.CRASH, message="the target worker died before the request was sent"), used

@@ -78,7 +78,8 @@ class UnitRequest:
     into the cache and say where the library is, without running (what a compile lane does).
     `ahead`: a prepare that leaves a key another worker is building to that worker (its reply has
     the key, no library yet) instead of waiting for it. `library`: the unit's library, already in
-    the cache: load and run it without compiling.
+    the cache: load and run it without compiling. `unit_id`: its id in the compile cache's index and
+    ledger, computed once in the session (`compile_cache.shared_units`; "": the worker computes it).
     """
 
     unit_json: dict
@@ -88,6 +89,7 @@ class UnitRequest:
     prepare: bool = False
     library: str = ""
     ahead: bool = False
+    unit_id: str = ""
 
     def prepared(self, ahead: bool = False) -> "UnitRequest":
         """This unit for a compile lane: compile it into the cache, send no inputs (`ahead`: above)."""

@@ -278,7 +278,7 @@ class _WorkerState:
             return fetch()
         if self.identity is None:
             self.identity = transform_identity(spec.transform)
-        identity, unit = self.identity, unit_id(request.unit_json, spec.transform)
+        identity, unit = self.identity, request.unit_id or unit_id(request.unit_json, spec.transform)
         if unit in self.known and not rebuild:
             return self.known[unit]
         key = None if rebuild else self.ledger.get(identity, unit)

@@ -84,11 +84,14 @@ def child(group: h5py.Group, name: str, kind: type, part: str, missing_ok: bool 
     if not isinstance(name, str) or not name or "/" in name or name in (".", ".."):
         raise SchemaError(part, f"{name!r} is not the name of one object")
     key = name.encode()
-    if not group.id.links.exists(key):
+    try:
+        link = group.id.links.get_info(key).type  # (one lookup where the name is there, as it nearly always is)
+    except (KeyError, RuntimeError):
+        if group.id.links.exists(key):  # there, yet unreadable: the damaged file's own error
+            raise
         if missing_ok:
             return None
-        raise SchemaError(part, f"{_where(group, name)} is missing")
-    link = group.id.links.get_info(key).type
+        raise SchemaError(part, f"{_where(group, name)} is missing") from None
     if link != h5l.TYPE_HARD:
         what = "an external link to another file" if link == h5l.TYPE_EXTERNAL else "a soft link"
         raise SchemaError(part, f"{_where(group, name)} is {what}; a trace holds its own data only")

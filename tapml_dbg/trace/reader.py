@@ -281,10 +281,12 @@ class TraceReader:
 
         def load():
             count = group.id.get_num_objs()  # named 0..count-1: each of those there, and no other
-            if not all(group.id.links.exists(str(k).encode()) for k in range(count)):
+            found = [h5safe.child(group, str(k), h5py.Dataset, _output_part(index, k), missing_ok=True)
+                     for k in range(count)]
+            if any(ds is None for ds in found):
                 names = list(group)
                 raise SchemaError(part, f"they are named {sorted(names)[:8]}, not 0..{len(names) - 1}")
-            return [h5safe.child(group, str(k), h5py.Dataset, _output_part(index, k)) for k in range(count)]
+            return found
         return self._guard(part, load)
 
     # ---- tensors -----------------------------------------------------------------------
