@@ -160,8 +160,13 @@ def one_b_behind(run: Runner, target: str) -> None:
     trace.unlink(missing_ok=True)
 
 
-def one_b_scale(run: Runner, target: str, trace_dir: Path, limit: float, keep_trace: bool) -> None:
-    """The 1.1B model through the commands a user runs after bisect, behind the `pow` rewrite."""
+SCALE_COMMANDS = ("migrate", "report", "triage")
+
+
+def one_b_scale(run: Runner, target: str, trace_dir: Path, limit: float, keep_trace: bool,
+                commands: tuple[str, ...] = SCALE_COMMANDS) -> None:
+    """The 1.1B model through the commands a user runs after bisect (`commands` of them), behind the
+    `pow` rewrite."""
     from time_to_answer import FIX_POW
 
     trace = trace_dir / "llama_1b.h5"
@@ -170,13 +175,17 @@ def one_b_scale(run: Runner, target: str, trace_dir: Path, limit: float, keep_tr
     fixed = run.out / "fix_pow_only.py"
     fixed.write_text(FAULTS.read_text() + FIX_POW)
     fix = ["--target", target, "--transform", f"{fixed}:_fix"]
-    migrated = run.cli("migrate 1.1B, pow fixed", "migrate", str(trace), *fix, "--json", json_out=True, limit=limit)
-    if isinstance(migrated, dict) and migrated:
-        print("  migrate:", json.dumps({k: migrated.get(k) for k in ("first_failing_step", "seconds")}), len(migrated.get("steps", [])), "steps")
-    run.cli("report 1.1B, pow fixed", "report", str(trace), "-o", str(run.out / "report_1b"), *fix, limit=limit)
-    triaged = run.cli("triage 1.1B, pow fixed", "triage", str(trace), *fix, "--json", json_out=True, limit=limit)
-    for group in (triaged or {}).get("groups", []) if isinstance(triaged, dict) else []:
-        print(f"  cause {group['cause']} [{group['class']}]: {len(group['ops'])} ops")
+    if "migrate" in commands:
+        migrated = run.cli("migrate 1.1B, pow fixed", "migrate", str(trace), *fix, "--json", json_out=True, limit=limit)
+        if isinstance(migrated, dict) and migrated:
+            print("  migrate:", json.dumps({k: migrated.get(k) for k in ("first_failing_step", "seconds")}),
+                  len(migrated.get("steps", [])), "steps")
+    if "report" in commands:
+        run.cli("report 1.1B, pow fixed", "report", str(trace), "-o", str(run.out / "report_1b"), *fix, limit=limit)
+    if "triage" in commands:
+        triaged = run.cli("triage 1.1B, pow fixed", "triage", str(trace), *fix, "--json", json_out=True, limit=limit)
+        for group in (triaged or {}).get("groups", []) if isinstance(triaged, dict) else []:
+            print(f"  cause {group['cause']} [{group['class']}]: {len(group['ops'])} ops")
     if not keep_trace:
         trace.unlink(missing_ok=True)
 
@@ -208,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trace-dir", help="where 1b-scale keeps its 10 GB trace (default: a temporary folder)")
     parser.add_argument("--limit", type=float, default=COMMAND_TIMEOUT_S, help="1b-scale: seconds per command")
     parser.add_argument("--keep-trace", action="store_true", help="1b-scale: leave the trace for a later call")
+    parser.add_argument("--commands", default=",".join(SCALE_COMMANDS),
+                        help="1b-scale: which of migrate,report,triage to run (comma-separated)")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT / "benchmarks"))
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="tapml-llm-cuda-"))
@@ -219,7 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     trace_dir.mkdir(parents=True, exist_ok=True)
     for part in args.parts:
         if part == "1b-scale":
-            one_b_scale(run, args.target, trace_dir, args.limit, args.keep_trace)
+            one_b_scale(run, args.target, trace_dir, args.limit, args.keep_trace,
+                        tuple(c.strip() for c in args.commands.split(",") if c.strip()))
         else:
             {"generation": generation, "1b": one_b, "1b-behind": one_b_behind}[part](run, args.target)
     (out / "rows.json").write_text(json.dumps(run.rows, indent=1))
