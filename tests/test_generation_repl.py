@@ -130,9 +130,9 @@ def test_stepping_crosses_a_step_boundary(t, session):
     # `next` from the top-level ops that end the prefill runs on through those that begin step 1
     assert session.ops[last_of_prefill].layer == session.ops[first_of_decode].layer == ""
     t.run("delete", "reset", f"break {last_of_prefill - 1}", "continue", "delete")
-    assert session.position == last_of_prefill
+    assert t.repl.debugger.position == last_of_prefill
     t.run("next")
-    after_next = session.position
+    after_next = t.repl.debugger.position
     assert after_next > first_of_decode and session.ops[after_next].layer and session.ops[after_next].step == 1
     out = t.run("step 2")
     assert f"#{after_next} " in out and f"#{after_next + 1} " in out

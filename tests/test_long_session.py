@@ -83,14 +83,16 @@ def test_a_worker_that_grew_is_replaced_between_units(trace):
     """TVM keeps memory for every distinct unit it compiles: past a limit the worker is replaced,
     and the session goes on with the same verdicts."""
     from tapml_dbg.engine.session import Session
+    from tapml_dbg.engine.stops import Debugger
 
     mark = uuid.uuid4().hex
     os.environ[long_session.MARK_ENV] = mark
     try:
         with Session.open(trace) as session:
-            results = session.step(1)
+            debugger = Debugger(session)
+            results = debugger.step(1).steps
             session.pool.lanes[0].growth_limit = -1  # replace the worker after its next unit
-            results += session.step(2)
+            results += debugger.step(2).steps
             assert session.pool.recycled >= 1 and session.pool.restarts == 0
             assert all(r.isolated.passed and r.propagated.passed for r in results), results
     finally:

@@ -383,17 +383,17 @@ def test_ctrl_c_cancels_a_long_command_and_the_session_goes_on(t, monkeypatch):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    real_step = session.step
+    real_run_op = session.run_op
     calls = []
 
-    def step_then_interrupt(count=1, progress=None):
-        calls.append(count)
+    def run_op_then_interrupt(index):
+        calls.append(index)
         if len(calls) == 3:
             raise KeyboardInterrupt  # the executor kills its worker and re-raises
-        return real_step(count)
+        return real_run_op(index)
 
     monkeypatch.setattr(session, "bisect", interrupted)
-    monkeypatch.setattr(session, "step", step_then_interrupt)
+    monkeypatch.setattr(session, "run_op", run_op_then_interrupt)
     out = t.run("bisect", "step 5", "where")
     assert out.splitlines()[0] == "cancelled"
     assert "cancelled after 2 op(s)" in out
@@ -527,3 +527,32 @@ def test_a_json_target_string_in_the_progress_bar(trace):
     assert "internal error" not in bar.getvalue() and "Traceback" not in bar.getvalue()
     out = buffer.getvalue()
     assert "#1    addmm_p0" in out and "no divergence: 26 ops checked on " + JSON_TARGET in out
+
+
+def test_the_debugger_owns_the_position_and_follows_what_the_session_forgot(traces, tmp_path):
+    """`Debugger` keeps the position and the verdicts seen; `Session.observe` tells it when the session
+    forgot its state: a reset starts the run over at op 0, an edited pass drops the verdicts seen (the
+    REPL clears nothing itself). A debugger that is gone is not kept alive by its session."""
+    import gc
+    import weakref
+
+    from tapml_dbg.engine.stops import Debugger
+
+    pass_file = tmp_path / "identity_pass.py"
+    pass_file.write_text("def identity(mod):\n    return mod\n")
+    with Session.open(traces.get("mlp"), transform=f"{pass_file}:identity") as session:
+        debugger = Debugger(session)
+        run = debugger.step(3)
+        assert debugger.position == 3 and len(run.steps) == 3 and sorted(debugger.seen) == [0, 1, 2]
+        assert debugger.step(1).steps[0].index == 3  # from where it stopped
+        session.reset()
+        assert debugger.position == 0 and debugger.last is None
+        debugger.step(1)
+        pass_file.write_text("def identity(mod):\n    return mod  # edited\n")
+        assert session.notice_transform_edit() and debugger.seen == {}
+        assert debugger.position == 1  # an edited pass does not move the position
+        gone = weakref.ref(debugger)
+        del debugger, run
+        gc.collect()
+        assert gone() is None
+        session.reset()  # no observer left to call

@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 from conftest import ROOT
+from tapml_dbg.engine.stops import Debugger
 from tapml_dbg import settings
 from tapml_dbg.engine.session import Session
 from tapml_dbg.errors import UsageError
@@ -166,14 +167,14 @@ def test_workers_and_the_zygote_get_the_process_defaults_from_a_library_session(
     monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
     trace = traces.get("mlp")
     with Session.open(trace) as session:
-        session.step(1)
+        Debugger(session).step(1)
         zygote = session.lanes.zygotes.get()
         worker = psutil.Process(session.pool.lanes[0]._process.popen.pid)
         assert psutil.Process(zygote._popen.pid).environ().get("OPENBLAS_NUM_THREADS") == "1"
         assert worker.environ().get("OPENBLAS_NUM_THREADS") == "1"
     monkeypatch.setenv(settings.ZYGOTE, "0")
     with Session.open(trace) as session:
-        session.step(1)
+        Debugger(session).step(1)
         worker = psutil.Process(session.pool.lanes[0]._process.popen.pid)
         assert worker.ppid() == os.getpid() and worker.environ().get("OPENBLAS_NUM_THREADS") == "1"
     assert "OPENBLAS_NUM_THREADS" not in os.environ  # the session's own environment untouched

@@ -11,6 +11,7 @@ import psutil
 
 import pytest
 
+from tapml_dbg.engine.stops import Debugger
 from tapml_dbg import settings
 from tapml_dbg.engine.session import Session
 
@@ -28,7 +29,8 @@ def _summary(results) -> list:
 def test_workers_are_forked_from_the_sessions_zygote_and_judge_as_fresh_ones(traces, monkeypatch):
     trace = traces.get("mlp")
     with Session.open(trace) as session:
-        forked = session.step(4)
+        debugger = Debugger(session)
+        forked = debugger.step(4).steps
         worker, zygote = _worker(session), session.lanes.zygotes.get()
         assert worker.ppid() == zygote._popen.pid
         assert os.getpgid(worker.pid) == worker.pid  # its own group: a kill takes the compiler it runs too
@@ -36,7 +38,8 @@ def test_workers_are_forked_from_the_sessions_zygote_and_judge_as_fresh_ones(tra
     assert not psutil.pid_exists(zygote_pid) or psutil.Process(zygote_pid).status() == psutil.STATUS_ZOMBIE
     monkeypatch.setenv(settings.ZYGOTE, "0")
     with Session.open(trace) as session:
-        fresh = session.step(4)
+        debugger = Debugger(session)
+        fresh = debugger.step(4).steps
         assert _worker(session).ppid() == os.getpid()
     assert _summary(forked) == _summary(fresh)
     assert all(r.isolated.passed and r.propagated.passed for r in forked)
@@ -44,6 +47,7 @@ def test_workers_are_forked_from_the_sessions_zygote_and_judge_as_fresh_ones(tra
 
 def test_a_zygote_that_dies_before_it_forks_leaves_a_fresh_worker_in_its_place(traces, monkeypatch):
     with Session.open(traces.get("mlp")) as session:
+        debugger = Debugger(session)
         slot = session.lanes.zygotes
         started = slot.get
 
@@ -54,7 +58,7 @@ def test_a_zygote_that_dies_before_it_forks_leaves_a_fresh_worker_in_its_place(t
             return zygote
 
         monkeypatch.setattr(slot, "get", dying)
-        results = session.step(3)
+        results = debugger.step(3).steps
         assert all(r.isolated.passed and r.propagated.passed for r in results), results
         assert _worker(session).ppid() == os.getpid()
         assert session.pool.restarts == 0  # not a crash of the op's
@@ -62,11 +66,12 @@ def test_a_zygote_that_dies_before_it_forks_leaves_a_fresh_worker_in_its_place(t
 
 def test_an_environment_changed_since_the_zygote_started_gets_a_new_one(traces, monkeypatch):
     with Session.open(traces.get("mlp")) as session:
-        session.step(1)
+        debugger = Debugger(session)
+        debugger.step(1)
         first = session.lanes.zygotes.get()._popen.pid
         monkeypatch.setenv("TAPML_TEST_ZYGOTE_ENV", "changed")
         session.pool.lanes[0].stop()  # the next unit starts a worker: from a zygote with this environment
-        session.step(1)
+        debugger.step(1)
         second = session.lanes.zygotes.get()
         assert second._popen.pid != first
         assert psutil.Process(second._popen.pid).environ().get("TAPML_TEST_ZYGOTE_ENV") == "changed"
@@ -77,13 +82,14 @@ def test_a_worker_killed_between_two_units_is_replaced_and_costs_no_verdict(trac
     """An idle worker is trusted to run while its pipe stays open (no /proc reads per unit); one
     killed between units closes it, and the next unit runs on a fresh worker, not as a crash."""
     with Session.open(traces.get("mlp")) as session:
-        first = session.step(1)
+        debugger = Debugger(session)
+        first = debugger.step(1).steps
         worker = _worker(session)
         worker.kill()  # the zygote's child: a zombie until the zygote reaps it
         deadline = time.monotonic() + 5
         while worker.is_running() and worker.status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
             time.sleep(0.01)
-        results = session.step(2)
+        results = debugger.step(2).steps
         assert all(r.isolated.passed and r.propagated.passed for r in first + results), results
         assert _worker(session).pid != worker.pid
         assert session.pool.restarts == 1  # the dead worker was noticed before the unit was sent

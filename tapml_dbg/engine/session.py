@@ -1,4 +1,5 @@
-"""The replay engine's state: one trace, one target, an offload set, a position, verdicts.
+"""The replay engine's state: one trace, one target, an offload set, verdicts (the position is
+the `stops.Debugger`'s).
 
 Like `bdb`, it knows nothing of terminals: every method returns result objects and reports
 progress through a callback. Its jobs are split over small collaborators: `RequestBuilder`
@@ -10,6 +11,7 @@ search), `stops.Debugger` (breakpoints and stepping), `compile_check` (codegen o
 
 from __future__ import annotations
 
+import weakref
 from pathlib import Path
 from typing import Callable
 
@@ -61,6 +63,7 @@ class Session:
         self.spec = spec or TargetSpec()
         self._torch_import = None  # torch imported in a thread while a search runs (bisect)
         self._transform_identity = transform_identity(self.spec.transform)  # to notice an edited pass
+        self._observers: list[weakref.WeakMethod] = []  # told what the session forgot (`observe`)
         # one lane per free tracker server (or --parallel N); lane 0 also does the sequential work
         self.lanes = Runtime.open(reader.path, self.spec, cache_dir, start_workers=start_workers,
                                   searching=searching)
@@ -141,6 +144,21 @@ class Session:
         return self.lanes.units
 
     # ---------------------------------------------------------------- state
+    def observe(self, forgot) -> None:
+        """Call the bound method `forgot(what)` whenever the session forgets computed state: "transform"
+        (the pass's file was edited: verdicts and target values are the old text's), "reset" (back to
+        op 0). A front end's own state (a debugger's verdicts seen, its position) follows from there.
+        Held weakly: a debugger that is gone is not kept alive by the session it watched."""
+        self._observers.append(weakref.WeakMethod(forgot))
+
+    def _forgot(self, what: str) -> None:
+        alive = [ref for ref in self._observers if ref() is not None]
+        self._observers = alive
+        for ref in alive:
+            forgot = ref()
+            if forgot is not None:
+                forgot(what)
+
     def notice_transform_edit(self) -> str:
         """When the transform's file was edited since the session last looked (a compiler engineer
         fixing a pass between two commands): forget what was computed under the old text (verdicts,
@@ -153,15 +171,16 @@ class Session:
         self.isolated_verdicts.clear()
         self.target_values = {}
         self.lanes.forget_index()
+        self._forgot("transform")
         return (f"{self.spec.transform} changed since the last command: verdicts and target values "
                 "are recomputed under its new text (the compile cache rebuilds only the units it changes)")
 
     def reset(self) -> None:
         """Back to op 0 with every op offloaded and no target values."""
-        self.position = 0
         self.offload: set[int] = set(range(len(self.ops)))
         self.target_values: dict[str, list[np.ndarray]] = {}
         self.isolated_verdicts.clear()
+        self._forgot("reset")
 
     def set_boundary(self, k: int) -> None:
         """Offload ops [0, k): the classic gradual migration."""
@@ -401,19 +420,9 @@ class Session:
         return result.outputs[0] if result.ok else None
 
     # ---------------------------------------------------------------- running
-    def step(self, count: int = 1, progress: Progress = _noop) -> list[StepResult]:
-        """Run the next `count` ops on the target, one by one, each with both verdicts."""
-        results = []
-        for _ in range(count):
-            if self.position >= len(self.ops):
-                break
-            if self.position in self.kept:  # runs on the source: no verdict (engine/kept.py)
-                results.append(self.step_result(self.position))
-            else:
-                results.append(self.compare(self.position))
-            self.position += 1
-            progress(len(results), count)
-        return results
+    def run_op(self, index: int) -> StepResult:
+        """Op `index` run on the target with both verdicts (a kept op runs on the source: none)."""
+        return self.step_result(index) if index in self.kept else self.compare(index)
 
     def bisect(self, sweep: bool = True, progress: Progress = _noop) -> BisectResult:
         """Find the first divergent op (the phases: `engine.search.Bisection`)."""

@@ -151,12 +151,14 @@ class Debugger:
 
     def __init__(self, session):
         self.session = session
+        self.position = 0  # the next op to run
         self.mode: Mode = DEFAULT_MODE
         self.breakpoints: list[Breakpoint] = []
         self._next_number = 1
         self.seen: dict[int, StepResult] = {}  # latest verdicts seen per op
         self.diverged: set[str] = set()  # ops whose propagated verdict failed this run
         self.last: StepResult | None = None  # the op the last run ran last
+        session.observe(self._session_forgot)
 
     # -- breakpoints ------------------------------------------------------------------------
     def add_breakpoint(self, kind: BreakKind, spec: str, ops: frozenset[int] = frozenset()) -> Breakpoint:
@@ -184,8 +186,17 @@ class Debugger:
         self.last = None
 
     def reset(self) -> None:
+        """Back to op 0 (the session's `reset`: every op offloaded, no target values)."""
         self.session.reset()
-        self.forget_run()
+
+    def _session_forgot(self, what: str) -> None:
+        """The session forgot computed state (`Session.observe`): a reset starts the run over from op
+        0; an edited pass makes the verdicts seen the old text's."""
+        if what == "reset":
+            self.position = 0
+            self.forget_run()
+        elif what == "transform":
+            self.seen.clear()
 
     def compare(self, index: int) -> StepResult:
         """Both verdicts of one op, remembered as seen."""
@@ -208,23 +219,21 @@ class Debugger:
         session = self.session
         total = len(session.ops)
         run = RunResult(command, self.mode)
-        if session.position >= total:
+        if self.position >= total:
             run.at_end = True
             return run
-        layer = session.ops[session.position].layer
+        layer = session.ops[self.position].layer
         planned = self._planned(command, limit, layer)
         try:
-            while session.position < total:
+            while self.position < total:
                 if limit is not None and len(run.steps) >= limit:
                     break
-                if command == Command.NEXT and run.steps and session.ops[session.position].layer != layer:
+                if command == Command.NEXT and run.steps and session.ops[self.position].layer != layer:
                     break
-                op = session.ops[session.position]
+                op = session.ops[self.position]
                 progress(len(run.steps), planned, f"#{op.index} {op.name}")
-                steps = session.step(1)
-                if not steps:
-                    break
-                result = steps[0]
+                result = session.run_op(self.position)
+                self.position += 1
                 self.seen[result.index] = result
                 self.last = result
                 run.steps.append(result)
@@ -237,18 +246,18 @@ class Debugger:
                     break
         except KeyboardInterrupt:
             run.cancelled = True
-        run.at_end = session.position >= total
-        run.next_op = session.ops[session.position] if not run.at_end else None
+        run.at_end = self.position >= total
+        run.next_op = session.ops[self.position] if not run.at_end else None
         return run
 
     def _planned(self, command: Command, limit: int | None, layer: str) -> int:
         """How many ops the run will take at most (for the progress bar)."""
         session = self.session
-        left = len(session.ops) - session.position
+        left = len(session.ops) - self.position
         if limit is not None:
             return min(limit, left)
         if command == Command.NEXT:
-            return sum(1 for op in session.ops[session.position:] if op.layer == layer)
+            return sum(1 for op in session.ops[self.position:] if op.layer == layer)
         return left
 
     def stop_reasons(self, result: StepResult, on_divergence: bool) -> tuple[list[str], bool]:

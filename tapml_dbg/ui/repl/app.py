@@ -62,12 +62,13 @@ class Repl:
         session = self.session
         target = session.target + (f"@{session.spec.rpc}" if session.spec.rpc else "")
         parts = [("class:target", f"({target}) ")]
-        if session.position < len(session.ops):
-            op = session.ops[session.position]
+        position = self.debugger.position
+        if position < len(session.ops):
+            op = session.ops[position]
             parts += [("class:index", f"#{op.index} "), ("class:op", op.name),
                       ("class:layer", f" [{op.layer or '<top>'}]")]
         else:
-            parts += [("class:index", f"#{session.position} "), ("class:op", "<end>")]
+            parts += [("class:index", f"#{position} "), ("class:op", "<end>")]
         parts.append(("", "> "))
         return parts
 
@@ -85,9 +86,8 @@ class Repl:
             if not words:
                 return Outcome()
             command = lookup(words[0])
-            edited = self.session.notice_transform_edit()  # a pass edited between two commands
-            if edited:
-                self.debugger.seen.clear()  # verdicts shown by `ops` and `show` were the old text's
+            edited = self.session.notice_transform_edit()  # a pass edited between two commands (the
+            if edited:  # debugger forgets the verdicts it has seen: `Session.observe`)
                 print_note(edited, self.out)
             result = command.handler(self.ctx, words[1:])
             render(result, self.out)

@@ -114,7 +114,7 @@ def cmd_info(ctx: Context, args: list[str]):
     remote = spec.rpc or (f"tracker {spec.tracker} key {spec.key}" if spec.tracker else "local")
     remote += f", {session.lanes.size} lane{'s' if session.lanes.size > 1 else ''}"
     return R.InfoResult(trace=info, target=session.target, remote=remote, transform=spec.transform or "none",
-                        mode=ctx.debugger.mode, position=session.position, ops=len(session.ops),
+                        mode=ctx.debugger.mode, position=ctx.debugger.position, ops=len(session.ops),
                         offload=offload_summary(session), breakpoints=len(ctx.debugger.breakpoints),
                         tolerance=tolerance)
 
@@ -128,7 +128,7 @@ def cmd_ops(ctx: Context, args: list[str]):
         indices = session.resolve_ops(query)
     else:
         indices = _search_ops(session, query)
-    rows = [R.OpRow(session.ops[i], i in session.on_target, i == session.position, ctx.debugger.seen.get(i))
+    rows = [R.OpRow(session.ops[i], i in session.on_target, i == ctx.debugger.position, ctx.debugger.seen.get(i))
             for i in indices[:OPS_PAGE]]
     return R.OpsResult(rows, len(indices), query)
 
@@ -154,8 +154,9 @@ def cmd_layers(ctx: Context, args: list[str]):
 def cmd_where(ctx: Context, args: list[str]):
     _need(args, 0, 0)
     session = ctx.session
-    op = session.ops[session.position] if session.position < len(session.ops) else None
-    return R.WhereResult(session.position, len(session.ops), op, ctx.debugger.last, session.where,
+    position = ctx.debugger.position
+    op = session.ops[position] if position < len(session.ops) else None
+    return R.WhereResult(position, len(session.ops), op, ctx.debugger.last, session.where,
                          ctx.debugger.mode, offload_summary(session), len(ctx.debugger.breakpoints),
                          _step_place(session, op))
 
