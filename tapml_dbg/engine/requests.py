@@ -20,7 +20,7 @@ from tapml_dbg.model.graph import OpInfo, TensorSpec
 from tapml_dbg.model.serialize import function_to_json
 from tapml_dbg.model.units import UnitSpec, build_unit, one_op_json
 from tapml_dbg.portable.screen import ScreenRule
-from tapml_dbg.runtime.messages import ChainRequest, UnitRequest
+from tapml_dbg.runtime.messages import BatchRequest, ChainRequest, UnitRequest
 from tapml_dbg.trace import TraceReader
 
 
@@ -147,10 +147,10 @@ class RequestBuilder:
                             also_keep=frozenset(also_keep))
 
     def isolated_batch(self, indices: list[int], screen: ScreenRule, unscreened: set[str] = frozenset(),
-                       stop_at_suspect: bool = False, defer_unbuilt: bool = False) -> tuple[ChainRequest, list[int]]:
+                       stop_at_suspect: bool = False, defer_unbuilt: bool = False) -> tuple[BatchRequest, list[int]]:
         """Isolated runs of `indices` as one request (screened in the worker: only values it cannot
         clear come back; `stop_at_suspect`: the worker stops at the first; `defer_unbuilt`: it skips
-        the units not built yet, `ChainRequest`), and the ops it holds (an op the trace cannot feed
+        the units not built yet, `BatchRequest`), and the ops it holds (an op the trace cannot feed
         is left out)."""
         units, names, held = [], [], []
         for index in indices:
@@ -160,8 +160,7 @@ class RequestBuilder:
             units.append(request)
             names.append(self.ops[index].name)
             held.append(index)
-        return ChainRequest(units, names, [], screen, frozenset(), frozenset(unscreened),
-                            1 if stop_at_suspect else len(units) + 1, independent=True,
+        return BatchRequest(units, names, screen, frozenset(unscreened), 1 if stop_at_suspect else len(units) + 1,
                             defer_unbuilt=defer_unbuilt), held
 
     def isolated(self, index: int) -> UnitRequest | str:

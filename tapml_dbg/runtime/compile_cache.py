@@ -289,9 +289,14 @@ def _link_options(suffix: str) -> dict:
 
 
 def _link_with_gcc(output: str, objects: list[str], **kwargs) -> None:
+    """Object files only: a unit whose export carries C or C++ source (a BYOC library's module)
+    is built by TVM's default driver, which links the C++ runtime that source may need."""
     from tvm.support import cc
 
-    cc.create_shared(output, [*objects, "-lm"], cc="gcc", **kwargs)
+    if all(str(path).endswith(".o") for path in objects):
+        cc.create_shared(output, [*objects, "-lm"], cc="gcc", **kwargs)
+    else:
+        cc.create_shared(output, objects, **kwargs)
 
 
 class UnitIds:

@@ -43,8 +43,8 @@ from pathlib import Path
 from tapml_dbg import settings
 from tapml_dbg.runtime import zygote
 from tapml_dbg.runtime.compile_cache import shared_units
-from tapml_dbg.runtime.messages import (ChainRequest, UnitRequest, UnitResult, UnitStatus, WorkerConfig, WorkerReply,
-                                       poisons_worker)
+from tapml_dbg.runtime.messages import (BatchRequest, ChainRequest, UnitRequest, UnitResult, UnitStatus, WorkerConfig,
+                                       WorkerReply, poisons_worker)
 
 REPLY_POLL_S = 0.2  # how often a waiting request checks that its worker is still alive
 REAP_TIMEOUT_S = 5.0  # how long a stopped worker gets to exit before it is killed
@@ -124,14 +124,14 @@ class TargetExecutor:
         (the failing unit was the first its process ran on the device, or nothing ran there)."""
         if self.interrupted or not _on_device(request):
             return None
-        if isinstance(request, ChainRequest):
+        if isinstance(request, (ChainRequest, BatchRequest)):
             position = request.names.index(result.failed_op) if result.failed_op in request.names else 0
-            if request.independent and position > 0:  # from the failing unit on, it first in a fresh process
+            if isinstance(request, BatchRequest) and position > 0:  # from the failing unit on, first in a fresh process
                 found = [name for name in result.suspects if name in request.names[:position]]
                 rest = replace(request, units=request.units[position:], names=request.names[position:],
                                suspects=max(1, request.suspects - len(found)))
                 return rest, result
-            if not request.independent and position > 0 and not request.sync_each:
+            if isinstance(request, ChainRequest) and position > 0 and not request.sync_each:
                 return replace(request, sync_each=True), None
         return (request, None) if used else None
 
@@ -367,7 +367,7 @@ class _Process:
 
 def _on_device(request: UnitRequest | ChainRequest) -> bool:
     """Whether a request runs units on the device (a compile lane's and `compile`'s do not)."""
-    return isinstance(request, ChainRequest) or not (request.prepare or request.compile_only)
+    return isinstance(request, (ChainRequest, BatchRequest)) or not (request.prepare or request.compile_only)
 
 
 def _after(earlier: UnitResult, rest: UnitResult) -> UnitResult:

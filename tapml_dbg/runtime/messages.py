@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from typing import ClassVar
 
 import numpy as np
 
@@ -114,10 +115,6 @@ class ChainRequest:
     pass (or that is in `unscreened`) is a suspect, and the chain stops at its `suspects`-th one.
     The result's `suspects` name them in order, its outputs are theirs, and `upstream` holds, per
     suspect, the target values of its chain-fed inputs. No suspect: every value clearly passed.
-    `independent`: the units read recorded values only (isolated runs batched into one request).
-    `defer_unbuilt` (independent ones only): a unit whose library is not in the cache yet is not
-    built nor waited for but skipped, named in the result's `deferred` (compile lanes are building
-    it: the batch's other units run meanwhile).
     """
 
     units: list[UnitRequest]
@@ -127,10 +124,31 @@ class ChainRequest:
     accept: frozenset[str] = frozenset()  # never suspects (already judged, or judged elsewhere)
     unscreened: frozenset[str] = frozenset()  # always suspects: only the full verdict can judge them
     suspects: int = 1
-    independent: bool = False  # units fed recorded values only (a batch of isolated runs): nothing is kept
-    defer_unbuilt: bool = False
     sync_each: bool = False  # wait for the device after each unit: a fault is reported by the unit that made it
     also_keep: frozenset[str] = frozenset()  # with `screen`: values returned whatever the screen says (`also_kept`)
+
+
+@dataclass
+class BatchRequest:
+    """Isolated runs of one-op units (each fed recorded values only) as one request to one worker,
+    each value screened there against its recorded one: only the values it cannot clear come back
+    (the result's `suspects` and their `outputs`), and it stops at its `suspects`-th one (an op in
+    `unscreened` always is one). `defer_unbuilt`: a unit whose library is not in the cache yet is
+    not built nor waited for but skipped, named in the result's `deferred` (compile lanes are
+    building it: the batch's other units run meanwhile). The worker runs it with a chain's loop, as
+    a chain of independent units that keeps nothing (the properties below)."""
+
+    units: list[UnitRequest]
+    names: list[str]  # the op each unit computes, in order
+    screen: ScreenRule
+    unscreened: frozenset[str] = frozenset()
+    suspects: int = 1
+    defer_unbuilt: bool = False
+
+    keep: ClassVar[tuple] = ()  # a batch keeps only its suspects' values
+    accept: ClassVar[frozenset] = frozenset()
+    also_keep: ClassVar[frozenset] = frozenset()
+    sync_each: ClassVar[bool] = False  # nothing stays on the device from one unit to the next
 
 
 @dataclass

@@ -26,7 +26,8 @@ from tapml_dbg.portable import PortableError, Runner, flatten, one_line
 from tapml_dbg.portable.screen import clearly_passes
 from tapml_dbg.runtime.compile_cache import (CacheEntry, CompiledUnit, KeyLedger, compile_only, compile_unit,
                                              environment_scope, load_transform, transform_identity, unit_id)
-from tapml_dbg.runtime.messages import ChainRequest, UnitRequest, UnitResult, UnitStatus, WorkerConfig, WorkerReply
+from tapml_dbg.runtime.messages import (BatchRequest, ChainRequest, UnitRequest, UnitResult, UnitStatus, WorkerConfig,
+                                       WorkerReply)
 from tapml_dbg.runtime.target import NO_DEVICE_HINT, parse_target
 from tapml_dbg.trace import TraceReader
 from tapml_dbg.trace.read_ahead import ReadAhead
@@ -106,16 +107,18 @@ class _WorkerState:
         except Exception:  # noqa: BLE001 - reported by the first unit, as without the warm-up
             pass
 
-    def handle(self, request: UnitRequest | ChainRequest) -> UnitResult:
+    def handle(self, request: UnitRequest | ChainRequest | BatchRequest) -> UnitResult:
         self.known = {}  # unit id -> its library, found in this request (a chain runs a kind of op many times)
         self.identity = None  # the transform's, read once a request
-        if isinstance(request, ChainRequest):
+        if isinstance(request, (ChainRequest, BatchRequest)):
             return self._chain(request)
         return self._unit(request)
 
-    def _chain(self, chain: ChainRequest) -> UnitResult:
+    def _chain(self, chain: ChainRequest | BatchRequest) -> UnitResult:
         """Each unit in turn, fed the earlier units' outputs on the device; the kept ones come back
-        (a screening chain: it stops at the first suspect, see `ChainRequest`)."""
+        (a screening chain: it stops at the first suspect, see `ChainRequest`). A batch's units are
+        fed recorded values only: nothing of one is kept for the next (`BatchRequest`)."""
+        independent = isinstance(chain, BatchRequest)
         self.chain_values = {}
         try:
             self._trace()  # open here: the read-ahead's plan only looks things up in it
@@ -129,7 +132,7 @@ class _WorkerState:
             keys: list[tuple[str, bool]] = []  # each unit's cache key, and whether it came from the cache
             last_use = _last_uses(chain)
             for position, (name, unit) in enumerate(zip(chain.names, chain.units)):
-                if chain.defer_unbuilt:
+                if independent and chain.defer_unbuilt:
                     unit = self._built_or_none(unit)
                     if unit is None:
                         deferred.append(name)
@@ -142,7 +145,7 @@ class _WorkerState:
                                    outputs=[kept[s] for s in suspects], suspects=suspects, deferred=deferred,
                                    upstream=upstream, unit_keys=keys)
                 keys.append((reply.key, reply.cached))
-                if not chain.independent:
+                if not independent:
                     self.chain_values[name] = reply.outputs[0]
                 if chain.screen is not None and name not in chain.accept:
                     values = [value.numpy() for value in reply.outputs[0]]
