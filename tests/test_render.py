@@ -70,6 +70,9 @@ class StubSession:
     def notice_transform_edit(self) -> str:
         return ""
 
+    def observe(self, _listener) -> None:  # the REPL's Debugger follows what the session forgot
+        return None
+
 
 def cli_output(monkeypatch, capsys, result: BisectResult) -> str:
     from tapml_dbg.engine.session import Session
