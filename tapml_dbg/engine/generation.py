@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tapml_dbg.engine.propagation import run_on_target
 from tapml_dbg.errors import UsageError
 from tapml_dbg.judge.tokens import BUG, TOKEN_TOP_K, TokenStep, compare_step
 from tapml_dbg.model.generation import TOKENS_INPUT, GenerationInfo
@@ -138,16 +139,13 @@ def _target_logits(session, tokens: np.ndarray | None, report: TokenReport) -> n
     """The output chained from per-op kernels on the target (`tokens`: fed instead of the recorded
     ones); None, with `report.failure` set, when a unit fails."""
     output = _output_index(session)
-    indices = [i for i in range(output + 1) if session.ops[i].outputs and i not in session.kept]
-    request = session.requests.chain(indices, keep=[output])
-    if tokens is not None:
-        for unit in request.units:
-            unit.inputs = [("value", tokens) if tuple(ref) == ("input", TOKENS_INPUT) else ref for ref in unit.inputs]
-    result = session.lanes.run(request, session.lanes.chain_timeout(len(indices)))
+    indices = [i for i in range(output + 1) if i not in session.kept]
+    run = run_on_target(session, indices, keep=[output], fed={TOKENS_INPUT: [tokens]} if tokens is not None else None)
+    result = run.result
     report.runs += 1
     if not result.ok or not result.outputs:
         message = result.message or "no output"
         named = result.failed_op and result.failed_op in message
         report.failure = message if named or not result.failed_op else f"op {result.failed_op}: {message}"
         return None
-    return np.asarray(result.outputs[0][0])
+    return np.asarray(run.values[session.ops[output].name][0])

@@ -2,9 +2,11 @@
 source runner, values crossing the boundary both ways (TapML's gradual migration, docs/migrate.md).
 
 Walks the ops in order. A maximal run of consecutive offloaded ops inside one *unit span* becomes
-one target unit fed the run's current values; the spans are fixed per trace (cut at the end of
-every top-level block, `top_level_blocks`), so the same block compiles to the same unit, under the
-same compile-cache key, whatever else is offloaded: a migration compiles each block once. An op
+one target run fed the run's current values: a chain of per-op kernels (engine/propagation.py,
+the propagated values every command computes, so `run --offload all` gives an op the bits `step`,
+`report` and bisect give it). The spans are fixed per trace (cut at the end of every top-level
+block, `top_level_blocks`), so a migration step that feeds a block what the step before fed it
+reuses that block's values (`_UnitMemo`) whatever else is offloaded. An op
 left on the source re-executes its FX node in the recorded dtype on torch CPU, fed the current
 values of the nodes before it (the target's where their op was offloaded): with nothing
 offloaded that is the recording, bit for bit.
@@ -34,6 +36,7 @@ from typing import Callable
 import numpy as np
 
 from tapml_dbg.engine.kept import kept_note
+from tapml_dbg.engine.propagation import TargetRun, run_on_target
 from tapml_dbg.errors import TraceError, UsageError
 from tapml_dbg.judge.compare import Metrics
 from tapml_dbg.judge.verdict import PROPAGATED, Status, Verdict
@@ -339,24 +342,26 @@ class MixedRunner:
                     raise TraceError(f"op #{index} {self.ops[index].name} reads {name}, which has no value in "
                                      f"this mixed run: offload {name} too")
         key = self._unit_key(indices, state)
-        unit = self._memo.get(key)
-        if unit is None:
-            unit = session.lanes.run(session.requests.ops_request(names, names, state.values))
+        run = self._memo.get(key)
+        if run is None:  # the propagated values of engine/propagation.py, fed this run's values
+            run = run_on_target(session, indices, fed=state.values)
             result.units += 1
-            result.compiled += 0 if unit.cached else 1
-            if unit.ok:
-                self._memo.put(key, unit)
+            result.compiled += 0 if run.result.cached else 1
+            if run.result.ok:
+                self._memo.put(key, run)
         else:
             result.reused += 1
+        unit = run.result
         if not unit.ok:
             first_line = (unit.message or "").splitlines()[:1]
-            result.failure = (f"the target unit of ops #{indices[0]}..#{indices[-1]} ended with {unit.status}: "
+            result.failure = (f"the target run of ops #{indices[0]}..#{indices[-1]} ended with {unit.status}: "
                               f"{''.join(first_line)}")
             for index in indices:
                 state.failed[index] = unit
             return
-        for index, values in zip(indices, unit.outputs):
+        for index in indices:
             op = self.ops[index]
+            values = run.values.get(op.name, [])
             state.values[op.name] = values
             state.tainted.add(op.name)
             self._enter_source(op, values, state)
@@ -509,28 +514,28 @@ class _UnitMemo:
 
     def __init__(self, budget: int):
         self.budget = budget
-        self.entries: OrderedDict[tuple, UnitResult] = OrderedDict()
+        self.entries: OrderedDict[tuple, TargetRun] = OrderedDict()
         self.bytes = 0
 
-    def get(self, key: tuple) -> UnitResult | None:
+    def get(self, key: tuple) -> TargetRun | None:
         found = self.entries.get(key)
         if found is not None:
             self.entries.move_to_end(key)
         return found
 
-    def put(self, key: tuple, unit: UnitResult) -> None:
-        size = _nbytes(unit)
+    def put(self, key: tuple, run: TargetRun) -> None:
+        size = _nbytes(run)
         if size > self.budget:
             return
-        self.entries[key] = unit
+        self.entries[key] = run
         self.bytes += size
         while self.bytes > self.budget:
             _, dropped = self.entries.popitem(last=False)
             self.bytes -= _nbytes(dropped)
 
 
-def _nbytes(unit: UnitResult) -> int:
-    return sum(int(np.asarray(array).nbytes) for values in unit.outputs for array in values)
+def _nbytes(run: TargetRun) -> int:
+    return sum(int(np.asarray(array).nbytes) for values in run.values.values() for array in values)
 
 
 def _digest(array: np.ndarray) -> tuple:

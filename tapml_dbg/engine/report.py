@@ -2,9 +2,9 @@
 
 Two sweeps, no verdict rule of its own:
 - isolated: the session's batched sweep (`Session.isolated_many`: many ops per compiled unit);
-- propagated: one chain, the whole model on the target with every op fed the target's own
-  upstream values (every op offloaded, as `continue` from op 0 runs it), compiled as a few
-  consecutive fused segments instead of one unit per op.
+- propagated: the whole model on the target with every op fed the target's own upstream values
+  (every op offloaded, as `continue` from op 0 runs it): engine/propagation.py's chain of per-op
+  kernels, a segment at a time, the values `step`, bisect and `run --offload all` compute.
 Each value is judged by `Session.judge`; the culprit is the first op `engine.stops` would stop
 `continue` at (`first_divergence`), or bisect's culprit when a bisect result is given, so the
 page, the CLI and the REPL tell one story.
@@ -30,19 +30,16 @@ from typing import Callable
 import numpy as np
 
 from tapml_dbg.engine.generation import TokenReport, teacher_forced, trace_generation
-from tapml_dbg.engine.kept import segments as kept_segments
 from tapml_dbg.engine.migrate import MigrateResult
+from tapml_dbg.engine.propagation import propagated_series
 from tapml_dbg.engine.results import BisectResult, Culprit, StepResult
 from tapml_dbg.engine.stops import first_divergence
-from tapml_dbg.errors import TraceError
 from tapml_dbg.judge.tokens import TokenStep
 from tapml_dbg.judge.verdict import ISOLATED, PROPAGATED, Mode, Status, Verdict
 from tapml_dbg.model.generation import GenerationInfo
 from tapml_dbg.model.graph import OpInfo
-from tapml_dbg.runtime.messages import UnitResult
 from tapml_dbg.trace.inspect import trace_info
 
-CHAIN_SEGMENT_OPS = 128  # ops per fused unit of the propagated chain: one compile each
 MAX_LAYER_BANDS = 24  # the deepest layer level with at most this many bands is drawn
 # [8]'s fields, read with getattr so that a trace judged without them (the fixed policy) draws too
 SOURCE_ERROR_FIELD = "source_err"  # Metrics: max |source - float64 reference| (absolute)
@@ -305,55 +302,15 @@ def culprit_of(step: StepResult, op: OpInfo) -> Culprit:
 
 
 def propagated_chain(session, progress: Progress = _noop, last: int | None = None) -> dict[int, Verdict]:
-    """Every op (up to `last`) on the target fed the target's own upstream values, in fused segments.
-
-    A segment that does not run (a compile error, a crash) is redone op by op, so a failed run is
-    that op's verdict only; a value the target did not give is then read from the trace. Segments
-    are cut at kept ops (engine/kept.py), which get no verdict: the ops after one read its recorded value.
-    """
-    ops = session.ops[:None if last is None else last + 1]
-    values: dict[str, list[np.ndarray]] = {}  # target values still read by a later op
+    """Every op's (up to `last`) propagated verdict: engine/propagation.py's series, judged. A kept
+    op (engine/kept.py) gets none; an op the trace cannot feed, a missing one."""
     verdicts: dict[int, Verdict] = {}
-    segments = [[ops[i] for i in run[start:start + CHAIN_SEGMENT_OPS]]
-                for run in kept_segments([op.index for op in ops], session.kept)
-                for start in range(0, len(run), CHAIN_SEGMENT_OPS)]
-    for number, segment in enumerate(segments):
-        progress(number, len(segments), f"propagated chain {segment[0].index}..{segment[-1].index}")
-        result = _run(session, segment, values)
-        if result is not None and result.ok:
-            _judge(session, segment, result, verdicts, values)
-        else:
-            for op in segment:
-                single = _run(session, [op], values)
-                if single is None:
-                    verdicts[op.index] = Verdict(op.index, op.name, PROPAGATED, Status.MISSING,
-                                                 message=session.reader.missing_values_message(op.index))
-                else:
-                    _judge(session, [op], single, verdicts, values)
-        last = segment[-1].index
-        for name in [name for name in values if max(session.consumers.get(name, [-1])) <= last]:
-            del values[name]  # nothing after this segment reads it
-    progress(len(segments), len(segments), "propagated chain done")
+    for index, result, outputs in propagated_series(session, progress, last):
+        op = session.ops[index]
+        verdicts[index] = (session.judge(index, PROPAGATED, result, outputs) if result is not None else
+                           Verdict(index, op.name, PROPAGATED, Status.MISSING,
+                                   message=session.reader.missing_values_message(index)))
     return verdicts
-
-
-def _run(session, segment: list[OpInfo], values: dict) -> UnitResult | None:
-    """One fused unit of `segment`'s ops returning each op's value; None when the trace cannot feed it."""
-    names = [op.name for op in segment]
-    outputs = [op.name for op in segment if op.outputs]
-    try:
-        return session.lanes.run(session.requests.ops_request(names, outputs, values))
-    except TraceError:
-        return None
-
-
-def _judge(session, segment: list[OpInfo], result: UnitResult, verdicts: dict, values: dict) -> None:
-    judged = [op for op in segment if op.outputs]
-    for position, op in enumerate(judged):
-        outputs = result.outputs[position] if result.ok else None
-        verdicts[op.index] = session.judge(op.index, PROPAGATED, result, outputs)
-        if result.ok and session.consumers.get(op.name):
-            values[op.name] = outputs
 
 
 def layer_bands(ops: list[OpInfo], max_bands: int = MAX_LAYER_BANDS) -> list[LayerBand]:

@@ -128,16 +128,20 @@ class RequestBuilder:
 
     def chain(self, indices: list[int], keep: list[int] | None = None, screen: ScreenRule | None = None,
               accept: set[str] = frozenset(), unscreened: set[str] = frozenset(), suspects: int = 1,
-              also_keep: set[str] = frozenset()) -> ChainRequest:
+              also_keep: set[str] = frozenset(), fed: dict[str, list[np.ndarray]] | None = None) -> ChainRequest:
         """Ops `indices` (in order) each as its own one-op unit, chained on the target: an input that
-        an earlier op of the chain computes is that op's target value, any other a recorded one.
+        an earlier op of the chain computes is that op's target value, one `fed` holds is that value
+        (the caller's: earlier target values, a mixed run's source values), any other a recorded one.
         `keep`: the ops whose values come back (default: all); `screen`, `accept`, `unscreened`,
         `suspects`, `also_keep`: a screening chain, which stops at its `suspects`-th suspect (`ChainRequest`)."""
         units, names, chained = [], [], set()
+        fed = fed or {}
         for index in indices:
             name = self.ops[index].name
             unit_json, spec = self.one_op_unit(name)
-            refs = [("chain", value, field) if value in chained else self.recorded_ref(value, field)
+            refs = [("chain", value, field) if value in chained
+                    else ("value", fed[value][max(field, 0)]) if value in fed
+                    else self.recorded_ref(value, field)
                     for value, field in spec.inputs]
             units.append(UnitRequest(unit_json=unit_json, inputs=refs, outputs=spec.outputs))
             names.append(name)

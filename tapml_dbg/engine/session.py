@@ -23,6 +23,7 @@ from tapml_dbg.engine.kept import parse_kept, with_node_groups
 from tapml_dbg.engine.migrate import MigrateResult, Migration
 from tapml_dbg.engine.mixed import MixedRun, MixedRunner
 from tapml_dbg.engine.references import SourceReference, load_source_graph
+from tapml_dbg.engine.propagation import run_on_target
 from tapml_dbg.engine.requests import RequestBuilder
 from tapml_dbg.engine.results import BisectResult, CompileReport, StepResult
 from tapml_dbg.engine.search import Bisection
@@ -379,17 +380,14 @@ class Session:
         return self.judge(index, PROPAGATED, result, outputs), outputs
 
     def _propagated_values(self, index: int) -> tuple[UnitResult, list[np.ndarray] | None]:
-        """Run op `index` on the target fed its offloaded ancestors' target values (computing the missing ones)."""
+        """Run op `index` on the target fed its offloaded ancestors' target values (computing the missing
+        ones): the propagated values of engine/propagation.py."""
         missing = [i for i in self._offloaded_ancestors(index) if self.ops[i].name not in self.target_values]
-        chain = sorted(set(missing) | {index})
-        names = [self.ops[i].name for i in chain]
-        result = self.lanes.run(self.requests.ops_request(names, names, self.target_values))
-        outputs = result.outputs[-1] if result.ok else None
-        if result.ok:  # only offloaded ops feed later ops with target values
-            for i, values in zip(chain, result.outputs):
-                if i in self.on_target:
-                    self.target_values[self.ops[i].name] = values
-        return result, outputs
+        run = run_on_target(self, sorted(set(missing) | {index}), fed=self.target_values)
+        for name, values in run.values.items():  # only offloaded ops feed later ops with target values
+            if self.by_name[name].index in self.on_target:
+                self.target_values[name] = values
+        return run.result, run.values.get(self.ops[index].name) if run.result.ok else None
 
     def _offloaded_ancestors(self, index: int) -> list[int]:
         seen: set[int] = set()

@@ -140,9 +140,10 @@ class _WorkerState:
                 reply = self._unit(unit, keep_on_device=True, sync=chain.sync_each)
                 if reply.status == UnitStatus.TRACE_ERROR:  # the trace's own one-line message
                     return reply
-                if not reply.ok:
+                if not reply.ok:  # what ran before it comes back too
+                    done = suspects if chain.screen is not None else [n for n in chain.keep if n in kept]
                     return replace(reply, failed_op=name, message=f"op {name}: {reply.message}",
-                                   outputs=[kept[s] for s in suspects], suspects=suspects, deferred=deferred,
+                                   outputs=[kept[n] for n in done], suspects=suspects, deferred=deferred,
                                    upstream=upstream, unit_keys=keys)
                 keys.append((reply.key, reply.cached))
                 if not independent:

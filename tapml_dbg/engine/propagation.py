@@ -1,0 +1,107 @@
+"""Propagated values, the target fed its own values: one implementation for the REPL's `step`,
+`plot`/`report`'s series, bisect's chain and mixed runs (`run --offload all`).
+
+Ops run on the target as a chain of per-op kernels (`RequestBuilder.chain`, run by the worker's
+chain loop): each op is its own one-op unit, the unit the compile cache shares between layers,
+fed the target values of the chain's earlier ops; any other input comes from `fed` (values the
+caller already holds: a step's earlier target values, a report's earlier segments, a mixed run's
+boundary values) or else from the recording. An op fed the same values is therefore the same
+kernel run on the same bytes wherever it is asked for, and gives the same bits
+(tests/test_propagated_values.py). Bisect's chain (engine/chain.py) is this chain with a screen.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import numpy as np
+
+from tapml_dbg.engine.kept import segments as kept_segments
+from tapml_dbg.errors import TraceError
+from tapml_dbg.runtime.messages import UnitResult, UnitStatus
+
+SERIES_SEGMENT_OPS = 256  # ops per chained run of a series: their values come back at once
+Progress = Callable[..., None]
+OpValue = tuple[int, "UnitResult | None", "list[np.ndarray] | None"]  # (op, its run or None: no values to feed it, values)
+
+
+def _noop(*_args, **_kwargs) -> None:
+    return None
+
+
+@dataclass
+class TargetRun:
+    """What a chain of per-op kernels gave: the kept ops' target values (those computed before a
+    failure too) and the run itself (ok, or the op that failed, `failed_op`, and why)."""
+
+    values: dict[str, list[np.ndarray]]
+    result: UnitResult
+
+    @property
+    def failed_op(self) -> str | None:
+        """The op whose unit failed; None when the run is ok or died without saying where (a crash)."""
+        return None if self.result.ok else (self.result.failed_op or None)
+
+
+def run_on_target(session, indices: list[int], keep: list[int] | None = None,
+                  fed: dict[str, list[np.ndarray]] | None = None) -> TargetRun:
+    """Ops `indices` (in order) on the target, each fed the chain's own earlier values, else `fed`'s,
+    else the recording; the values of `keep` (default: all) come back. Raises TraceError when the
+    trace cannot feed an input."""
+    ops = session.ops
+    chain = [i for i in indices if ops[i].outputs]  # an op without a value is no unit
+    kept = chain if keep is None else [i for i in chain if i in set(keep)]
+    request = session.requests.chain(chain, keep=kept, fed=fed)
+    result = session.lanes.run(request, session.lanes.chain_timeout(len(chain)))
+    names = [ops[i].name for i in kept]
+    if not result.ok:  # what ran before the failed op came back: the kept ops before it
+        names = names[:len(result.outputs)]
+    return TargetRun(dict(zip(names, result.outputs)), result)
+
+
+def propagated_series(session, progress: Progress = _noop, last: int | None = None) -> Iterator[OpValue]:
+    """Every op (up to `last`) on the target fed the target's own upstream values, in order, a
+    segment of per-op kernels at a time: (op, its run, its values). A failed run (a compile error,
+    a crash) is that op's only: the chain goes on after it, the op's value read from the trace.
+    Segments are cut at kept ops (engine/kept.py), which yield nothing: the ops after one read its
+    recorded value. Only the values a later op still reads are held."""
+    ops = session.ops[:None if last is None else last + 1]
+    held: dict[str, list[np.ndarray]] = {}
+    segments = [run[start:start + SERIES_SEGMENT_OPS]
+                for run in kept_segments([op.index for op in ops], session.kept)
+                for start in range(0, len(run), SERIES_SEGMENT_OPS)]
+    for number, segment in enumerate(segments):
+        progress(number, len(segments), f"propagated chain {segment[0]}..{segment[-1]}")
+        yield from _segment(session, [i for i in segment if session.ops[i].outputs], held)
+        for name in [name for name in held if max(session.consumers.get(name, [-1])) <= segment[-1]]:
+            del held[name]  # nothing after this segment reads it
+    progress(len(segments), len(segments), "propagated chain done")
+
+
+def _segment(session, indices: list[int], held: dict) -> Iterator[OpValue]:
+    """Ops `indices` chained on the target, each value a later op reads added to `held`; past a failed
+    op the chain goes on without it. A chain the trace cannot feed, or that dies without naming its
+    op, is run op by op."""
+    ran = UnitResult(UnitStatus.OK)  # the ops before a failed one ran
+    while indices:
+        try:
+            run = run_on_target(session, indices, fed=held)
+        except TraceError:
+            run = None
+        if run is None or (not run.result.ok and run.failed_op is None):
+            if len(indices) == 1:
+                yield indices[0], None if run is None else run.result, None
+            else:
+                for index in indices:
+                    yield from _segment(session, [index], held)
+            return
+        for name, values in run.values.items():
+            if session.consumers.get(name):
+                held[name] = values
+            yield session.by_name[name].index, run.result if run.result.ok else ran, values
+        if run.result.ok:
+            return
+        failed = session.by_name[run.failed_op].index
+        yield failed, run.result, None
+        indices = indices[indices.index(failed) + 1:]
