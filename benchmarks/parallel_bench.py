@@ -6,7 +6,7 @@ Starts a tracker and two `tvm.exec.rpc_server`s on 127.0.0.1 (key `cpu`), record
 once, then times, for each workload, a session that uses one lane (`--parallel 1`: one leased
 server) and one that uses one lane per free server (the default: two):
 
-  - isolated sweep: every op's isolated verdict (`Session.isolated_many`), batched
+  - isolated sweep: every op's isolated verdict (`Verdicts.isolated_many`), batched
   - compile_all:    every op compiled alone (what `tapml-dbg compile` does)
   - bisect:         a 1% fault planted in the middle op, found with the sweep
 
@@ -106,7 +106,7 @@ def _timed(Session, trace, workload, options, cache, transform, middle) -> tuple
         lanes = str(session.pool.size)
         started = time.perf_counter()
         if workload == "isolated sweep":
-            verdicts = session.isolated_many(range(len(session.ops)))
+            verdicts = session.verdicts.isolated_many(range(len(session.ops)))
             assert all(v.status in ("pass", "missing") for v in verdicts.values()), "a clean trace failed"
         elif workload == "compile_all":
             assert session.compile_all().failed == 0

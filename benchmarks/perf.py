@@ -18,7 +18,7 @@ leak into the next. For each model:
 - disk floor: the trace file's size written again as one flat file in 16 MiB blocks (`os.write`,
   no fsync, like the recorder), in its own process after the recording: what just moving the
   trace's bytes to this disk costs, with no graph, stats or HDF5;
-- replay: the isolated verdict of every op (`Session.isolated_many`) and a bisect to a fault
+- replay: the isolated verdict of every op (`Verdicts.isolated_many`) and a bisect to a fault
   planted at the op in the middle, both with an empty compile cache, on tvm llvm, and the peak
   RSS of the replaying process tree;
 - with --window (default on for gpt2_124m): the same model recorded with `--window` over one
@@ -187,7 +187,7 @@ with Session.open(trace, cache_dir=cache + "-sweep") as session:
     first, end = (capture["first"], capture["end"]) if capture else (0, len(session.ops))
     indices = list(range(first, end))
     started = time.perf_counter()
-    verdicts = session.isolated_many(indices)
+    verdicts = session.verdicts.isolated_many(indices)
     out.update(isolated_s=time.perf_counter() - started, isolated_ops=len(indices), units=session.probes,
                isolated_pass=sum(v.status == "pass" for v in verdicts.values()),
                lanes=session.pool.size)

@@ -205,7 +205,7 @@ def fresh(session):
 
     session.reset()
     session.policy = TolerancePolicy()
-    session.invalidate_verdicts()
+    session.verdicts.clear()
     return session
 
 

@@ -84,7 +84,7 @@ def test_isolated_verdicts_inside_pass_outside_say_what_to_record(recorded):
     with Session.open(paths["gpt2_layer"]) as session:
         capture = session.reader.capture
         first, end = capture["first"], capture["end"]
-        verdicts = session.isolated_many(list(range(first, end)))
+        verdicts = session.verdicts.isolated_many(list(range(first, end)))
         assert all(v.status == "pass" for v in verdicts.values()), [v for v in verdicts.values() if not v.passed]
         outside = end + 2
         verdict = session.isolated(outside)

@@ -22,7 +22,7 @@ def test_suspects_that_pass_are_accepted_and_the_chain_runs_again(traces, tmp_pa
     policy = TolerancePolicy(by_op={name: Tolerance(rtol=1e-4, atol=1e-6) for name in early})
     transform = fault_transform(tmp_path, "scale", "gelu_1")
     with Session.open(path, transform=transform, policy=policy) as session:
-        assert set(early) <= session.unscreened()
+        assert set(early) <= session.verdicts.unscreened()
         bisection = Bisection(session)
         result = bisection.run()
     assert (result.culprit.name, result.culprit.verdict) == ("gelu_1", "isolated")

@@ -70,7 +70,7 @@ def clean(mlp, cache):
 
 
 def _all_ops(session) -> dict[int, str]:
-    verdicts = session.isolated_many(range(len(session.ops)))
+    verdicts = session.verdicts.isolated_many(range(len(session.ops)))
     return {index: verdict.status for index, verdict in verdicts.items()}
 
 
@@ -163,7 +163,7 @@ def test_compile_lanes_give_the_run_lanes_answers(mlp, tmp_path, monkeypatch):
     with Session.open(mlp, transform=transform, cache_dir=tmp_path / "cache") as session:
         assert session.lanes.compile_lanes == 2
         ops = range(8, 20)
-        verdicts = session.isolated_many(ops)
+        verdicts = session.verdicts.isolated_many(ops)
         assert all(units > 0 for units in session.lanes.compile_pool.units)  # both lanes compiled
         assert session.lanes.cache.compiled == len(session.lanes.cache.keys) < len(ops)  # blocks.1 and .2 share units
         assert session.pool.units[0] == len(ops)  # and the run lane ran them all
@@ -197,7 +197,7 @@ def test_a_chain_of_one_op_units_gives_the_fused_runs_values(mlp, cache, tmp_pat
             for a, b in zip(chained, whole):
                 np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
         failing = [i for i, outputs in zip(indices, result.outputs)
-                   if not session.judge(i, PROPAGATED, result, outputs).passed]
+                   if not session.verdicts.judge(i, PROPAGATED, result, outputs).passed]
         assert failing and failing[0] == session.by_name["gelu_1"].index
 
 

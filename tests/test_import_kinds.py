@@ -46,7 +46,7 @@ def _record_and_replay(tmp_path, kind: str) -> tuple[dict, list[dict], list[np.n
     assert [o.shape for o in outputs] == [e.shape for e in eager]
     assert all(np.array_equal(o, e) for o, e in zip(outputs, eager)), "the last op must be the model's output"
     with Session.open(path) as session:
-        verdicts = session.isolated_many(list(range(len(ops))))
+        verdicts = session.verdicts.isolated_many(list(range(len(ops))))
         assert all(v.status in (Status.PASS, Status.MISSING) for v in verdicts.values()), \
             [(v.name, v.status, v.message) for v in verdicts.values() if v.status != Status.PASS]
         result = session.bisect(sweep=False)

@@ -231,3 +231,16 @@ def test_the_engine_starts_no_thread():
     wrong = [f"{path.relative_to(PACKAGE.parent)}:{line} imports {name}" for path, name, line in _engine_imports()
              if name.split(".")[0] in CONCURRENCY_LIBRARIES]
     assert not wrong, "the engine states what to run, the runtime runs it beside (Runtime.beside):\n" + "\n".join(wrong)
+
+
+MAX_SESSION_METHODS = 30  # Session is state and its collaborators by job, not a corridor ([14])
+
+
+def test_the_session_is_split_by_job():
+    """Verdicts (engine/verdicts.py), the propagated replay (engine/propagation.py) and the position
+    (engine/stops.py) live beside the Session, which keeps at most 30 methods."""
+    path = PACKAGE / "engine" / "session.py"
+    session = next(node for node in ast.parse(path.read_text()).body
+                   if isinstance(node, ast.ClassDef) and node.name == "Session")
+    methods = [node.name for node in session.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    assert len(methods) <= MAX_SESSION_METHODS, f"Session has {len(methods)} methods: move a job out of it"

@@ -60,7 +60,7 @@ def test_everything_offloaded_equals_the_propagated_replay(mlp):
     assert run.units == len(unit_bounds(mlp.ops, top_level_blocks(mlp.ops))) - 1  # one unit per block span
     last = mlp.ops[-1]
     assert run.verdicts[last.index].status == mlp.propagated(last.index).status
-    replayed = mlp.target_values  # the propagated replay's value of every op upstream of the output
+    replayed = mlp.replay.values  # the propagated replay's value of every op upstream of the output
     assert len(replayed) == len(mlp.ops)
     assert [name for name, values in replayed.items()
             if not all(_same_bits(a, b) for a, b in zip(run.values[name], values))] == []
@@ -75,7 +75,7 @@ def test_a_mixed_run_feeds_target_values_into_source_ops(planted_mlp):
     assert failing and failing[0] == planted and not run.passed
     after_layer = [i for i in failing if i > max(session.layer_ops(PLANTED_LAYER))]
     assert after_layer, "the error must reach the source ops downstream"
-    assert session.offload == set(range(len(session.ops)))  # a mixed run leaves the session's state alone
+    assert session.replay.offload == set(range(len(session.ops)))  # a mixed run leaves the session's state alone
 
 
 def test_a_fault_in_one_layer_fails_exactly_the_steps_that_include_it(planted_mlp):

@@ -127,11 +127,11 @@ def test_a_crash_in_one_lane_is_that_ops_verdict_only(traces, tmp_path):
     transform = fault_transform(tmp_path, "out_of_bounds", "gelu_1")  # the kernel segfaults when run
     with Session.open(traces.get("mlp"), transform=transform, parallel=2, cache_dir=tmp_path / "cache") as session:
         ops = range(8, 20)  # one unit per op over two lanes; gelu_1's (op 13) crashes its lane's worker
-        verdicts = session.isolated_many(ops)
+        verdicts = session.verdicts.isolated_many(ops)
         assert _statuses(verdicts) == {i: "crash" if i == 13 else "pass" for i in ops}
         assert "SIGSEGV" in verdicts[13].message
         assert all(count > 0 for count in session.pool.units)
-        session.invalidate_verdicts()  # the pool goes on: a crashed lane starts a fresh worker
+        session.verdicts.clear()  # the pool goes on: a crashed lane starts a fresh worker
         assert session.isolated(13).status == "crash" and session.isolated(12).passed
 
 

@@ -30,12 +30,12 @@ def test_an_op_has_one_propagated_value_whichever_command_asks(traces, example):
         names = {session.ops[i].name for i in picks}
 
         Debugger(session).step(last + 1)  # the REPL's `step`: one op at a time, both verdicts each
-        stepped = {name: session.target_values[name] for name in names}
+        stepped = {name: session.replay.values[name] for name in names}
 
         series = {session.ops[i].name: values for i, _run, values in propagated_series(session, last=last)
                   if i in picks}
 
-        finding = ChainSearch(session, 0, last, session.unscreened(), also_keep=names).run()
+        finding = ChainSearch(session, 0, last, session.verdicts.unscreened(), also_keep=names).run()
         assert finding.index is None and not finding.lost, finding.message  # a clean model: runs to the end
 
         mixed = session.mixed_runner.run(range(len(session.ops)), keep_values=True)

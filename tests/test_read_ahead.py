@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 
 import numpy as np
 
@@ -73,7 +74,8 @@ def test_a_chain_reads_ahead_while_it_builds_and_computes_what_it_computes_witho
     trace = traces.get("mlp")
     with Session.open(trace) as session:
         indices = [op.index for op in session.ops if op.outputs][:CHAIN_OPS]
-        request = session.requests.chain(indices, screen=session.screen_rule(PROPAGATED), suspects=len(indices))
+        request = replace(session.requests.chain(indices, keep=[]), screen=session.verdicts.screen_rule(PROPAGATED),
+                          suspects=len(indices))
     config = WorkerConfig(str(trace), TargetSpec(target="llvm"), str(tmp_path / "cache"))
 
     cold, warm = _WorkerState(config).handle(request), _WorkerState(config).handle(request)

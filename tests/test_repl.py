@@ -299,7 +299,7 @@ def test_print_of_an_op_that_is_not_offloaded(t):
     # the propagated value of an op outside the offload set, the same on every call
     assert out.count("#9 native_layer_norm_1[0,:2]  (2,) float32  (target value: propagated, op not offloaded)") == 2
     assert "no target value" not in out
-    assert "native_layer_norm_1" not in t.repl.session.target_values  # downstream still reads the source
+    assert "native_layer_norm_1" not in t.repl.session.replay.values  # downstream still reads the source
     out = t.run("mode isolated", "print 9 0,:2")
     assert "(target value: isolated, op not offloaded)" in out
 

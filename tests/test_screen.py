@@ -92,8 +92,8 @@ def test_a_searching_sweep_stops_each_batch_at_its_first_suspect(traces, tmp_pat
     with Session.open(path, transform=fault_transform(tmp_path, "scale", fault.name), policy=policy) as session:
         sweep = session.isolated_verdicts
         before = session.lanes.units
-        failing = sweep.lowest_failing(swept, SweepPlan(screen=session.screen_rule(ISOLATED),
-                                                          unscreened=session.unscreened()))
+        failing = sweep.lowest_failing(swept, SweepPlan(screen=session.verdicts.screen_rule(ISOLATED),
+                                                          unscreened=session.verdicts.unscreened()))
         assert failing is not None and failing.index == fault.index
         assert session.lanes.units - before == 3  # one batch, stopped at each passing suspect, then at the fault
         below, above = [i for i in swept if i < fault.index], [i for i in swept if i > fault.index]
@@ -124,7 +124,7 @@ def test_a_sweep_beside_compiles_ahead_runs_the_built_units_first_and_the_others
 
         session.lanes.counted = counting
         rest = [i for i in swept if i not in built]
-        sweep.fill(rest, SweepPlan(screen=session.screen_rule(ISOLATED), unscreened=session.unscreened(),
+        sweep.fill(rest, SweepPlan(screen=session.verdicts.screen_rule(ISOLATED), unscreened=session.verdicts.unscreened(),
                                    stop_at_failure=True, compiled=True,
                                    building=lambda: True))  # nobody builds: all left to the end
         first_skipped, first_ran = deferred[0]

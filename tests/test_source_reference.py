@@ -192,7 +192,7 @@ def test_an_import_that_changes_the_type_is_bisected_to_that_op(models, model, o
         assert result.culprit.wrong == WrongClass.TYPE and result.culprit.verdict == "isolated"
         assert what in result.culprit.summary
         assert result.culprit.to_json()["class"] == "type"
-        assert session.type_changed_ops()[0] == _op(session, op)
+        assert session.verdicts.type_changed_ops()[0] == _op(session, op)
     with TraceReader(path) as reader:  # the trace keeps the source's own value, not a cast of it
         index = next(o["index"] for o in reader.ops if o["name"] == op)
         source = what.split("source ")[1]
@@ -228,7 +228,7 @@ def test_a_1e_4_fault_in_an_fp32_elementwise_op_is_caught_where_the_fixed_rule_m
         result = session.bisect()
         assert result.culprit.name == "gelu_1" and result.culprit.verdict == "isolated"
         session.policy.kind = PolicyKind.FIXED  # `tol fixed`
-        session.invalidate_verdicts()
+        session.verdicts.clear()
         assert session.isolated(_op(session, "gelu_1")).passed
 
 
@@ -276,7 +276,7 @@ def test_uninitialised_memory_is_not_judged(models):
         assert session.propagated(empty).status == Status.UNDEFINED
         assert not session.bisect().diverged  # TVM imports zeros for torch.empty: no false alarm
         session.policy.kind = PolicyKind.FIXED
-        session.invalidate_verdicts()
+        session.verdicts.clear()
         assert session.isolated(empty).status == Status.UNDEFINED  # whatever the rule
 
 

@@ -76,13 +76,13 @@ def test_cli_bisect_and_triage_blame_only_the_poisoning_op(traces, tmp_path):
 def test_sweep_and_mixed_run_take_no_verdict_from_a_poisoned_worker(traces, tmp_path):
     with Session.open(traces.get("mlp"), transform=poison_transform(tmp_path, OP)) as session:
         every = list(range(len(session.ops) - 1))  # (the last op is the output tuple)
-        verdicts = session.isolated_many(every)
+        verdicts = session.verdicts.isolated_many(every)
         assert {i for i, v in verdicts.items() if not v.passed} == {INDEX}
         run = session.run_mixed(every + [len(session.ops) - 1])  # `run --offload all`
         failing = sorted(i for i, v in run.verdicts.items() if v.failed)
         unit = [i for i in failing if session.ops[i].layer.startswith("blocks.1")]
         assert INDEX in failing and failing == unit, failing  # the unit that holds the op, nothing run after it
-        session.invalidate_verdicts()
+        session.verdicts.clear()
         assert session.isolated(INDEX + 1).passed  # the lane that ran it goes on in a fresh worker
         assert session.isolated(INDEX).status == "error"
 

@@ -18,7 +18,7 @@ kills the worker, a timeout) says so (`lost`), and the caller searches another w
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tapml_dbg.judge.verdict import PROPAGATED, Verdict
 from tapml_dbg.runtime.scheduler import Background
@@ -44,24 +44,24 @@ class ChainSearch:
     """One per-op search over ops [first, last] of a session."""
 
     def __init__(self, session, first: int, last: int, unscreened: set[str], also_keep: set[str] = frozenset()):
-        """`unscreened`: the ops only a full verdict may judge (`Session.unscreened`); `also_keep`: ops whose
+        """`unscreened`: the ops only a full verdict may judge (`Verdicts.unscreened`); `also_keep`: ops whose
         values a run to the end hands back too (`ChainFinding.kept`)."""
         self.session = session
         self.also_keep = also_keep
         self.first, self.last = first, last
         # a kept op is no unit of the chain: its consumers read its recorded value (engine/kept.py)
         self.indices = [i for i in range(first, last + 1) if session.ops[i].outputs and i not in session.kept]
-        typed = {session.ops[i].name for i in session.type_changed_ops()}
+        typed = {session.ops[i].name for i in session.verdicts.type_changed_ops()}
         self.accept, self.unscreened = set(typed), unscreened - typed
-        self.screen = session.screen_rule(PROPAGATED)
+        self.screen = session.verdicts.screen_rule(PROPAGATED)
         self.timeout = session.lanes.chain_timeout(len(self.indices))
 
     def request(self, runs: int = 0):
         """The next chained run: every op, the ones judged so far accepted; each run collects twice
         the suspects of the one before, so a model of many passing suspects costs O(log N) runs."""
-        return self.session.requests.chain(self.indices, screen=self.screen, accept=self.accept,
-                                           unscreened=self.unscreened, suspects=self._suspects(runs),
-                                           also_keep=self.also_keep)
+        return replace(self.session.requests.chain(self.indices, keep=[]), screen=self.screen,
+                       accept=frozenset(self.accept), unscreened=frozenset(self.unscreened),
+                       suspects=self._suspects(runs), also_keep=frozenset(self.also_keep))
 
     @staticmethod
     def _suspects(runs: int) -> int:
@@ -100,7 +100,7 @@ class ChainSearch:
                     return finding
                 index = session.by_name[result.failed_op].index
                 isolated = session.isolated(index)
-                verdict = isolated if isolated.failed else session.judge(index, PROPAGATED, result, None)
+                verdict = isolated if isolated.failed else session.verdicts.judge(index, PROPAGATED, result, None)
                 return self._found(finding, index, verdict, {})
             if len(result.suspects) < wanted:  # it ran to the end
                 finding.probes.append((self.last, False))
@@ -114,7 +114,7 @@ class ChainSearch:
         if isolated.failed:
             return isolated
         fed = {session.ops[i].name for i in self.indices if i < index}
-        verdict = session.judge(index, PROPAGATED, result, values, fed_by_target=fed)
+        verdict = session.verdicts.judge(index, PROPAGATED, result, values, fed_by_target=fed)
         return verdict if verdict.failed else None
 
     def _found(self, finding: ChainFinding, index: int, verdict: Verdict, upstream: dict) -> ChainFinding:

@@ -346,7 +346,7 @@ def op_verdict(session: Session, index: int) -> Verdict:
         return session.isolated(index)
     name = session.ops[index].name
     result = session.lanes.run(session.requests.ops_request([op.name for op in chain] + [name], [name]))
-    return session.judge(index, ISOLATED, result, result.outputs[0] if result.ok else None)
+    return session.verdicts.judge(index, ISOLATED, result, result.outputs[0] if result.ok else None)
 
 
 def composed_text(fix_path: str | Path, transform: str) -> str:

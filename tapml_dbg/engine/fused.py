@@ -64,7 +64,7 @@ def unit_verdict(session, ops: list[int], index: int,
     """Op `index`'s value out of ops `ops` compiled as one unit, judged as a value that crossed target ops."""
     names = [session.ops[i].name for i in ops]
     result = session.lanes.run(session.requests.ops_request(names, [session.ops[index].name], target_values))
-    verdict = session.judge(index, PROPAGATED, result, result.outputs[0] if result.ok else None)
+    verdict = session.verdicts.judge(index, PROPAGATED, result, result.outputs[0] if result.ok else None)
     return verdict
 
 

@@ -21,7 +21,7 @@ from tapml_dbg.runtime.scheduler import Runtime
 from tapml_dbg.runtime.messages import UnitRequest, UnitResult, UnitStatus
 
 SWEEP_BATCH = 32  # screened isolated runs per request: one round trip instead of 32 (a search's stop at a suspect)
-KEPT_FAILED_RUNS = 4  # failing ops whose outputs are kept for their second run (Session.explain)
+KEPT_FAILED_RUNS = 4  # failing ops whose outputs are kept for their second run (Verdicts.explain)
 
 Judge = Callable[[int, str, UnitResult, list], Verdict]  # (index, mode, result, outputs) -> verdict
 Progress = Callable[..., None]

@@ -483,7 +483,7 @@ class MixedRunner:
             if values is None:
                 checks.append(OutputCheck(name, 0, False, None, message=result.failure or "no value in this run"))
                 continue
-            verdict = session.judge(op.index, PROPAGATED, UnitResult(UnitStatus.OK), values,
+            verdict = session.verdicts.judge(op.index, PROPAGATED, UnitResult(UnitStatus.OK), values,
                                     fed_by_target=state.tainted)
             recorded = session.source_values(op.index)
             for k, array in enumerate(values):
@@ -497,19 +497,19 @@ class MixedRunner:
         session = self.session
         if op.index in state.failed:
             unit = state.failed[op.index]
-            return session.judge(op.index, PROPAGATED, unit, None)
+            return session.verdicts.judge(op.index, PROPAGATED, unit, None)
         values = state.values.get(op.name)
         if values is None:
             return Verdict(op.index, op.name, PROPAGATED, Status.MISSING,
                            message=result.failure or "no value in this run (a helper of a source op)")
-        return session.judge(op.index, PROPAGATED, UnitResult(UnitStatus.OK), values, fed_by_target=state.tainted)
+        return session.verdicts.judge(op.index, PROPAGATED, UnitResult(UnitStatus.OK), values, fed_by_target=state.tainted)
 
 
 class _UnitMemo:
     """Target results of units by what they were fed, least recently used dropped past a byte budget.
 
     A migration step reruns the prefix of the step before it on the same values: its units' results
-    are those of that step (this assumes a deterministic target; `Session.explain`, which bisect's culprit goes through,
+    are those of that step (this assumes a deterministic target; `Verdicts.explain`, which bisect's culprit goes through,
     reruns a unit to tell a nondeterministic kernel)."""
 
     def __init__(self, budget: int):

@@ -18,7 +18,8 @@ from typing import Callable, Iterator
 import numpy as np
 
 from tapml_dbg.engine.kept import segments as kept_segments
-from tapml_dbg.errors import TraceError
+from tapml_dbg.errors import TraceError, UsageError
+from tapml_dbg.judge.verdict import PROPAGATED, Status, Verdict
 from tapml_dbg.runtime.messages import UnitResult, UnitStatus
 
 SERIES_SEGMENT_OPS = 256  # ops per chained run of a series: their values come back at once
@@ -105,3 +106,71 @@ def _segment(session, indices: list[int], held: dict) -> Iterator[OpValue]:
         failed = session.by_name[run.failed_op].index
         yield failed, run.result, None
         indices = indices[indices.index(failed) + 1:]
+
+
+class PropagatedReplay:
+    """The REPL's propagated replay: which ops run on the target (the offload set, less the session's
+    kept ops) and the target values computed so far; an op's value is computed from its offloaded
+    ancestors' (those missing run first, in one chain), and an op left on the source feeds its
+    consumers its recorded value."""
+
+    def __init__(self, session):
+        self.session = session
+        self.offload: set[int] = set(range(len(session.ops)))
+        self.values: dict[str, list[np.ndarray]] = {}  # target values of on-target ops computed so far
+
+    def reset(self) -> None:
+        """Every op offloaded, no target values."""
+        self.offload = set(range(len(self.session.ops)))
+        self.values = {}
+
+    def set_boundary(self, k: int) -> None:
+        """Offload ops [0, k): the classic gradual migration."""
+        if not 0 <= k <= len(self.session.ops):
+            raise UsageError(f"boundary must be between 0 and {len(self.session.ops)}")
+        self.offload, self.values = set(range(k)), {}
+
+    def add(self, indices: list[int]) -> None:
+        self.offload.update(indices)
+        self.values = {}
+
+    def remove(self, indices: list[int]) -> None:
+        self.offload.difference_update(indices)
+        self.values = {}
+
+    @property
+    def on_target(self) -> set[int]:
+        """The ops the replay runs on the target: the offload set without the kept ops."""
+        return self.offload - self.session.kept
+
+    def verdict(self, index: int) -> tuple[Verdict, list[np.ndarray] | None]:
+        """Op `index`'s propagated verdict and its target value (None when it has none)."""
+        op = self.session.ops[index]
+        try:
+            result, outputs = self.run(index)
+        except TraceError as exc:
+            return Verdict(index, op.name, PROPAGATED, Status.MISSING, message=str(exc)), None
+        return self.session.verdicts.judge(index, PROPAGATED, result, outputs), outputs
+
+    def run(self, index: int) -> tuple[UnitResult, list[np.ndarray] | None]:
+        """Op `index` on the target fed its offloaded ancestors' target values (computing the missing ones)."""
+        session = self.session
+        on_target = self.on_target
+        missing = [i for i in self._ancestors(index, on_target) if session.ops[i].name not in self.values]
+        run = run_on_target(session, sorted(set(missing) | {index}), fed=self.values)
+        for name, values in run.values.items():  # only offloaded ops feed later ops with target values
+            if session.by_name[name].index in on_target:
+                self.values[name] = values
+        return run.result, run.values.get(session.ops[index].name) if run.result.ok else None
+
+    def _ancestors(self, index: int, on_target: set[int]) -> list[int]:
+        """The on-target ops op `index` reads through on-target ops only."""
+        seen: set[int] = set()
+        stack = list(self.session.ops[index].inputs)
+        while stack:
+            op = self.session.by_name.get(stack.pop())
+            if op is None or op.index in seen or op.index not in on_target:
+                continue
+            seen.add(op.index)
+            stack.extend(op.inputs)
+        return sorted(seen)

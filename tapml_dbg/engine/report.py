@@ -1,11 +1,11 @@
 """The data of `tapml-dbg report`: every op's isolated and propagated verdict along the model.
 
 Two sweeps, no verdict rule of its own:
-- isolated: the session's batched sweep (`Session.isolated_many`: many ops per compiled unit);
+- isolated: the session's batched sweep (`Verdicts.isolated_many`: many ops per compiled unit);
 - propagated: the whole model on the target with every op fed the target's own upstream values
   (every op offloaded, as `continue` from op 0 runs it): engine/propagation.py's chain of per-op
   kernels, a segment at a time, the values `step`, bisect and `run --offload all` compute.
-Each value is judged by `Session.judge`; the culprit is the first op `engine.stops` would stop
+Each value is judged by `Verdicts.judge`; the culprit is the first op `engine.stops` would stop
 `continue` at (`first_divergence`), or bisect's culprit when a bisect result is given, so the
 page, the CLI and the REPL tell one story.
 
@@ -281,7 +281,7 @@ def error_points(session, indices: list[int] | None = None, progress: Progress =
     if not wanted:
         return []
     judged = [i for i in wanted if ops[i].outputs and i not in session.kept]
-    isolated = session.isolated_many(judged, progress)
+    isolated = session.verdicts.isolated_many(judged, progress)
     propagated = propagated_chain(session, progress, last=wanted[-1])
     return [OpPoint(ops[i].index, ops[i].name, ops[i].op, ops[i].layer, ops[i].outputs[0].dtype if ops[i].outputs
                     else "", isolated.get(i), propagated.get(i)) for i in wanted]
@@ -307,7 +307,7 @@ def propagated_chain(session, progress: Progress = _noop, last: int | None = Non
     verdicts: dict[int, Verdict] = {}
     for index, result, outputs in propagated_series(session, progress, last):
         op = session.ops[index]
-        verdicts[index] = (session.judge(index, PROPAGATED, result, outputs) if result is not None else
+        verdicts[index] = (session.verdicts.judge(index, PROPAGATED, result, outputs) if result is not None else
                            Verdict(index, op.name, PROPAGATED, Status.MISSING,
                                    message=session.reader.missing_values_message(index)))
     return verdicts

@@ -126,14 +126,13 @@ class RequestBuilder:
             self._one_op[name] = sliced
         return self._one_op[name]
 
-    def chain(self, indices: list[int], keep: list[int] | None = None, screen: ScreenRule | None = None,
-              accept: set[str] = frozenset(), unscreened: set[str] = frozenset(), suspects: int = 1,
-              also_keep: set[str] = frozenset(), fed: dict[str, list[np.ndarray]] | None = None) -> ChainRequest:
+    def chain(self, indices: list[int], keep: list[int] | None = None,
+              fed: dict[str, list[np.ndarray]] | None = None) -> ChainRequest:
         """Ops `indices` (in order) each as its own one-op unit, chained on the target: an input that
         an earlier op of the chain computes is that op's target value, one `fed` holds is that value
         (the caller's: earlier target values, a mixed run's source values), any other a recorded one.
-        `keep`: the ops whose values come back (default: all); `screen`, `accept`, `unscreened`,
-        `suspects`, `also_keep`: a screening chain, which stops at its `suspects`-th suspect (`ChainRequest`)."""
+        `keep`: the ops whose values come back (default: all). A screening chain is this one with its
+        screen's fields set (`ChainRequest`, engine/chain.py)."""
         units, names, chained = [], [], set()
         fed = fed or {}
         for index in indices:
@@ -146,9 +145,7 @@ class RequestBuilder:
             units.append(UnitRequest(unit_json=unit_json, inputs=refs, outputs=spec.outputs))
             names.append(name)
             chained.add(name)
-        kept = names if keep is None else [self.ops[i].name for i in keep]
-        return ChainRequest(units, names, kept, screen, frozenset(accept), frozenset(unscreened), suspects,
-                            also_keep=frozenset(also_keep))
+        return ChainRequest(units, names, names if keep is None else [self.ops[i].name for i in keep])
 
     def isolated_batch(self, indices: list[int], screen: ScreenRule, unscreened: set[str] = frozenset(),
                        stop_at_suspect: bool = False, defer_unbuilt: bool = False) -> tuple[BatchRequest, list[int]]:

@@ -30,7 +30,7 @@ Kept ops (`Session.kept`, engine/kept.py) are in no phase: no chain unit, no pro
 sweep, no type verdict; the ops after one are fed its recorded value, so the search names the
 next divergence past a known bug.
 The culprit's failing verdict is then judged once more with a second run of its unit
-(`Session.explain`), so a nondeterministic kernel is told from a wrong one; it carries its class.
+(`Verdicts.explain`), so a nondeterministic kernel is told from a wrong one; it carries its class.
 """
 
 from __future__ import annotations
@@ -177,15 +177,15 @@ class Bisection:
         self.search_trace = SearchTrace()
         self.probe_results: dict[int, UnitResult] = {}  # prefix end k -> the probe's result
         self.parallel = session.lanes.size > 1
-        self.explain_units = 0  # units run to classify the culprit (Session.explain), not to find it
+        self.explain_units = 0  # units run to classify the culprit (Verdicts.explain), not to find it
         self.chain = ChainFinding()  # what the per-op chain found (phase 1)
         self.fused_first = self.first  # where the fused probes start: `first`, or a generation step's first op
         self.by_step = False  # the fused probes are a generation's steps (`_fused_search_by_step`)
         self.split: int | None = None  # the sweep's ops from here on run beside it (`_chain_then_top`)
         self.chained = None  # the chain's first run's result, once it is done (beside the sweep)
         self.top = None  # (ops, result, most) of the sweep's upper part, run beside it
-        self.screen = session.screen_rule(ISOLATED)  # the sweep's
-        self.unscreened = session.unscreened()  # ops only a full verdict may judge, in the chain and the sweep
+        self.screen = session.verdicts.screen_rule(ISOLATED)  # the sweep's
+        self.unscreened = session.verdicts.unscreened()  # ops only a full verdict may judge, in the chain and the sweep
         # a generation's output, handed back by a chain of every op up to it (its tokens need no second run)
         self.output = output_name(session) if trace_generation(session) is not None and self.first == 0 else None
 
@@ -213,7 +213,7 @@ class Bisection:
                 if culprit is None:
                     self.notes.append(TYPE_NOTE if earliest.wrong == WrongClass.TYPE else WASHED_OUT_NOTE)
                 culprit = self._culprit(earliest.index, earliest, ISOLATED)
-        typed = [i for i in session.type_changed_ops() if self.first <= i < end and i not in self.kept]
+        typed = [i for i in session.verdicts.type_changed_ops() if self.first <= i < end and i not in self.kept]
         if typed and (culprit is None or typed[0] < culprit.index):
             if culprit is None:
                 self.notes.append(TYPE_NOTE)
@@ -408,7 +408,7 @@ class Bisection:
             return True
         for name, outputs in zip(self._frontier(k), result.outputs):
             op = self.session.by_name[name]
-            if not self.session.judge(op.index, PROPAGATED, result, outputs).passed:
+            if not self.session.verdicts.judge(op.index, PROPAGATED, result, outputs).passed:
                 result.message = f"op {op.index} ({name}) diverges"
                 return True
         return False
@@ -436,7 +436,7 @@ class Bisection:
         names = self._frontier(index)
         if op.name not in names:
             return Verdict(index, op.name, PROPAGATED, Status.ERROR, message="no value for the op in the probe")
-        return self.session.judge(index, PROPAGATED, probe, probe.outputs[names.index(op.name)])
+        return self.session.verdicts.judge(index, PROPAGATED, probe, probe.outputs[names.index(op.name)])
 
     # -- phase 5: fused ----------------------------------------------------------------------
     def fused_phase(self, candidate: int) -> Culprit | None:
@@ -495,11 +495,11 @@ class Bisection:
     def _culprit(self, index: int, verdict: Verdict, mode: Mode, upstream: dict | None = None) -> Culprit:
         op = self.session.ops[index]
         before = self.session.lanes.units
-        verdict = self.session.explain(verdict, upstream)
+        verdict = self.session.verdicts.explain(verdict, upstream)
         self.explain_units += self.session.lanes.units - before
         kind = mode if verdict.status.judged else verdict.status
         wrong, evidence = verdict.wrong, verdict.evidence
-        if wrong is None and index in self.session.type_changed_ops():  # e.g. no verdict (missing): still a type one
+        if wrong is None and index in self.session.verdicts.type_changed_ops():  # e.g. no verdict (missing): still a type one
             wrong, evidence = WrongClass.TYPE, type_evidence(self.session.reference.type_changes[index])
         return Culprit(op.index, op.name, op.op, op.layer, kind, verdict.worst, verdict.message, wrong, evidence,
                        source_location=op.source_location, step=op.step)

@@ -109,14 +109,14 @@ class TriageResult:
 
 def triage(session, progress: Progress = _noop, points: list[OpPoint] | None = None) -> TriageResult:
     """Both verdicts of every op (unless `points` already holds them), grouped by cause. Failing
-    isolated verdicts are judged again with a second run (`Session.explain`), so an out-of-bounds
+    isolated verdicts are judged again with a second run (`Verdicts.explain`), so an out-of-bounds
     read is classed nondeterministic before it is grouped."""
     started = time.perf_counter()
     points = error_points(session, progress=progress) if points is None else points
     failing = [p for p in points if p.isolated is not None and p.isolated.status == Status.FAIL]
     for point in failing[:EXPLAINED_OPS]:
-        point.isolated = session.explain(point.isolated)
-    type_changed = {index: session.reference.type_changes[index] for index in session.type_changed_ops()}
+        point.isolated = session.verdicts.explain(point.isolated)
+    type_changed = {index: session.reference.type_changes[index] for index in session.verdicts.type_changed_ops()}
     result = group_causes(session.where, session.ops, points, type_changed, session.kept)
     stock = stock_import_group(session.ops, session.reference.stock_meta, type_changed, session.kept)
     if stock is not None:  # a finding of the stock import, not of the target

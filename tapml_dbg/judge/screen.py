@@ -10,7 +10,7 @@ from tapml_dbg.portable.screen import ScreenRule, clearly_passes  # noqa: F401 (
 
 def rule_for(policy: TolerancePolicy, propagated: bool) -> ScreenRule:
     """The screen of a `judge.compare.TolerancePolicy` in one mode (per-op tolerances are not in
-    it: ops with one are left to the full verdict, see `Session.unscreened`)."""
+    it: ops with one are left to the full verdict, see `Verdicts.unscreened`)."""
     fixed = {}
     for dtype in policy.by_dtype:
         tol = policy.for_value(dtype, None, propagated)

@@ -146,7 +146,7 @@ def _check_on_target(session, entries: list[dict], progress) -> tuple[dict[str, 
     checked = {}
     carved = [entry["index"] for entry in entries]
     try:
-        checked = session.isolated_many(carved, lambda done, count, what="": progress(
+        checked = session.verdicts.isolated_many(carved, lambda done, count, what="": progress(
             done, count, f"checking on {session.target}: {what}"))
     except TargetError as exc:  # e.g. a kernel that takes the RPC server's session down
         check_error = str(exc)

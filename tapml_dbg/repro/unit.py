@@ -207,7 +207,7 @@ def unit_module(session, ops: list[OpInfo], outputs: list[OpInfo] | None = None)
         unread += [len(refs) + k for k in sorted(dead_fields.get(op.name, ()))]
         refs += [ValueRef(f"op/{op.name}/{k}", "op", op.name, k, array) for k, array in enumerate(source)]
         # the tolerance as the session picks it: by the source's own dtype when the recorder had to cast
-        tolerance_dtype = session.tolerance_dtype(op.index)
+        tolerance_dtype = session.verdicts.tolerance_dtype(op.index)
         crossed = any(name in names for name in op.inputs)
         for array in source:
             tol = session.policy.for_value(tolerance_dtype or dtype_name(array), op.name, crossed)

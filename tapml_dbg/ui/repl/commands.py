@@ -87,7 +87,7 @@ def _need(args: list[str], low: int, high: int | None = None) -> None:
 
 def offload_summary(session) -> str:
     """`0..12, 15..25 (24 of 26 ops)`, or `none`."""
-    return spans_text(session.offload, len(session.ops))
+    return spans_text(session.replay.offload, len(session.ops))
 
 
 # --------------------------------------------------------------------------- handlers
@@ -128,7 +128,7 @@ def cmd_ops(ctx: Context, args: list[str]):
         indices = session.resolve_ops(query)
     else:
         indices = _search_ops(session, query)
-    rows = [R.OpRow(session.ops[i], i in session.on_target, i == ctx.debugger.position, ctx.debugger.seen.get(i))
+    rows = [R.OpRow(session.ops[i], i in session.replay.on_target, i == ctx.debugger.position, ctx.debugger.seen.get(i))
             for i in indices[:OPS_PAGE]]
     return R.OpsResult(rows, len(indices), query)
 
@@ -192,7 +192,7 @@ def cmd_show(ctx: Context, args: list[str]):
     recorded = op.index in session.recorded
     stats = session.reader.op_stats(op.index) if recorded else []
     note = session.reader.op_note(op.index) if recorded else "not recorded"
-    return R.ShowResult(op, func.script(), inputs, stats, note, op.index in session.offload,
+    return R.ShowResult(op, func.script(), inputs, stats, note, op.index in session.replay.offload,
                         ctx.debugger.seen.get(op.index))
 
 
@@ -213,12 +213,12 @@ def cmd_boundary(ctx: Context, args: list[str]):
     text = args[0]
     if is_index(text):  # K is a count of ops, not an op index: `boundary 26` offloads all 26
         k = int(text.lstrip(INDEX_MARK))
-        session.set_boundary(k)
+        session.replay.set_boundary(k)
         what = f"ops [0, {k}) run on the target"
     else:
         indices = session.layer_ops(text)  # UsageError with close matches if not a layer
         k = max(indices) + 1
-        session.set_boundary(k)
+        session.replay.set_boundary(k)
         what = f"ops [0, {k}) run on the target: everything up to the end of layer {text}"
     ctx.debugger.forget_run()
     return R.OffloadResult(f"boundary {k}: {what}; the rest runs on the source", offload_summary(session))
@@ -233,13 +233,13 @@ def cmd_offload(ctx: Context, args: list[str]):
     if action not in ("add", "remove"):
         raise ArgError(f"expected add or remove, not {action!r}")
     indices = session.resolve_ops(text)  # never empty: an empty selection is a UsageError
-    before = set(session.offload)
+    before = set(session.replay.offload)
     if action == "add":
-        session.offload_add(indices)
-        changed, verb, already = len(session.offload - before), "added", "already offloaded"
+        session.replay.add(indices)
+        changed, verb, already = len(session.replay.offload - before), "added", "already offloaded"
     else:
-        session.offload_remove(indices)
-        changed, verb, already = len(before - session.offload), "removed", "not offloaded"
+        session.replay.remove(indices)
+        changed, verb, already = len(before - session.replay.offload), "removed", "not offloaded"
     ctx.debugger.forget_run()
     unchanged = len(indices) - changed
     note = f" ({unchanged} of the {len(indices)} selected were {already})" if unchanged else ""
@@ -383,9 +383,9 @@ def cmd_compare(ctx: Context, args: list[str]):
     with ctx.progress(f"compare #{op.index} on {session.target}"):
         step = ctx.debugger.compare(op.index)
         # a failing verdict is run once more: a nondeterministic kernel is told from a wrong one
-        step.isolated = session.explain(step.isolated) if step.isolated is not None else None
-        step.propagated = session.explain(step.propagated) if step.propagated is not None else None
-    return R.CompareResult(step, op, op.index in session.offload)
+        step.isolated = session.verdicts.explain(step.isolated) if step.isolated is not None else None
+        step.propagated = session.verdicts.explain(step.propagated) if step.propagated is not None else None
+    return R.CompareResult(step, op, op.index in session.replay.offload)
 
 
 def cmd_print(ctx: Context, args: list[str]):
@@ -409,12 +409,16 @@ def cmd_print(ctx: Context, args: list[str]):
         except (IndexError, TypeError) as exc:
             raise ArgError(f"slice [{format_slice(index)}] does not fit shape {tuple(source.shape)}: {exc}") from None
         outputs.append(R.PrintedOutput(number, source_part, target_part, note))
-    return R.PrintResult(op, mode, format_slice(index) if index else "", outputs, op.index in session.offload)
+    return R.PrintResult(op, mode, format_slice(index) if index else "", outputs, op.index in session.replay.offload)
 
 
 def _target_value(session, index: int, mode: str):
-    """The op's target value in `mode`, the one its verdict compared."""
-    return session.target_output(index, mode)
+    """The op's target value in `mode`, the one its verdict compared (None: the run failed)."""
+    if mode == PROPAGATED:
+        return session.replay.verdict(index)[1]
+    name = session.ops[index].name
+    result = session.lanes.run(session.requests.ops_request([name], [name]))
+    return result.outputs[0] if result.ok else None
 
 
 def cmd_tol(ctx: Context, args: list[str]):
@@ -465,7 +469,7 @@ def cmd_tol(ctx: Context, args: list[str]):
     else:
         raise ArgError(f"expected a dtype ({', '.join(TOL_DTYPES)}), op, propagated, fixed, noise-floor or "
                        f"reset; not {head!r}")
-    session.invalidate_verdicts()
+    session.verdicts.clear()
     return R.TolResult(policy.to_json(), message + " (verdicts from now on; `reset` to re-run from op 0)")
 
 

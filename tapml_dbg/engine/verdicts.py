@@ -1,0 +1,166 @@
+"""Verdicts: the rule that judges an op's target value, and what a verdict says beyond pass or fail.
+
+`judge` turns a unit's run into a verdict (judge/judge.py's rule, fed the session's live source
+reference: float64 references, type changes, the low-precision evidence); a propagated failure of
+an op that is right alone inherits the class of the upstream op it comes from; `explain` runs a
+failing unit again to tell a nondeterministic kernel from a wrong one. A search asks here what the
+worker's screen may clear (`screen_rule`) and what only a full verdict can judge (`unscreened`).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from tapml_dbg.errors import TraceError
+from tapml_dbg.judge.classify import Evidence, Facts
+from tapml_dbg.judge.judge import failed_run, judge_outputs
+from tapml_dbg.judge.screen import ScreenRule, rule_for
+from tapml_dbg.judge.verdict import ISOLATED, PROPAGATED, Mode, Status, Verdict, WrongClass
+from tapml_dbg.runtime.messages import UnitResult
+from tapml_dbg.trace.schema import CAST_NOTE_PREFIX
+
+Progress = Callable[..., None]
+
+
+def _noop(*_args, **_kwargs) -> None:
+    return None
+
+
+class Verdicts:
+    """The verdicts of one session's ops (its isolated-verdict cache is `IsolatedVerdicts`)."""
+
+    def __init__(self, session):
+        self.session = session
+        self.ops = session.ops
+        self.by_name = session.by_name
+        self.reader = session.reader
+        self.reference = session.reference
+        self.requests = session.requests
+        self.recorded = session.recorded
+        self.dead_fields = session.dead_fields
+
+    def tolerance_dtype(self, index: int) -> str | None:
+        """The source's own dtype when the recorder had to cast its value (e.g. fp16 mm -> fp32): an
+        older trace's note. A trace with its source graph keeps its own values and lists type changes
+        in the graph (engine/references.py): no note to read (a search asks for every op's)."""
+        if self.reference.graph is not None:
+            return None
+        note = self.reader.op_note(index) if index in self.recorded else ""
+        return note[len(CAST_NOTE_PREFIX):] if note.startswith(CAST_NOTE_PREFIX) else None
+
+    def judge(self, index: int, mode: Mode, result: UnitResult, outputs: list[np.ndarray] | None,
+              rerun: list[np.ndarray] | None = None, fed_by_target: set[str] | None = None) -> Verdict:
+        """The verdict of op `index` given what its unit returned (`rerun`: a second run's outputs,
+        the evidence of a `nondeterministic` class; `fed_by_target`: the ops whose target values fed
+        it, when not the session's propagated replay, e.g. in a mixed run)."""
+        op = self.ops[index]
+        if not result.ok:  # of class `type` when the op's import changed a type the model reads
+            dead = self.dead_fields.get(op.name, set())
+            changes = [c for c in self.reference.type_changes.get(index, []) if c.output not in dead]
+            return failed_run(index, op.name, mode, result.status, result.message, Facts(changes))
+        if index not in self.recorded:
+            return Verdict(index, op.name, mode, Status.MISSING, message=self.reader.missing_values_message(index))
+        reference = self.reference.isolated(index) if mode == ISOLATED else self.reference.propagated(index)
+        if fed_by_target is None:
+            fed_by_target = set(self.session.replay.values) if mode == PROPAGATED else set()
+        facts = Facts(self.reference.type_changes.get(index, []),
+                      self.requests.cast_inputs(index, fed_by_target, self.dead_fields))
+
+        def evidence() -> Evidence:
+            found = self.reference.low_precision(index)
+            found.rerun = rerun
+            return found
+
+        verdict = judge_outputs(index, op.name, mode, outputs, self.session.source_values(index), self.session.policy,
+                                self.tolerance_dtype(index), self.dead_fields.get(op.name, set()),
+                                reference=reference, facts=facts, evidence=evidence)
+        if mode == PROPAGATED and verdict.status == Status.FAIL and verdict.wrong != WrongClass.TYPE:
+            self._inherit_class(verdict)
+        return verdict
+
+    def screen_rule(self, mode: Mode) -> ScreenRule:
+        """What a search checks values against before it asks for a verdict (judge/screen.py)."""
+        return rule_for(self.session.policy, mode == PROPAGATED)
+
+    def unscreened(self) -> set[str]:
+        """Ops only a full verdict can judge: a per-op tolerance, uninitialised elements, a value the
+        recorder cast (its tolerance is its source dtype's)."""
+        names = set(self.session.policy.by_op)
+        names.update(self.ops[i].name for i in self.reference.undefined_masks())
+        names.update(self.ops[i].name for i in self.recorded if self.tolerance_dtype(i))
+        return names
+
+    def _inherit_class(self, verdict: Verdict) -> None:
+        """A propagated failure of an op that is right alone (its isolated verdict passed) is the kind of
+        wrong of the upstream op it comes from: the nearest ancestor whose isolated verdict failed. One
+        of an op that is wrong alone too, and unexplained by its own inputs, is its isolated kind."""
+        own = self.session.isolated_verdicts.cache.get(verdict.index)
+        if own is not None and own.status == Status.FAIL and own.wrong is not None \
+                and verdict.wrong == WrongClass.SEMANTIC:
+            verdict.wrong, verdict.evidence = own.wrong, f"as the op alone (isolated): {own.evidence}"
+            return
+        if own is None or not own.passed:
+            return
+        seen, frontier = set(), list(self.ops[verdict.index].inputs)
+        while frontier:
+            name = frontier.pop(0)
+            upstream = self.by_name.get(name)
+            if upstream is None or upstream.index in seen:
+                continue
+            seen.add(upstream.index)
+            cached = self.session.isolated_verdicts.cache.get(upstream.index)
+            if cached is not None and cached.status == Status.FAIL and cached.wrong is not None:
+                verdict.wrong = cached.wrong
+                verdict.evidence = (f"the op alone passes; the error arrives from #{upstream.index} {upstream.name} "
+                                    f"({cached.wrong}: {cached.evidence})")
+                return
+            frontier.extend(upstream.inputs)
+        verdict.evidence = f"the op alone passes (isolated); the error arrives from upstream. {verdict.evidence}"
+
+    def explain(self, verdict: Verdict, upstream: dict[str, list[np.ndarray]] | None = None) -> Verdict:
+        """A failing verdict judged again with a second run of its unit on the target, so that a
+        nondeterministic kernel (an out-of-bounds read, a race) is told from a wrong one.
+        `upstream`: the target values that fed a propagated verdict (a search's chain), run again
+        as they are instead of the session's propagated replay."""
+        if verdict.status != Status.FAIL or verdict.wrong == WrongClass.TYPE:
+            return verdict
+        index = verdict.index
+        fed = None
+        try:
+            if verdict.mode == ISOLATED or upstream is not None:
+                name = self.ops[index].name
+                first = self.session.isolated_verdicts.failed_run(index) if upstream is None else None  # the sweep's
+                runs = [first] if first is not None else []
+                while len(runs) < 2:
+                    runs.append(self.session.lanes.run(self.requests.ops_request([name], [name], upstream)))
+                outputs = [run.outputs[0] if run.ok else None for run in runs]
+                fed = set(upstream) if upstream is not None else None
+            else:  # the first run computes the target's upstream values; the next two are the same unit
+                runs = [self.session.replay.run(index) for _ in range(3)][1:]
+                outputs = [run[1] for run in runs]
+                runs = [run[0] for run in runs]
+        except TraceError:
+            return verdict
+        if not runs[0].ok or outputs[0] is None or outputs[1] is None:
+            return verdict
+        explained = self.judge(index, verdict.mode, runs[0], outputs[0], rerun=outputs[1], fed_by_target=fed)
+        if verdict.mode == ISOLATED:
+            self.session.isolated_verdicts.cache[index] = explained
+        return explained
+
+    def type_changed_ops(self) -> list[int]:
+        """Ops whose import declares another dtype or shape than the source computed for an output
+        the model reads (a type verdict each), in order."""
+        return sorted(index for index, changes in self.reference.type_changes.items()
+                      if any(c.output not in self.dead_fields.get(self.ops[index].name, set()) for c in changes))
+
+    def clear(self) -> None:
+        """Forget cached verdicts, e.g. after the tolerance policy changed."""
+        self.session.isolated_verdicts.clear()
+
+    def isolated_many(self, indices: list[int], progress: Progress = _noop) -> dict[int, Verdict]:
+        """Isolated verdicts of many ops, batched and spread over the lanes (no early stop)."""
+        self.session.isolated_verdicts.fill(list(indices), progress=progress)
+        return {index: self.session.isolated_verdicts.get(index) for index in indices}
