@@ -1,8 +1,8 @@
 """`migrate` vs one mixed run with everything offloaded, in the same run, cold compile cache each.
 
-A migration over N blocks runs N mixed runs; each cuts its target units at the same block ends, so
-each step should compile only its new block (plus the partial-block units of the culprit search,
-when a step fails). This measures what that costs against the cheapest whole-model replay, one
+A migration over N blocks runs N mixed runs; each runs its target ops as chains of per-op kernels
+cut at the same block ends (engine/propagation.py), so each distinct op compiles once and a step
+reuses the values of the blocks the step before fed the same. This measures what that costs against the cheapest whole-model replay, one
 mixed run with everything on the target (`tapml-dbg run TRACE --offload all`), both from an empty
 compile cache, and prints one table with the machine and versions.
 
