@@ -61,11 +61,13 @@ def four_ways(session, picks: list[int]) -> tuple[dict[str, dict[str, list]], di
     Debugger(session).step(last + 1)
     values["step"] = {name: session.replay.values.get(name) for name in names}
     seconds["step"] = time.perf_counter() - started
+    print(f"step: {seconds['step']:.1f} s", file=sys.stderr, flush=True)
 
     started = time.perf_counter()
     values["report"] = {session.ops[i].name: found for i, _run, found in propagated_series(session, last=last)
                         if i in picks}
     seconds["report"] = time.perf_counter() - started
+    print(f"report: {seconds['report']:.1f} s", file=sys.stderr, flush=True)
 
     started = time.perf_counter()
     finding = ChainSearch(session, 0, last, session.verdicts.unscreened(), also_keep=names).run()
@@ -73,6 +75,7 @@ def four_ways(session, picks: list[int]) -> tuple[dict[str, dict[str, list]], di
         raise SystemExit(f"the chain stopped at op {finding.index} ({finding.message}): pick a clean model")
     values["bisect chain"] = {name: finding.kept.get(name) for name in names}
     seconds["bisect chain"] = time.perf_counter() - started
+    print(f"bisect chain: {seconds['bisect chain']:.1f} s", file=sys.stderr, flush=True)
 
     started = time.perf_counter()
     mixed = session.mixed_runner.run(range(len(session.ops)), keep_values=True)
@@ -98,6 +101,7 @@ def main() -> None:
     trace = Path(args.trace) if args.trace else work / f"{args.model}.h5"
     if not trace.exists():
         record(str(ROOT / "examples" / f"{args.model}.py"), trace)
+    print(f"recorded {trace}", file=sys.stderr, flush=True)
     with Session.open(trace, target=args.target, cache_dir=work / "cache") as session:
         picks = picked_ops(session)
         values, seconds = four_ways(session, picks)
