@@ -129,7 +129,7 @@ def test_a_stopped_mixed_run_says_its_error_once(traces, raising_transform):
     result = run_cli("run", str(traces.get("mlp")), "--offload", "0:5", "--transform", raising_transform)
     assert result.returncode == 0, result.stderr
     assert result.stdout.count(PASS_ERROR) == 1, result.stdout  # `stopped:`, the output line and 5 ops before
-    assert "stopped: the target unit of ops #0..#4 ended with compile-error" in result.stdout
+    assert "stopped: op #0 permute of the target run of ops #0..#4 ended with compile-error: ValueError" in result.stdout
     assert "output output[0]: FAIL no value (as above)" in result.stdout
     assert "5 op(s) fail in this run: #0 permute compile-error, #1" in result.stdout
 
@@ -138,7 +138,8 @@ def test_compare_says_a_compile_error_once_when_both_runs_fail_with_it(traces, r
     result = run_cli("replay", str(traces.get("mlp")), "--transform", raising_transform, "-c", "compare 3")
     assert result.returncode == 0, result.stderr
     assert result.stdout.count(PASS_ERROR) == 1, result.stdout  # the isolated and the propagated column before
-    assert re.search(rf"message\s+ValueError: {PASS_ERROR}\s+\(as isolated\)", result.stdout), result.stdout
+    # the propagated run stopped at op 0 upstream (the pass fails every unit), with the same error
+    assert re.search(rf"message\s+ValueError: {PASS_ERROR}\s+op permute: \(as isolated\)", result.stdout), result.stdout
 
 
 # ------------------------------------------------------------------ 6. `next:` after migrate and info

@@ -36,7 +36,7 @@ from typing import Callable
 import numpy as np
 
 from tapml_dbg.engine.kept import kept_note
-from tapml_dbg.engine.propagation import TargetRun, run_on_target
+from tapml_dbg.engine.propagation import TargetRun, own_failure, run_on_target
 from tapml_dbg.errors import TraceError, UsageError
 from tapml_dbg.judge.compare import Metrics
 from tapml_dbg.judge.verdict import PROPAGATED, Status, Verdict
@@ -352,15 +352,18 @@ class MixedRunner:
         else:
             result.reused += 1
         unit = run.result
-        if not unit.ok:
-            first_line = (unit.message or "").splitlines()[:1]
-            result.failure = (f"the target run of ops #{indices[0]}..#{indices[-1]} ended with {unit.status}: "
-                              f"{''.join(first_line)}")
-            for index in indices:
-                state.failed[index] = unit
-            return
+        if not unit.ok:  # the ops before the failed one ran: their values stand
+            failed = self.session.by_name.get(unit.failed_op or "")
+            unit = own_failure(unit, failed.name) if failed else unit
+            first_line = "".join((unit.message or "").splitlines()[:1])
+            where = f"op #{failed.index} {failed.name} of " if failed else ""
+            result.failure = (f"{where}the target run of ops #{indices[0]}..#{indices[-1]} ended with "
+                              f"{unit.status}: {first_line}")
         for index in indices:
             op = self.ops[index]
+            if op.name not in run.values and not unit.ok:
+                state.failed[index] = unit
+                continue
             values = run.values.get(op.name, [])
             state.values[op.name] = values
             state.tainted.add(op.name)

@@ -12,7 +12,7 @@ kernel run on the same bytes wherever it is asked for, and gives the same bits
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterator
 
 import numpy as np
@@ -61,6 +61,15 @@ def run_on_target(session, indices: list[int], keep: list[int] | None = None,
     return TargetRun(dict(zip(names, result.outputs)), result)
 
 
+def own_failure(result: UnitResult, name: str) -> UnitResult:
+    """A chain's failed run as op `name`'s own verdict: its message without the chain's "op NAME: "
+    (the verdict names the op; an op upstream that failed keeps its name in the message)."""
+    prefix = f"op {name}: "
+    if result.ok or result.failed_op != name or not (result.message or "").startswith(prefix):
+        return result
+    return replace(result, message=result.message[len(prefix):])
+
+
 def propagated_series(session, progress: Progress = _noop, last: int | None = None) -> Iterator[OpValue]:
     """Every op (up to `last`) on the target fed the target's own upstream values, in order, a
     segment of per-op kernels at a time: (op, its run, its values). A failed run (a compile error,
@@ -104,7 +113,7 @@ def _segment(session, indices: list[int], held: dict) -> Iterator[OpValue]:
         if run.result.ok:
             return
         failed = session.by_name[run.failed_op].index
-        yield failed, run.result, None
+        yield failed, own_failure(run.result, run.failed_op), None
         indices = indices[indices.index(failed) + 1:]
 
 
@@ -161,7 +170,8 @@ class PropagatedReplay:
         for name, values in run.values.items():  # only offloaded ops feed later ops with target values
             if session.by_name[name].index in on_target:
                 self.values[name] = values
-        return run.result, run.values.get(session.ops[index].name) if run.result.ok else None
+        name = session.ops[index].name
+        return own_failure(run.result, name), run.values.get(name) if run.result.ok else None
 
     def _ancestors(self, index: int, on_target: set[int]) -> list[int]:
         """The on-target ops op `index` reads through on-target ops only."""

@@ -202,6 +202,17 @@ def verdict_cell(verdict: Verdict | None, said: str = "") -> str:
     return f"[{style}]{status}[/] {escape(_cut(verdict.message))}"
 
 
+def _propagated_message(isolated: str, propagated: str) -> str:
+    """`compare`'s propagated message: `(as isolated)` when the isolated run said it already, after the
+    op upstream whose run failed with it (`op NAME: (as isolated)`: a pass that fails every unit)."""
+    if not propagated or not isolated or not propagated.endswith(isolated):
+        return escape(propagated)
+    upstream = propagated[:-len(isolated)]
+    if upstream and not (upstream.startswith("op ") and upstream.endswith(": ")):
+        return escape(propagated)
+    return escape(upstream) + AS_ISOLATED
+
+
 def _first_text(message: str) -> str:
     lines = message.strip().splitlines()
     return lines[0] if lines else ""
@@ -544,8 +555,7 @@ def _(result: R.CompareResult, console: Console) -> None:
                                  for v in (iso, prop)))
     messages = (iso.message if iso else "", prop.message if prop else "")
     if any(messages):  # one compile error fails both runs: its text once
-        table.add_row("message", escape(messages[0]),
-                      AS_ISOLATED if messages[1] and messages[1] == messages[0] else escape(messages[1]))
+        table.add_row("message", escape(messages[0]), _propagated_message(*messages))
     print_table(console, table)
     if len(op.outputs) > 1:
         console.print(f"  ({len(op.outputs)} outputs: the worst one is shown)")
