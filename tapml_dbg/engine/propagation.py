@@ -52,7 +52,8 @@ def run_on_target(session, indices: list[int], keep: list[int] | None = None,
     trace cannot feed an input."""
     ops = session.ops
     chain = [i for i in indices if ops[i].outputs]  # an op without a value is no unit
-    kept = chain if keep is None else [i for i in chain if i in set(keep)]
+    wanted = None if keep is None else set(keep)
+    kept = chain if wanted is None else [i for i in chain if i in wanted]
     request = session.requests.chain(chain, keep=kept, fed=fed)
     result = session.lanes.run(request, session.lanes.chain_timeout(len(chain)))
     names = [ops[i].name for i in kept]
