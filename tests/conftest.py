@@ -6,6 +6,7 @@ import fcntl
 import hashlib
 import importlib.util
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -70,6 +71,11 @@ def no_process_left_behind():
 
 
 def pytest_configure(config):
+    # a suite started in the background by a shell without job control (`cmd &` in a script) inherits
+    # SIGINT ignored, and Python then installs no KeyboardInterrupt handler, in this process nor in
+    # the processes it starts: the Ctrl-C tests would test nothing. Ctrl-C as a user has it:
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     config.addinivalue_line("markers", "real_zygote: sessions start their zygote with a fresh interpreter "
                             "(`python -m tapml_dbg.runtime.zygote`), not forked from tests/fork_cli.py's server")
 
