@@ -87,6 +87,13 @@ class IsolatedVerdicts:
             return request
         return self.done(index, self.lanes.run(request))
 
+    def value(self, index: int) -> list | None:
+        """Op `index`'s target value fed recorded inputs, the one its isolated verdict compares (None:
+        its run failed); run again, not cached (the REPL's `print`)."""
+        name = self.ops[index].name
+        result = self.lanes.run(self.requests.ops_request([name], [name]))
+        return result.outputs[0] if result.ok else None
+
     def request(self, index: int) -> UnitRequest | Verdict:
         request = self.requests.isolated(index)
         if isinstance(request, str):  # nothing to feed it or to compare with: say so without compiling

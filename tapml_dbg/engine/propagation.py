@@ -132,21 +132,26 @@ class PropagatedReplay:
     def reset(self) -> None:
         """Every op offloaded, no target values."""
         self.offload = set(range(len(self.session.ops)))
+        self.forget()
+
+    def forget(self) -> None:
+        """Drop the target values (what feeds them changed: the offload set, the kept ops, the pass)."""
         self.values = {}
 
     def set_boundary(self, k: int) -> None:
         """Offload ops [0, k): the classic gradual migration."""
         if not 0 <= k <= len(self.session.ops):
             raise UsageError(f"boundary must be between 0 and {len(self.session.ops)}")
-        self.offload, self.values = set(range(k)), {}
+        self.offload = set(range(k))
+        self.forget()
 
     def add(self, indices: list[int]) -> None:
         self.offload.update(indices)
-        self.values = {}
+        self.forget()
 
     def remove(self, indices: list[int]) -> None:
         self.offload.difference_update(indices)
-        self.values = {}
+        self.forget()
 
     @property
     def on_target(self) -> set[int]:

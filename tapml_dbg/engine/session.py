@@ -148,7 +148,7 @@ class Session:
             return ""
         self._transform_identity = identity
         self.isolated_verdicts.clear()
-        self.replay.values = {}
+        self.replay.forget()
         self.lanes.forget_index()
         self._forgot("transform")
         return (f"{self.spec.transform} changed since the last command: verdicts and target values "
@@ -165,7 +165,7 @@ class Session:
         """Keep these ops on the source (a known bug, or one assumed fixed), with the other bindings of
         their source ops: cut out of the target's units, no verdict named. Replaces the kept set."""
         self.kept = with_node_groups(self.ops, indices)
-        self.replay.values = {}
+        self.replay.forget()
         return sorted(self.kept)
 
     def keep(self, text: str) -> list[int]:

@@ -141,9 +141,8 @@ class _WorkerState:
                 if reply.status == UnitStatus.TRACE_ERROR:  # the trace's own one-line message
                     return reply
                 if not reply.ok:  # what ran before it comes back too
-                    done = suspects if chain.screen is not None else [n for n in chain.keep if n in kept]
                     return replace(reply, failed_op=name, message=f"op {name}: {reply.message}",
-                                   outputs=[kept[n] for n in done], suspects=suspects, deferred=deferred,
+                                   outputs=_returned(chain, suspects, kept), suspects=suspects, deferred=deferred,
                                    upstream=upstream, unit_keys=keys)
                 keys.append((reply.key, reply.cached))
                 if not independent:
@@ -163,8 +162,7 @@ class _WorkerState:
                     also_kept[name] = [value.numpy() for value in reply.outputs[0]]
                 for done in last_use.pop(position, ()):  # no later unit reads it: free the device memory
                     self.chain_values.pop(done, None)
-            names = suspects if chain.screen is not None else [name for name in chain.keep if name in kept]
-            return UnitResult(UnitStatus.OK, outputs=[kept[name] for name in names], suspects=suspects,
+            return UnitResult(UnitStatus.OK, outputs=_returned(chain, suspects, kept), suspects=suspects,
                               deferred=deferred, upstream=upstream, unit_keys=keys,
                               cached=all(cached for _key, cached in keys), also_kept=also_kept,
                               read_ahead=self.read_ahead.read_ahead)
@@ -356,6 +354,13 @@ _LOST_CONNECTION_MARKERS = ("RPCCode", "kShutdown", "Socket", "socket", "Connect
 
 def _recorded_or_none(reader, index: int):
     return reader.op_outputs(index) if reader.has_op(index) else None
+
+
+def _returned(chain: ChainRequest | BatchRequest, suspects: list[str], kept: dict[str, list]) -> list:
+    """The values a chain hands back: its suspects' (a screening chain), else those of `keep` it
+    computed, in `keep`'s order (a chain that failed: the ones before the failed unit)."""
+    names = suspects if chain.screen is not None else [name for name in chain.keep if name in kept]
+    return [kept[name] for name in names]
 
 
 def _last_uses(chain: ChainRequest) -> dict[int, list[str]]:

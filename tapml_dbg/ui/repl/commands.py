@@ -414,11 +414,7 @@ def cmd_print(ctx: Context, args: list[str]):
 
 def _target_value(session, index: int, mode: str):
     """The op's target value in `mode`, the one its verdict compared (None: the run failed)."""
-    if mode == PROPAGATED:
-        return session.replay.verdict(index)[1]
-    name = session.ops[index].name
-    result = session.lanes.run(session.requests.ops_request([name], [name]))
-    return result.outputs[0] if result.ok else None
+    return session.replay.verdict(index)[1] if mode == PROPAGATED else session.isolated_verdicts.value(index)
 
 
 def cmd_tol(ctx: Context, args: list[str]):
