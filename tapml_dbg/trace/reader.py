@@ -4,7 +4,8 @@ The reader is the trace boundary. A trace is untrusted input (a file passed arou
 bug reports, kept for months, possibly damaged or crafted): everything it returns was checked
 first, by `h5safe` (links, attributes, dataset storage, sizes; HDF5's plugin search off) and by
 `validate` (every JSON part against the schema), and every tensor and text is verified against
-its checksum (v1.2). Any violation, and any exception h5py or the JSON parser raises on the way,
+its checksum (v1.2). A finished v1.3 trace's tensor index (trace/tensor_index.py) reads a tensor
+with one positioned read, its bytes verified the same way. Any violation, and any exception h5py or the JSON parser raises on the way,
 becomes a `TraceError` that names the part and says what to do.
 
 Data only: strings are decoded and JSON-parsed, tensors are plain numeric arrays; nothing read
@@ -18,11 +19,13 @@ import re
 
 import h5py
 import numpy as np
+from h5py import h5d, h5o
 
 from tapml_dbg.errors import TraceError
 from tapml_dbg.model.serialize import GraphFormatError, check_graph
 from tapml_dbg.trace import h5safe
 from tapml_dbg.trace import schema as S
+from tapml_dbg.trace import tensor_index
 from tapml_dbg.trace import validate as V
 from tapml_dbg.trace.capture import missing_values_message
 from tapml_dbg.trace.h5safe import FILE_ERRORS
@@ -44,11 +47,16 @@ class TraceReader:
         self._groups: dict[str, h5py.Group] = {}  # top-level groups, checked once (the file is read-only)
         self._op_groups: dict[int, h5py.Group] = {}  # op index -> its group, checked once
         self._op_markers: dict[tuple[int, str], bool] = {}
+        self._index: dict | None = None  # the tensor index, loaded on the first tensor read ({}: none to use)
+        self._fd: int | None = None  # the file opened for the index's positioned reads
+        self._indexed_verified: set[int] = set()  # offsets whose bytes matched their entry's checksum
+        self._indexed_ops: dict[int, list | None] = {}  # op index -> its entries, found in place (None: none)
         h5safe.plugin_search.acquire()
         self._plugins_off = True
         try:
             self._file = _open(self.path)
             self.file_size = os.path.getsize(self.path)
+            self._fileno = h5o.get_info(self._file.id).fileno
             self._guard(HEADER_PART, self._read_header)
         except BaseException:
             self.close()
@@ -150,10 +158,12 @@ class TraceReader:
         return self._guard(f"/{S.GROUP_PARAMS}", lambda: list(self._group(S.GROUP_PARAMS)))
 
     def input(self, name: str) -> np.ndarray:
-        return self._tensor(self._named(S.GROUP_INPUTS, name), f"input {name!r}")
+        found = self._indexed(S.GROUP_INPUTS, name)
+        return found[0] if found is not None else self._tensor(self._named(S.GROUP_INPUTS, name), f"input {name!r}")
 
     def param(self, name: str) -> np.ndarray:
-        return self._tensor(self._named(S.GROUP_PARAMS, name), f"param {name!r}")
+        found = self._indexed(S.GROUP_PARAMS, name)
+        return found[0] if found is not None else self._tensor(self._named(S.GROUP_PARAMS, name), f"param {name!r}")
 
     def input_stats(self, name: str) -> dict:
         return self._stats(self._named(S.GROUP_INPUTS, name), f"input {name!r}")
@@ -174,7 +184,10 @@ class TraceReader:
 
     # ---- ops ---------------------------------------------------------------------------
     def has_op(self, index: int) -> bool:
-        """True only when op `index`'s outputs were completely written (its `done` marker)."""
+        """True only when op `index`'s outputs were completely written (its `done` marker, or its
+        entry in the tensor index, written after every marker, its datasets where it says)."""
+        if isinstance(index, (int, np.integer)) and self._indexed_op(int(index)) is not None:
+            return True
         return self._marker_of(index, S.ATTR_DONE)
 
     def _marker_of(self, index: int, name: str) -> bool:
@@ -249,7 +262,73 @@ class TraceReader:
         return f"op {index} ({name}) has no recorded values (the recording stopped before it; record again)"
 
     def op_outputs(self, index: int) -> list[np.ndarray]:
+        items = self._indexed_op(int(index))
+        found = self._read_indexed(items) if items is not None else None
+        if found is not None:
+            return found
         return [self._tensor(ds, _output_part(index, k)) for k, ds in enumerate(self._op_datasets(index))]
+
+    # ---- the tensor index (v1.3) ---------------------------------------------------------
+    def _tensor_index(self) -> dict:
+        """The trace's tensor index; an empty one where there is none or it cannot be used (the
+        HDF5 path then reads everything, as for older traces)."""
+        if self._index is None:
+            self._index = tensor_index.new()
+            if self.version >= S.TENSOR_INDEX_SINCE and self.complete:
+                def load():
+                    name = S.DS_TENSOR_INDEX.rsplit("/", 1)[1]
+                    if h5safe.child(self._group(S.GROUP_GRAPH), name, h5py.Dataset, name, missing_ok=True) is None:
+                        return tensor_index.new()
+                    return tensor_index.usable(V.parse_json(self._text(S.DS_TENSOR_INDEX), name))
+                try:
+                    self._index = self._guard(S.DS_TENSOR_INDEX, load)
+                except TraceError:  # a damaged index: the values themselves may be fine
+                    pass
+        return self._index
+
+    def _indexed_op(self, index: int) -> list | None:
+        """Op `index`'s entries in the tensor index, once its datasets are found where they say (one
+        lookup each, once per reader: an op replaced, moved or deleted since the recording is read
+        through HDF5); None where the op has no usable entry."""
+        if index in self._indexed_ops:
+            return self._indexed_ops[index]
+        items = self._tensor_index()["ops"].get(str(index)) if 0 <= index < len(self.ops) else None
+        if not (isinstance(items, list) and items and all(self._in_place(S.GROUP_OPS, f"{index}/{k}", item)
+                                                           for k, item in enumerate(items))):
+            items = None
+        self._indexed_ops[index] = items
+        return items
+
+    def _indexed(self, group: str, name: str) -> list[np.ndarray] | None:
+        """An input or param through the tensor index (None: read it through HDF5)."""
+        item = self._tensor_index()[group].get(name) if isinstance(name, str) else None
+        return self._read_indexed([item]) if item is not None and self._in_place(group, name, item) else None
+
+    def _in_place(self, group: str, path: str, item) -> bool:
+        """Whether the dataset at `path` under `group` is one run of bytes at the entry's offset, of its
+        shape and stored dtype, in this file."""
+        try:
+            found = h5o.open(self._group(group).id, path.encode())  # (an external link leads to another file)
+            return isinstance(found, h5d.DatasetID) and isinstance(item, list) and len(item) == 5 \
+                and found.get_offset() == item[0] and list(found.shape or ()) == item[2] \
+                and found.dtype.str == item[1] and h5o.get_info(found).fileno == self._fileno
+        except (TraceError, ValueError, *FILE_ERRORS):
+            return False
+
+    def _read_indexed(self, items: list) -> list[np.ndarray] | None:
+        """The tensors of index entries (in place), each verified against its checksum; None when
+        one fails a check (the index is then set aside for good: the file is not as recorded)."""
+        try:
+            if self._fd is None:
+                self._fd = os.open(self.path, os.O_RDONLY)
+            arrays = [tensor_index.read(self._fd, item, self.file_size, self._indexed_verified) for item in items]
+        except OSError:
+            arrays = [None]
+        if any(array is None for array in arrays):
+            self._index = tensor_index.new()
+            self._indexed_ops.clear()
+            return None
+        return [S.from_stored(array, item[4]) for array, item in zip(arrays, items)]
 
     def op_stats(self, index: int) -> list[dict]:
         if not self.has_op(index) and self.stats_only(index):
@@ -373,6 +452,9 @@ class TraceReader:
             self._file = None
             self._groups.clear()
             self._op_groups.clear()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
         if self._plugins_off:
             self._plugins_off = False
             h5safe.plugin_search.release()

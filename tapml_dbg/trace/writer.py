@@ -16,6 +16,9 @@ output shapes are only known when the op runs.
 Every dataset carries `@crc32` (v1.2), the CRC-32 of the bytes written, computed from the same
 buffer HDF5 writes, so a reader can tell a damaged tensor from a recorded one.
 
+On a clean close the writer stores where each uncompressed tensor lies (`/graph/tensor_index`, v1.3,
+trace/tensor_index.py), so that a reader reads an op with one positioned read.
+
 A trace recorded with a capture budget (`capture=True`, format v1.1) also pre-creates
 `stats_done` (0) in every op group: `write_op_stats` stores an op's stats without its tensors
 and overwrites that marker in place (1), under the same rules as `done`.
@@ -30,6 +33,7 @@ import h5py
 import numpy as np
 
 from tapml_dbg.trace import schema as S
+from tapml_dbg.trace import tensor_index
 from tapml_dbg.trace.stats import tensor_stats
 
 COMPRESSIONS = (None, "lzf", "gzip")
@@ -72,6 +76,7 @@ class TraceWriter:
         self.compression = compression
         self.capture = capture
         self._meta = dict(meta)
+        self._index = tensor_index.new()  # written on a clean close
         self._file = h5py.File(self.path, "w", libver=S.LIBVER)
         try:
             self._write_header(graph_json, tvmscript, ops, inputs, params)
@@ -95,18 +100,20 @@ class TraceWriter:
         self._write_text(S.DS_IR_JSON, graph_json)
         self._write_text(S.DS_TVMSCRIPT, tvmscript)
         self._write_text(S.DS_OP_TABLE, _json(list(ops)))
-        written: dict[tuple, h5py.Dataset] = {}  # tied tensors (same memory) are stored once
+        written: dict[tuple, tuple] = {}  # tied tensors (same memory) are stored once
         for group_name, tensors in ((S.GROUP_INPUTS, inputs), (S.GROUP_PARAMS, params)):
             group = f.create_group(group_name, track_order=True)  # keeps positional order
             for name, value in tensors.items():
                 name = _check_name(name, group_name[:-1])
                 key = _memory_key(value)
                 if key is not None and key in written:
-                    group[name] = written[key]  # an HDF5 hard link: one dataset, two names
+                    group[name] = written[key][0]  # an HDF5 hard link: one dataset, two names
+                    self._indexed(group_name, name, written[key][1])
                     continue
-                self._write_tensor(group, name, value)
+                found = self._write_tensor(group, name, value)
+                self._indexed(group_name, name, found)
                 if key is not None:
-                    written[key] = group[name]
+                    written[key] = (group[name], found)
         ops_group = f.create_group(S.GROUP_OPS)
         for index in range(len(ops)):
             self._new_op_group(ops_group, index, self.capture)
@@ -121,13 +128,20 @@ class TraceWriter:
             return {}
         return {"compression": self.compression, "chunks": True}
 
-    def _write_tensor(self, group: h5py.Group, name: str, value, normalized=None) -> None:
+    def _write_tensor(self, group: h5py.Group, name: str, value, normalized=None) -> list | None:
+        """Write one tensor; its tensor-index entry (None: not one contiguous run of bytes)."""
         arr = normalized if normalized is not None else S.normalized(value)
         data, dtype_name = S.storage_view(arr)
         ds = group.create_dataset(name, data=data, **self._layout(data))
+        crc = S.checksum(data)
         ds.attrs[S.ATTR_DTYPE] = S.encode_str(dtype_name)
         ds.attrs[S.ATTR_STATS] = S.encode_str(_json(tensor_stats(arr)))
-        ds.attrs[S.ATTR_CHECKSUM] = np.uint32(S.checksum(data))
+        ds.attrs[S.ATTR_CHECKSUM] = np.uint32(crc)
+        return tensor_index.entry(ds, data, dtype_name, crc)
+
+    def _indexed(self, kind: str, name: str, item: list | None) -> None:
+        if item is not None:
+            self._index[kind][name] = item
 
     @staticmethod
     def _new_op_group(ops_group: h5py.Group, index: int, capture: bool = False) -> None:
@@ -148,12 +162,13 @@ class TraceWriter:
         arrays = [S.normalized(value) for value in outputs]
         for name in list(group):  # leftovers of an earlier write_op that raised
             del group[name]
-        for k, (value, arr) in enumerate(zip(outputs, arrays)):
-            self._write_tensor(group, str(k), value, arr)
+        items = [self._write_tensor(group, str(k), value, arr) for k, (value, arr) in enumerate(zip(outputs, arrays))]
         group.attrs[S.ATTR_NOTE] = S.encode_str(note)
         self._file.flush()
         group.attrs.modify(S.ATTR_DONE, np.uint8(1))  # in place: one header chunk rewrite
         self._file.flush()
+        if items and all(item is not None for item in items):
+            self._index["ops"][str(int(index))] = items
 
     def write_op_stats(self, index: int, outputs: list[np.ndarray], *, note: str = "") -> None:
         """Store only the stats of op `index`'s outputs (a capture budget left its tensors out).
@@ -203,6 +218,8 @@ class TraceWriter:
             return
         try:
             if complete:
+                self._write_text(S.DS_TENSOR_INDEX, json.dumps(self._index, separators=(",", ":")))
+                self._file.flush()
                 self._file.attrs.modify(S.ATTR_COMPLETE, np.uint8(1))
         finally:
             self._file.close()
