@@ -49,6 +49,7 @@ class TraceReader:
         self._op_markers: dict[tuple[int, str], bool] = {}
         self._index: dict | None = None  # the tensor index, loaded on the first tensor read ({}: none to use)
         self._fd: int | None = None  # the file opened for the index's positioned reads
+        self._fileno: int | None = None
         self._indexed_verified: set[int] = set()  # offsets whose bytes matched their entry's checksum
         self._indexed_ops: dict[int, list | None] = {}  # op index -> its entries, found in place (None: none)
         h5safe.plugin_search.acquire()
@@ -56,7 +57,6 @@ class TraceReader:
         try:
             self._file = _open(self.path)
             self.file_size = os.path.getsize(self.path)
-            self._fileno = h5o.get_info(self._file.id).fileno
             self._guard(HEADER_PART, self._read_header)
         except BaseException:
             self.close()
@@ -311,9 +311,15 @@ class TraceReader:
             found = h5o.open(self._group(group).id, path.encode())  # (an external link leads to another file)
             return isinstance(found, h5d.DatasetID) and isinstance(item, list) and len(item) == 5 \
                 and found.get_offset() == item[0] and list(found.shape or ()) == item[2] \
-                and found.dtype.str == item[1] and h5o.get_info(found).fileno == self._fileno
+                and found.dtype.str == item[1] and h5o.get_info(found).fileno == self._file_number()
         except (TraceError, ValueError, *FILE_ERRORS):
             return False
+
+    def _file_number(self) -> int:
+        """HDF5's number of this open file (an object opened through an external link has another)."""
+        if self._fileno is None:
+            self._fileno = h5o.get_info(self._open_file().id).fileno
+        return self._fileno
 
     def _read_indexed(self, items: list) -> list[np.ndarray] | None:
         """The tensors of index entries (in place), each verified against its checksum; None when
