@@ -67,13 +67,25 @@ def read(fd: int, item, file_size: int, verified: set) -> np.ndarray | None:
     if nbytes == 0 or offset + nbytes > file_size:
         return None
     array = np.empty(shape, dtype)
-    if os.preadv(fd, [array.reshape(-1).view(np.uint8)], offset) != nbytes:
+    if not _read_into(fd, array.reshape(-1).view(np.uint8), offset):
         return None
     if offset not in verified:
         if S.checksum(array) != crc:
             return None
         verified.add(offset)
     return array
+
+
+def _read_into(fd: int, buffer: np.ndarray, offset: int) -> bool:
+    """Fill `buffer` with the file's bytes from `offset`; False on a short read or where the platform
+    has no positioned read (the HDF5 path then reads)."""
+    if hasattr(os, "preadv"):
+        return os.preadv(fd, [buffer], offset) == buffer.size
+    if hasattr(os, "pread"):
+        data = os.pread(fd, buffer.size, offset)
+        buffer[:len(data)] = np.frombuffer(data, np.uint8)
+        return len(data) == buffer.size
+    return False
 
 
 def _count(value, limit: int) -> bool:
