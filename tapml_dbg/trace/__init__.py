@@ -1,6 +1,6 @@
 """The trace: one HDF5 file holding a model's graph, inputs, params and every op's outputs.
 
-The format (v1.2) is documented in docs/trace-format.md; `schema` holds its names and limits,
+The format (v1.3) is documented in docs/trace-format.md; `schema` holds its names and limits,
 `capture` the capture budgets (record a window of ops with tensors, every op with stats). The
 reader is the boundary for untrusted files: `h5safe` checks what HDF5 may follow, read and
 allocate, `validate` every JSON part, `verify` reads a whole trace for `info --verify`.

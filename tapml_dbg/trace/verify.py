@@ -29,7 +29,7 @@ class Damage:
 @dataclass
 class VerifyReport:
     path: str
-    format: str | None  # "v1.2"; None when the file could not be opened
+    format: str | None  # "v1.3"; None when the file could not be opened
     checksummed: bool  # the format carries checksums (v1.2+): tensors were verified bit for bit
     parts: int = 0  # parts read: header, op table, graph, texts, each tensor with its stats
     datasets: int = 0  # tensors and texts read whole (and checksum-verified when `checksummed`)
