@@ -5,8 +5,8 @@ bug reports, kept for months, possibly damaged or crafted): everything it return
 first, by `h5safe` (links, attributes, dataset storage, sizes; HDF5's plugin search off) and by
 `validate` (every JSON part against the schema), and every tensor and text is verified against
 its checksum (v1.2). A finished v1.3 trace's tensor index (trace/tensor_index.py) reads a tensor
-with one positioned read, its bytes verified the same way. Any violation, and any exception h5py or the JSON parser raises on the way,
-becomes a `TraceError` that names the part and says what to do.
+with one positioned read, its bytes verified the same way. Any violation, and any exception h5py or
+the JSON parser raises on the way, becomes a `TraceError` that names the part and says what to do.
 
 Data only: strings are decoded and JSON-parsed, tensors are plain numeric arrays; nothing read
 from the file is ever unpickled, evaluated or imported.
@@ -19,7 +19,7 @@ import re
 
 import h5py
 import numpy as np
-from h5py import h5d, h5o
+from h5py import h5o
 
 from tapml_dbg.errors import TraceError
 from tapml_dbg.model.serialize import GraphFormatError, check_graph
@@ -275,14 +275,10 @@ class TraceReader:
         if self._index is None:
             self._index = tensor_index.new()
             if self.version >= S.TENSOR_INDEX_SINCE and self.complete:
-                def load():
-                    name = S.DS_TENSOR_INDEX.rsplit("/", 1)[1]
-                    if h5safe.child(self._group(S.GROUP_GRAPH), name, h5py.Dataset, name, missing_ok=True) is None:
-                        return tensor_index.new()
-                    return tensor_index.usable(V.parse_json(self._text(S.DS_TENSOR_INDEX), name))
-                try:
-                    self._index = self._guard(S.DS_TENSOR_INDEX, load)
-                except TraceError:  # a damaged index: the values themselves may be fine
+                part = S.DS_TENSOR_INDEX
+                try:  # missing or damaged: the values themselves may be fine
+                    self._index = self._guard(part, lambda: tensor_index.usable(V.parse_json(self._text(part), part)))
+                except TraceError:
                     pass
         return self._index
 
@@ -305,14 +301,10 @@ class TraceReader:
         return self._read_indexed([item]) if item is not None and self._in_place(group, name, item) else None
 
     def _in_place(self, group: str, path: str, item) -> bool:
-        """Whether the dataset at `path` under `group` is one run of bytes at the entry's offset, of its
-        shape and stored dtype, in this file."""
+        """Whether the dataset at `path` under `group` is where the entry says (`tensor_index.in_place`)."""
         try:
-            found = h5o.open(self._group(group).id, path.encode())  # (an external link leads to another file)
-            return isinstance(found, h5d.DatasetID) and isinstance(item, list) and len(item) == 5 \
-                and found.get_offset() == item[0] and list(found.shape or ()) == item[2] \
-                and found.dtype.str == item[1] and h5o.get_info(found).fileno == self._file_number()
-        except (TraceError, ValueError, *FILE_ERRORS):
+            return tensor_index.in_place(h5o.open(self._group(group).id, path.encode()), item, self._file_number())
+        except (TraceError, ValueError, *FILE_ERRORS):  # (not there, not a dataset: read through HDF5)
             return False
 
     def _file_number(self) -> int:
@@ -334,7 +326,7 @@ class TraceReader:
             self._index = tensor_index.new()
             self._indexed_ops.clear()
             return None
-        return [S.from_stored(array, item[4]) for array, item in zip(arrays, items)]
+        return arrays
 
     def op_stats(self, index: int) -> list[dict]:
         if not self.has_op(index) and self.stats_only(index):

@@ -20,6 +20,7 @@ import math
 import os
 
 import numpy as np
+from h5py import h5d, h5o
 
 from tapml_dbg.trace import schema as S
 
@@ -50,10 +51,18 @@ def usable(data) -> dict:
     return data
 
 
+def in_place(dataset_id, item, file_number: int) -> bool:
+    """Whether the object opened at the entry's path (h5py's low-level id) is a dataset and what the entry says: one
+    run of bytes at its offset, of its shape and stored dtype, in the file numbered `file_number` (an
+    object opened through an external link is in another)."""
+    return isinstance(dataset_id, h5d.DatasetID) and _outline(item) and dataset_id.get_offset() == item[0] and list(dataset_id.shape or ()) == item[2] \
+        and dataset_id.dtype.str == item[1] and h5o.get_info(dataset_id).fileno == file_number
+
+
 def read(fd: int, item, file_size: int, verified: set) -> np.ndarray | None:
-    """The stored array an entry describes (in the file's byte order), its bytes verified against the
-    entry's CRC-32 (once per `verified` set, by offset); None when the entry fails a check."""
-    if not isinstance(item, list) or len(item) != 5:
+    """The tensor an entry describes, its bytes verified against the entry's CRC-32 (once per
+    `verified` set, by offset); None when the entry fails a check."""
+    if not _outline(item):
         return None
     offset, stored, shape, crc, dtype_name = item
     if not (_count(offset, 2**63) and _count(crc, 2**32) and stored in STORED_DTYPES
@@ -73,7 +82,11 @@ def read(fd: int, item, file_size: int, verified: set) -> np.ndarray | None:
         if S.checksum(array) != crc:
             return None
         verified.add(offset)
-    return array
+    return S.from_stored(array, dtype_name)
+
+
+def _outline(item) -> bool:
+    return isinstance(item, list) and len(item) == 5
 
 
 def _read_into(fd: int, buffer: np.ndarray, offset: int) -> bool:
