@@ -26,6 +26,7 @@ COMPILE_LANES = "TAPML_COMPILE_LANES"
 DEBUG = "TAPML_DEBUG"
 HISTORY = "TAPML_HISTORY"
 HOST_OPS = "TAPML_HOST_OPS"
+MEMO = "TAPML_MEMO"
 POISON_PATTERNS = "TAPML_POISON_PATTERNS"
 SIDE_LANE = "TAPML_SIDE_LANE"
 WORKER_GROWTH_MIB = "TAPML_WORKER_GROWTH_MIB"
@@ -103,6 +104,9 @@ KNOBS: dict[str, Knob] = {knob.name: knob for knob in (
     Knob(HOST_OPS, "mode", "verify-first",
          "helper ops computed on the host while recording: verify-first, verify-all or off",
          "when record.host_ops is imported", _host_ops),
+    Knob(MEMO, "1/0", "1",
+         "0: run every unit; 1: skip units an earlier run on the same trace cleared (the cache's memo/, docs/cache.md)",
+         "by each worker, when it starts", _on_unless_0),
     Knob(POISON_PATTERNS, "text", "(none)",
          "more error texts (any case) that retire a worker as a sticky device fault, split at each vertical bar",
          "by the session, each time a unit ends in an error", _patterns),

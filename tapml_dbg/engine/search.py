@@ -60,6 +60,8 @@ SIDE_SWEEP_SHARE = 0.75
 WASHED_OUT_NOTE = ("the divergence does not persist to the model's output (it washes out or is masked "
                    "downstream)")
 TYPE_NOTE = "found by its type alone: the values the model computes downstream agree"
+REMEMBERED_NOTE = ("{units} unit run(s) not made again: earlier runs on this trace gave the same units the same "
+                   "inputs (the compile cache's memo; TAPML_MEMO=0 runs them all)")
 LOST_CHAIN_NOTE = "the per-op chain's worker died without naming an op; searched fused prefixes instead"
 
 
@@ -193,7 +195,7 @@ class Bisection:
     def run(self) -> BisectResult:
         session = self.session
         started = time.perf_counter()
-        units_before = session.lanes.units
+        units_before, remembered_before = session.lanes.units, session.lanes.cache.remembered
         try:
             candidate = self.search()
         finally:
@@ -226,6 +228,9 @@ class Bisection:
         neighbourhood = self.neighbourhood(culprit.index) if culprit else []
         if session.lanes.plan.note:
             self.notes.append(session.lanes.plan.note)
+        remembered = session.lanes.cache.remembered - remembered_before
+        if remembered:
+            self.notes.append(REMEMBERED_NOTE.format(units=remembered))
         tokens = teacher_forced(session, self.chain.kept.get(self.output)) \
             if trace_generation(session) is not None else None
         return BisectResult(diverged=culprit is not None, ops=len(session.ops), probes=probes,

@@ -255,9 +255,9 @@ class KeyLedger:
                 self._keys.setdefault((parts[0], parts[1]), parts[2])
 
 
-def environment_scope(environ) -> str:
-    """A digest of an environment but TMPDIR (each worker's own folder): the ledger's scope."""
-    text = json.dumps(sorted((name, value) for name, value in environ.items() if name != "TMPDIR"))
+def environment_scope(environ, ignored=("TMPDIR",)) -> str:
+    """A digest of an environment but `ignored` (TMPDIR: each worker's own folder): the ledger's scope."""
+    text = json.dumps(sorted((name, value) for name, value in environ.items() if name not in ignored))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

@@ -377,6 +377,7 @@ def _after(earlier: UnitResult, rest: UnitResult) -> UnitResult:
     rest.upstream = {**earlier.upstream, **rest.upstream}
     rest.unit_keys = earlier.unit_keys + rest.unit_keys
     rest.deferred = earlier.deferred + rest.deferred
+    rest.remembered = earlier.remembered + rest.remembered
     return rest
 
 

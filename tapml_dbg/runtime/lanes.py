@@ -66,9 +66,11 @@ class CacheReport:
     compiled_ahead: int = 0  # of `compiled`: built speculatively for a later phase (`Lanes.build_ahead`)
     compiled_keys: list[str] = field(default_factory=list)  # in the order they were built
     keys: set[str] = field(default_factory=set)  # every distinct key a unit had
+    remembered: int = 0  # units not run at all: the trace's memo gave them (runtime/run_memo.py)
 
     def add(self, result: UnitResult, ahead: bool = False) -> None:
         """`ahead`: a speculative build (the phase it was for may never come)."""
+        self.remembered += result.remembered
         units = result.unit_keys or ([(result.key, result.cached)] if result.key else [])  # a chain: its units
         for key, cached in units:  # (a unit without a key did not compile, or was compile-only)
             self.keys.add(key)

@@ -171,6 +171,7 @@ class UnitResult:
     read_ahead: int = 0  # a chain: recorded values its worker read ahead while it waited for a build
     poisoned: bool = False  # it ended in a fault that can poison its process (`poisons_worker`): that worker is retired
     fresh_rerun: bool = False  # the first attempt's fault may have been inherited: this is the run in a fresh worker
+    remembered: int = 0  # a chain's or batch's units not run: the trace's memo gave them (runtime/run_memo.py)
 
     @property
     def ok(self) -> bool:

@@ -28,6 +28,8 @@ from tapml_dbg.runtime.compile_cache import (CacheEntry, CompiledUnit, KeyLedger
                                              environment_scope, load_transform, transform_identity, unit_id)
 from tapml_dbg.runtime.messages import (BatchRequest, ChainRequest, UnitRequest, UnitResult, UnitStatus, WorkerConfig,
                                        WorkerReply)
+from tapml_dbg.runtime.run_memo import (ACCEPTED, CHECKPOINT_MIN_SPACING, CHECKPOINTS_PER_CHAIN, SCREENED,
+                                        UNSCREENED, RunMemo)
 from tapml_dbg.runtime.target import NO_DEVICE_HINT, parse_target
 from tapml_dbg.trace import TraceReader
 from tapml_dbg.trace.read_ahead import ReadAhead
@@ -96,6 +98,7 @@ class _WorkerState:
         self.ledger = KeyLedger(config.ledger_path, environment_scope(os.environ)) if config.ledger_path else None
         self.known: dict[str, CompiledUnit] = {}  # `handle`'s
         self.identity: str | None = None
+        self.memo: RunMemo | None | bool = False  # False: not opened yet (`_memo`)
 
     def warm_up(self) -> None:
         """What every worker's first unit pays, paid before it is asked for one (workers start
@@ -117,21 +120,40 @@ class _WorkerState:
     def _chain(self, chain: ChainRequest | BatchRequest) -> UnitResult:
         """Each unit in turn, fed the earlier units' outputs on the device; the kept ones come back
         (a screening chain: it stops at the first suspect, see `ChainRequest`). A batch's units are
-        fed recorded values only: nothing of one is kept for the next (`BatchRequest`)."""
+        fed recorded values only: nothing of one is kept for the next (`BatchRequest`).
+
+        With the trace's memo (runtime/run_memo.py), a batch skips the units an earlier run cleared,
+        and a screening chain starts from its latest checkpoint whose digest matches, and saves
+        checkpoints of its own while every value so far cleared."""
         independent = isinstance(chain, BatchRequest)
         self.chain_values = {}
         try:
             self._trace()  # open here: the read-ahead's plan only looks things up in it
-            self.read_ahead = ReadAhead(partial(self._reads_of, chain), READ_AHEAD_BYTES)
+            memo = self._memo() if chain.screen is not None else None
+            keys: list[tuple[str, bool]] = []  # each unit's cache key, and whether it came from the cache
+            start, digest, remembered = 0, "", {}
+            if memo is not None and independent:
+                remembered = self._remembered(chain, memo)
+            elif memo is not None:
+                start, digest = self._resume(chain, memo, keys)
+            self.read_ahead = ReadAhead(partial(self._reads_of, chain, start, set(remembered)), READ_AHEAD_BYTES)
             kept: dict[str, list] = {}
             also_kept: dict[str, list] = {}
             wanted = set(chain.keep)
             suspects: list[str] = []
             deferred: list[str] = []  # units not built yet, skipped (`defer_unbuilt`)
             upstream: dict[str, dict] = {}
-            keys: list[tuple[str, bool]] = []  # each unit's cache key, and whether it came from the cache
             last_use = _last_uses(chain)
+            checkpoints = _checkpoint_positions(len(chain.units)) if memo is not None and not independent else ()
+            last_read = _last_reads(chain) if checkpoints else {}
             for position, (name, unit) in enumerate(zip(chain.names, chain.units)):
+                if position < start:  # the checkpoint's values stand for these units
+                    continue
+                if name in remembered:  # an earlier run cleared this very unit
+                    keys.append((remembered[name][0], True))
+                    continue
+                if position in checkpoints and position > start and not suspects:
+                    self._save_checkpoint(memo, digest, position, last_read)
                 if independent and chain.defer_unbuilt:
                     unit = self._built_or_none(unit)
                     if unit is None:
@@ -143,10 +165,12 @@ class _WorkerState:
                 if not reply.ok:  # what ran before it comes back too
                     return replace(reply, failed_op=name, message=f"op {name}: {reply.message}",
                                    outputs=_returned(chain, suspects, kept), suspects=suspects, deferred=deferred,
-                                   upstream=upstream, unit_keys=keys)
+                                   upstream=upstream, unit_keys=keys, remembered=start + len(remembered))
                 keys.append((reply.key, reply.cached))
                 if not independent:
                     self.chain_values[name] = reply.outputs[0]
+                    if checkpoints:
+                        digest = memo.step(digest, name, _key_of(reply), unit.inputs, _treated(chain, name))
                 if chain.screen is not None and name not in chain.accept:
                     values = [value.numpy() for value in reply.outputs[0]]
                     if name in chain.unscreened or not self._clear(name, values, chain.screen):
@@ -156,6 +180,8 @@ class _WorkerState:
                                           for ref in unit.inputs if ref[0] == "chain"}
                         if len(suspects) >= chain.suspects:
                             break
+                    elif independent and memo is not None and _key_of(reply):
+                        memo.add_cleared(memo.unit_digest(name, _key_of(reply), unit.inputs, chain.screen))
                 elif name in wanted:
                     kept[name] = [value.numpy() for value in reply.outputs[0]]
                 if chain.screen is not None and name in chain.also_keep:
@@ -165,7 +191,7 @@ class _WorkerState:
             return UnitResult(UnitStatus.OK, outputs=_returned(chain, suspects, kept), suspects=suspects,
                               deferred=deferred, upstream=upstream, unit_keys=keys,
                               cached=all(cached for _key, cached in keys), also_kept=also_kept,
-                              read_ahead=self.read_ahead.read_ahead)
+                              read_ahead=self.read_ahead.read_ahead, remembered=start + len(remembered))
         except TraceError as exc:  # a corrupt recorded value the screen read: the trace's own message
             return UnitResult(UnitStatus.TRACE_ERROR, message=str(exc))
         finally:
@@ -173,6 +199,66 @@ class _WorkerState:
             if self.read_ahead is not None:
                 self.read_ahead.close()
                 self.read_ahead = None
+
+    # -- the memo (runtime/run_memo.py) -----------------------------------------------------
+    def _memo(self) -> RunMemo | None:
+        if self.memo is False:
+            self.memo = RunMemo.open(self.config.cache_dir, self.config.trace_path, self.config.spec)
+        return self.memo
+
+    def _unit_key(self, unit: UnitRequest) -> str:
+        """The unit's cache key without building it ("" when it cannot be keyed: its run says why)."""
+        if unit.library and Path(unit.library).is_file():
+            return Path(unit.library).stem
+        try:
+            return self._compiled(unit, build=False).key
+        except Exception:  # noqa: BLE001 - a broken transform: the unit's own run reports it
+            return ""
+
+    def _remembered(self, batch: BatchRequest, memo: RunMemo) -> dict[str, tuple[str]]:
+        """The batch's units an earlier run cleared: op name -> (its key,)."""
+        found = {}
+        for name, unit in zip(batch.names, batch.units):
+            if name in batch.unscreened:
+                continue
+            key = self._unit_key(unit)
+            if key and memo.cleared(memo.unit_digest(name, key, unit.inputs, batch.screen)):
+                found[name] = (key,)
+        return found
+
+    def _resume(self, chain: ChainRequest, memo: RunMemo, keys: list) -> tuple[int, str]:
+        """Where the chain starts: the latest position whose digest has a checkpoint (its values put
+        on the device, the units before it keyed into `keys`), else 0; and the digest there."""
+        digest = first = memo.chain_digest(chain.screen)
+        if not memo.any_checkpoint():
+            return 0, first
+        wanted = set(chain.keep) | set(chain.also_keep)  # values only a run of their unit gives
+        best: tuple[int, str, int] = (0, first, 0)
+        prefix: list[tuple[str, bool]] = []
+        for position, (name, unit) in enumerate(zip(chain.names, chain.units)):
+            if position and memo.has_checkpoint(digest):
+                best = (position, digest, len(prefix))
+            key = self._unit_key(unit) if name not in wanted else ""
+            if not key:
+                break
+            prefix.append((key, True))
+            digest = memo.step(digest, name, key, unit.inputs, _treated(chain, name))
+        start, digest, count = best
+        values = memo.load(digest) if start else None
+        needed = {ref[1] for unit in chain.units[start:] for ref in unit.inputs if ref[0] == "chain"}
+        produced = set(chain.names[:start])
+        if values is None or not (needed & produced) <= set(values):
+            return 0, first
+        runner = self._runner()
+        self.chain_values = {name: [runner.to_device(value) for value in arrays] for name, arrays in values.items()}
+        keys.extend(prefix[:count])
+        return start, digest
+
+    def _save_checkpoint(self, memo: RunMemo, digest: str, position: int, last_read: dict[str, int]) -> None:
+        """The values units from `position` on read, saved under the digest of the units before it."""
+        live = {name: [value.numpy() for value in tensors] for name, tensors in self.chain_values.items()
+                if last_read.get(name, -1) >= position}
+        memo.save(digest, live)
 
     def _built_or_none(self, unit: UnitRequest) -> UnitRequest | None:
         """The unit with its library named, when the cache holds it; None when it is not built yet.
@@ -183,10 +269,10 @@ class _WorkerState:
             return unit
         return None if compiled.elsewhere else replace(unit, library=str(compiled.path))
 
-    def _reads_of(self, chain: ChainRequest) -> list:
+    def _reads_of(self, chain: ChainRequest, start: int = 0, skipped: set[str] = frozenset()) -> list:
         """What the chain will still read from the trace, in its order: the params and recorded
-        inputs its units are fed, the recorded values it screens their outputs against (not those
-        it holds already)."""
+        inputs its units from `start` on are fed (but those of `skipped`), the recorded values it
+        screens their outputs against (not those it holds already)."""
         reader = self._trace()
         reads: dict = {}
 
@@ -195,7 +281,9 @@ class _WorkerState:
             if index is not None and index not in self.recorded:
                 reads.setdefault(("op", index), partial(_recorded_or_none, reader, index))
 
-        for name, unit in zip(chain.names, chain.units):
+        for name, unit in zip(chain.names[start:], chain.units[start:]):
+            if name in skipped:
+                continue
             for ref in unit.inputs:
                 if ref[0] == "param" and ref[1] not in self.param_cache:
                     reads.setdefault(("param", ref[1]), partial(reader.param, ref[1]))
@@ -361,6 +449,35 @@ def _returned(chain: ChainRequest | BatchRequest, suspects: list[str], kept: dic
     computed, in `keep`'s order (a chain that failed: the ones before the failed unit)."""
     names = suspects if chain.screen is not None else [name for name in chain.keep if name in kept]
     return [kept[name] for name in names]
+
+
+def _key_of(reply: UnitResult) -> str:
+    """A unit's cache key: its reply's, else its library's name (`KEY.so`, a compile lane's build)."""
+    return reply.key or (Path(reply.library).stem if reply.library else "")
+
+
+def _treated(chain: ChainRequest, name: str) -> str:
+    """How a screening chain treats op `name` (part of the memo's digest: a checkpoint past an op
+    screened then is no checkpoint for a chain that must stop at it)."""
+    if name in chain.accept:
+        return ACCEPTED
+    return UNSCREENED if name in chain.unscreened else SCREENED
+
+
+def _checkpoint_positions(units: int) -> frozenset[int]:
+    """Where a chain of `units` units saves its live values (run_memo.CHECKPOINTS_PER_CHAIN of them)."""
+    every = max(CHECKPOINT_MIN_SPACING, -(-units // CHECKPOINTS_PER_CHAIN))
+    return frozenset(range(every, units, every))
+
+
+def _last_reads(chain: ChainRequest) -> dict[str, int]:
+    """Chain value -> the last position whose unit reads it."""
+    last: dict[str, int] = {}
+    for position, unit in enumerate(chain.units):
+        for ref in unit.inputs:
+            if ref[0] == "chain":
+                last[ref[1]] = position
+    return last
 
 
 def _last_uses(chain: ChainRequest) -> dict[int, list[str]]:
