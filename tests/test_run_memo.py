@@ -1,0 +1,137 @@
+"""The trace's memo (runtime/run_memo.py): after a pass edit a search skips what earlier runs on the
+trace established (isolated units that cleared, a chain's checkpoints), and names what a search
+without it names; anything it cannot trust (another trace file, another rule, a damaged file) is run."""
+
+from __future__ import annotations
+
+import os
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from conftest import fault_transform
+from tapml_dbg.engine.session import Session
+from tapml_dbg.judge.compare import TolerancePolicy
+from tapml_dbg.judge.noise_floor import NoiseFloor
+from tapml_dbg.runtime import run_memo
+from tapml_dbg.runtime.run_memo import RunMemo
+from tapml_dbg.runtime.target import TargetSpec
+
+
+def bisect(path, transform, cache, **options):
+    """(culprit index, name, verdict, units the memo gave, notes) of one bisect in a fresh session."""
+    with Session.open(path, transform=transform, cache_dir=cache, **options) as session:
+        result = session.bisect()
+        remembered = session.lanes.cache.remembered
+    culprit = result.culprit
+    return (culprit.index, culprit.name, str(culprit.verdict)) if culprit else None, remembered, result.notes
+
+
+def checkpoints(cache) -> list:
+    return sorted((cache / run_memo.MEMO_FOLDER).glob("*/chain-*.npz"))
+
+
+def test_a_fault_moved_by_a_pass_edit_is_found_from_the_memo_as_without_it(traces, tmp_path, monkeypatch):
+    """mlp: a fault at op 13 (gelu_1), then the pass edited to plant it at op 18 (addmm_3), then at op 2
+    (addmm, before every checkpoint): each answer is the one a search without the memo gives; the
+    later searches start their chain from a checkpoint and skip the isolated units already cleared."""
+    path, cache = traces.get("mlp"), tmp_path / "cache"
+    moves = [fault_transform(tmp_path, "scale", op) for op in ("gelu_1", "addmm_3", "addmm")]
+    answers = [bisect(path, transform, cache) for transform in moves]
+    monkeypatch.setenv("TAPML_MEMO", "0")
+    plain = [bisect(path, transform, tmp_path / "plain") for transform in moves]
+    assert [answer[0] for answer in answers] == [answer[0] for answer in plain]
+    assert [answer[0][:2] for answer in answers] == [(13, "gelu_1"), (18, "addmm_3"), (2, "addmm")]
+    assert answers[0][1] == 0 and all(answer[1] == 0 for answer in plain)
+    assert answers[1][1] >= 8 + 12  # the chain from its checkpoint at 8, the sweep below 13 cleared before
+    assert any("not made again" in note for note in answers[1][2])
+    assert checkpoints(cache) and not (tmp_path / "plain" / run_memo.MEMO_FOLDER).exists()
+
+
+def test_the_same_search_again_runs_almost_nothing(traces, tmp_path):
+    path, cache = traces.get("mlp"), tmp_path / "cache"
+    transform = fault_transform(tmp_path, "scale", "add_1")  # op 14
+    first, second = bisect(path, transform, cache), bisect(path, transform, cache)
+    assert first[0] == second[0] == (14, "add_1", "isolated")
+    assert second[1] > first[1]
+
+
+def test_another_trace_file_or_one_written_again_uses_none_of_it(traces, tmp_path):
+    """The trace's identity is its file's: a copy, or the file written again, is another trace."""
+    path, cache = traces.get("mlp"), tmp_path / "cache"
+    transform = fault_transform(tmp_path, "scale", "add_1")
+    bisect(path, transform, cache)
+    copy = tmp_path / "copy.h5"
+    copy.write_bytes(path.read_bytes())
+    assert bisect(copy, transform, cache)[1] == 0  # another file
+    bisect(copy, transform, cache)
+    os.utime(copy, ns=(os.stat(copy).st_atime_ns, os.stat(copy).st_mtime_ns + 10**9))  # written again
+    answer, remembered, _notes = bisect(copy, transform, cache)
+    assert answer == (14, "add_1", "isolated") and remembered == 0
+
+
+def test_a_stricter_propagated_rule_does_not_start_from_the_old_checkpoints(traces, tmp_path):
+    """A x(1 + 1e-5) fault passes the default rule; with a propagated bound 50x stricter the chain
+    must reach it and name it: checkpoints saved under the default rule past it are not used."""
+    path, cache = traces.get("mlp"), tmp_path / "cache"
+    transform = fault_transform(tmp_path, "scale", "addmm", scale="1.00001")
+    clean = bisect(path, transform, cache)
+    assert clean[0] is None and checkpoints(cache)
+    strict = TolerancePolicy(noise=NoiseFloor(propagated_factor=0.02))
+    assert bisect(path, transform, cache, policy=strict)[0] == (2, "addmm", "propagated")
+
+
+def test_damaged_checkpoints_are_set_aside(traces, tmp_path):
+    path, cache = traces.get("mlp"), tmp_path / "cache"
+    transform = fault_transform(tmp_path, "scale", "add_2")  # op 20
+    bisect(path, transform, cache)
+    saved = checkpoints(cache)
+    assert saved
+    for checkpoint in saved:
+        checkpoint.write_bytes(checkpoint.read_bytes()[:100])
+    assert bisect(path, transform, cache)[0] == (20, "add_2", "isolated")
+    assert all(not checkpoint.exists() or checkpoint.stat().st_size > 100 for checkpoint in saved)
+
+
+def test_checkpoint_values_come_back_bit_exact(tmp_path):
+    trace = tmp_path / "t.h5"
+    trace.write_bytes(b"x")
+    memo = RunMemo.open(str(tmp_path / "cache"), str(trace), TargetSpec())
+    values = {"a": [np.arange(6, dtype=np.float32).reshape(2, 3), np.array(7, dtype=np.int64)],
+              "b": [np.array([1.5, -2.25], dtype=ml_dtypes.bfloat16)], "c": [np.array([True, False])]}
+    assert memo.save("d" * 32, values)
+    loaded = RunMemo.open(str(tmp_path / "cache"), str(trace), TargetSpec()).load("d" * 32)
+    assert set(loaded) == set(values)
+    for name, arrays in values.items():
+        for want, got in zip(arrays, loaded[name]):
+            assert got.dtype == want.dtype and got.shape == want.shape and got.tobytes() == want.tobytes()
+    assert not memo.save("e" * 32, {"big": [np.zeros(run_memo.CHECKPOINT_MAX_BYTES // 4 + 1, np.float32)]})
+
+
+def test_cleared_units_survive_a_torn_line_and_the_memo_turns_off(tmp_path, monkeypatch):
+    trace = tmp_path / "t.h5"
+    trace.write_bytes(b"x")
+    memo = RunMemo.open(str(tmp_path / "cache"), str(trace), TargetSpec())
+    unit = ("gelu", "k" * 32, [("op", "addmm", 0), ("value", np.ones(3, np.float32))], "rule")
+    memo.add_cleared(memo.unit_digest(*unit))
+    memo.close()
+    (memo.folder / "cleared-torn.txt").write_text("b" * 32 + "\n" + "c" * 20)
+    again = RunMemo.open(str(tmp_path / "cache"), str(trace), TargetSpec())
+    assert again.cleared(again.unit_digest(*unit)) and again.cleared("b" * 32) and not again.cleared("c" * 20)
+    changed_value = (*unit[:2], [unit[2][0], ("value", np.full(3, 2, np.float32))], unit[3])
+    assert not again.cleared(again.unit_digest(*changed_value))
+    other = RunMemo.open(str(tmp_path / "cache"), str(trace), TargetSpec(target="llvm -mcpu=generic"))
+    assert not other.cleared(other.unit_digest(*unit))  # another device: other digests
+    monkeypatch.setenv("TAPML_MEMO", "0")
+    assert RunMemo.open(str(tmp_path / "cache"), str(trace), TargetSpec()) is None
+
+
+@pytest.mark.parametrize("spacing_units", [(100, 8), (1000, 32)])
+def test_checkpoints_are_spread_along_a_chain(spacing_units):
+    from tapml_dbg.runtime.worker import _checkpoint_positions
+
+    units, every = spacing_units
+    positions = sorted(_checkpoint_positions(units))
+    assert positions[0] == every and all(b - a == every for a, b in zip(positions, positions[1:]))
+    assert positions[-1] < units and len(positions) <= run_memo.CHECKPOINTS_PER_CHAIN
