@@ -99,6 +99,10 @@ class RunMemo:
     def unit_digest(self, name: str, key: str, inputs: list[tuple], rule) -> str:
         return _digest([self.salt, "isolated", repr(rule), name, key, inputs_text(inputs)])
 
+    def any_cleared(self) -> bool:
+        self.cleared("")
+        return bool(self._cleared)
+
     def cleared(self, digest: str) -> bool:
         if self._cleared is None:
             self._cleared = set()

@@ -218,6 +218,8 @@ class _WorkerState:
     def _remembered(self, batch: BatchRequest, memo: RunMemo) -> dict[str, tuple[str]]:
         """The batch's units an earlier run cleared: op name -> (its key,)."""
         found = {}
+        if not memo.any_cleared():  # nothing to look up: no unit keyed for it
+            return found
         for name, unit in zip(batch.names, batch.units):
             if name in batch.unscreened:
                 continue
