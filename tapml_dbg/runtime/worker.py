@@ -44,7 +44,7 @@ def worker_main(conn, config: WorkerConfig, log_path: str | None = None) -> None
     if log_path:
         _redirect_native_output(log_path)
     if config.niceness:
-        os.nice(config.niceness)
+        _take_idle_cycles(config.niceness)
     state = _WorkerState(config)
     state.warm_up()
     while True:
@@ -55,6 +55,16 @@ def worker_main(conn, config: WorkerConfig, log_path: str | None = None) -> None
         if message is None:
             return
         conn.send(WorkerReply(state.handle(message), own_rss()))
+
+
+def _take_idle_cycles(niceness: int) -> None:
+    """A worker building ahead: the idle scheduling class where there is one (Linux), so that it
+    runs only on a core nothing else wants (measured: docs/perf.md Run O); its niceness besides."""
+    os.nice(niceness)
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):  # another system: the niceness alone
+        pass
 
 
 def own_rss() -> int | None:
@@ -235,29 +245,33 @@ class _WorkerState:
         if not memo.any_checkpoint():
             return 0, first
         wanted = set(chain.keep) | set(chain.also_keep)  # values only a run of their unit gives
-        best: tuple[int, str, int] = (0, first, 0)
+        found: list[tuple[int, str, int]] = []  # (position, digest, units before it) with a checkpoint
         prefix: list[tuple[str, bool]] = []
         for position, (name, unit) in enumerate(zip(chain.names, chain.units)):
             if position and memo.has_checkpoint(digest):
-                best = (position, digest, len(prefix))
+                found.append((position, digest, len(prefix)))
             key = self._unit_key(unit) if name not in wanted else ""
             if not key:
                 break
             prefix.append((key, True))
             digest = memo.step(digest, name, key, unit.inputs, _treated(chain, name))
-        start, digest, count = best
-        values = memo.load(digest) if start else None
-        needed = {ref[1] for unit in chain.units[start:] for ref in unit.inputs if ref[0] == "chain"}
-        produced = set(chain.names[:start])
-        if values is None or not (needed & produced) <= set(values):
-            return 0, first
-        runner = self._runner()
-        self.chain_values = {name: [runner.to_device(value) for value in arrays] for name, arrays in values.items()}
-        keys.extend(prefix[:count])
-        return start, digest
+        for start, digest, count in reversed(found):  # the latest that reads back (a damaged one is removed)
+            values = memo.load(digest)
+            needed = {ref[1] for unit in chain.units[start:] for ref in unit.inputs if ref[0] == "chain"}
+            if values is None or not (needed & set(chain.names[:start])) <= set(values):
+                continue
+            runner = self._runner()
+            self.chain_values = {name: [runner.to_device(value) for value in arrays]
+                                 for name, arrays in values.items()}
+            keys.extend(prefix[:count])
+            return start, digest
+        return 0, first
 
     def _save_checkpoint(self, memo: RunMemo, digest: str, position: int, last_read: dict[str, int]) -> None:
-        """The values units from `position` on read, saved under the digest of the units before it."""
+        """The values units from `position` on read, saved under the digest of the units before it
+        (once: a chain run again, the tokens phase's, finds it there)."""
+        if memo.has_checkpoint(digest):
+            return
         live = {name: [value.numpy() for value in tensors] for name, tensors in self.chain_values.items()
                 if last_read.get(name, -1) >= position}
         memo.save(digest, live)
