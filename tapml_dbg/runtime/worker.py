@@ -44,7 +44,7 @@ def worker_main(conn, config: WorkerConfig, log_path: str | None = None) -> None
     if log_path:
         _redirect_native_output(log_path)
     if config.niceness:
-        _take_idle_cycles(config.niceness)
+        os.nice(config.niceness)
     state = _WorkerState(config)
     state.warm_up()
     while True:
@@ -55,16 +55,6 @@ def worker_main(conn, config: WorkerConfig, log_path: str | None = None) -> None
         if message is None:
             return
         conn.send(WorkerReply(state.handle(message), own_rss()))
-
-
-def _take_idle_cycles(niceness: int) -> None:
-    """A worker building ahead: the idle scheduling class where there is one (Linux), so that it
-    runs only on a core nothing else wants (measured: docs/perf.md Run O); its niceness besides."""
-    os.nice(niceness)
-    try:
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-    except (AttributeError, OSError):  # another system: the niceness alone
-        pass
 
 
 def own_rss() -> int | None:
