@@ -157,3 +157,16 @@ def test_a_generation_searched_again_from_the_memo_names_the_same_step_op_and_to
     first, again = search(), search()
     assert first[0] == again[0] and (first[0][0], first[0][1], first[0][2]) == (logits, 2, 2)
     assert again[1] > first[1]
+
+
+def test_a_chain_saves_within_its_own_budget(tmp_path, monkeypatch):
+    """Each chain has CHAIN_CHECKPOINT_BYTES of its own: a worker's later chains save again."""
+    monkeypatch.setattr(run_memo, "CHAIN_CHECKPOINT_BYTES", 1000)
+    trace = tmp_path / "t.h5"
+    trace.write_bytes(b"x")
+    memo = RunMemo.open(str(tmp_path / "cache"), str(trace), TargetSpec())
+    values = {"a": [np.zeros(150, np.float32)]}  # 600 bytes
+    memo.start_chain()
+    assert memo.save("a" * 32, values) and not memo.save("b" * 32, values)
+    memo.start_chain()
+    assert memo.save("b" * 32, values)

@@ -135,6 +135,7 @@ class _WorkerState:
             if memo is not None and independent:
                 remembered = self._remembered(chain, memo)
             elif memo is not None:
+                memo.start_chain()
                 start, digest = self._resume(chain, memo, keys)
             self.read_ahead = ReadAhead(partial(self._reads_of, chain, start, set(remembered)), READ_AHEAD_BYTES)
             kept: dict[str, list] = {}
