@@ -129,10 +129,8 @@ def test_cleared_units_survive_a_torn_line_and_the_memo_turns_off(tmp_path, monk
 
 @pytest.mark.parametrize("spacing_units", [(100, 8), (1000, 32)])
 def test_checkpoints_are_spread_along_a_chain(spacing_units):
-    from tapml_dbg.runtime.worker import _checkpoint_positions
-
     units, every = spacing_units
-    positions = sorted(_checkpoint_positions(units))
+    positions = sorted(run_memo.checkpoint_positions(units))
     assert positions[0] == every and all(b - a == every for a, b in zip(positions, positions[1:]))
     assert positions[-1] < units and len(positions) <= run_memo.CHECKPOINTS_PER_CHAIN
 

@@ -91,6 +91,11 @@ def compile_unit(unit_json: dict, target: str, transform: str | None, cache_dir:
     return CompiledUnit(entry.library, False, entry.key)
 
 
+def library_key(library: str | Path) -> str:
+    """The key of a library the cache holds (`CacheEntry` names it `KEY.so`)."""
+    return Path(library).stem
+
+
 def compile_only(unit_json: dict, target: str, transform: str | None) -> None:
     """Generate code without a device (and without the cache); raises as `compile_unit` does."""
     transformed = _transformed(unit_json, transform)
@@ -103,7 +108,7 @@ class CacheEntry:
     def __init__(self, folder: Path, key: str, export_format: str = "so"):
         self.folder = folder
         self.key = key
-        self.library = folder / f"{key}.{export_format}"
+        self.library = folder / f"{key}.{export_format}"  # `library_key` reads the key back from the name
         self.meta = folder / f"{key}{ENTRY_META_SUFFIX}"
 
     def valid(self) -> bool:

@@ -46,6 +46,12 @@ VOLATILE_VARIABLES = ("TMPDIR", "PWD", "OLDPWD", "SHLVL", "_")
 SCREENED, ACCEPTED, UNSCREENED = "s", "a", "u"  # how a chain treated a unit (part of its digest)
 
 
+def checkpoint_positions(units: int) -> frozenset[int]:
+    """Where a chain of `units` units saves its live values (about CHECKPOINTS_PER_CHAIN of them)."""
+    every = max(CHECKPOINT_MIN_SPACING, -(-units // CHECKPOINTS_PER_CHAIN))
+    return frozenset(range(every, units, every))
+
+
 def trace_identity(trace_path: str) -> str:
     """The trace file as it is now: written again (or replaced), it is another trace."""
     real = os.path.realpath(trace_path)
@@ -99,10 +105,13 @@ class RunMemo:
         return _digest([self.salt, "isolated", repr(rule), name, key, inputs_text(inputs)])
 
     def any_cleared(self) -> bool:
-        self.cleared("")
-        return bool(self._cleared)
+        return bool(self._cleared_digests())
 
     def cleared(self, digest: str) -> bool:
+        return digest in self._cleared_digests()
+
+    def _cleared_digests(self) -> set[str]:
+        """Every process's cleared lines, read once."""
         if self._cleared is None:
             self._cleared = set()
             for path in self.folder.glob("cleared-*.txt"):
@@ -111,7 +120,7 @@ class RunMemo:
                 except OSError:
                     continue
                 self._cleared.update(line for line in lines if len(line) == DIGEST_CHARS)
-        return digest in self._cleared
+        return self._cleared
 
     def add_cleared(self, digest: str) -> None:
         """Appended to this process's own file, one line (a torn line matches no digest)."""
@@ -137,16 +146,19 @@ class RunMemo:
         return _digest([previous, name, key, inputs_text(inputs), treated])
 
     def has_checkpoint(self, digest: str) -> bool:
+        return digest in self._checkpoint_digests()
+
+    def any_checkpoint(self) -> bool:
+        return bool(self._checkpoint_digests())
+
+    def _checkpoint_digests(self) -> set[str]:
+        """The checkpoints in the folder, listed once (again after one was removed)."""
         if self._checkpoints is None:
             try:
                 self._checkpoints = {path.stem.removeprefix("chain-") for path in self.folder.glob("chain-*.npz")}
             except OSError:
                 self._checkpoints = set()
-        return digest in self._checkpoints
-
-    def any_checkpoint(self) -> bool:
-        self.has_checkpoint("")
-        return bool(self._checkpoints)
+        return self._checkpoints
 
     def load(self, digest: str) -> dict[str, list[np.ndarray]] | None:
         """The live values saved under `digest`; None (and the file removed) when it cannot be read."""
@@ -163,8 +175,10 @@ class RunMemo:
         return values
 
     def start_chain(self) -> None:
-        """A new chain: CHAIN_CHECKPOINT_BYTES are its own to save."""
+        """A new chain: CHAIN_CHECKPOINT_BYTES are its own to save; the trace's oldest checkpoints
+        go first if the ones before it left more than TRACE_MEMO_BYTES."""
         self.saved_bytes = 0
+        self._prune()
 
     def save(self, digest: str, values: dict[str, list[np.ndarray]]) -> bool:
         """Save live values under `digest` (written under a temporary name, renamed into place); False
@@ -190,7 +204,6 @@ class RunMemo:
         self.saved_bytes += size
         if self._checkpoints is not None:
             self._checkpoints.add(digest)
-        self._prune()
         return True
 
     def _checkpoint_path(self, digest: str) -> Path:
@@ -199,7 +212,8 @@ class RunMemo:
     def _prune(self) -> None:
         """The oldest checkpoints go once the trace's exceed TRACE_MEMO_BYTES."""
         try:
-            files = [(path.stat().st_mtime_ns, path.stat().st_size, path) for path in self.folder.glob("chain-*.npz")]
+            files = [(info.st_mtime_ns, info.st_size, path) for path in self.folder.glob("chain-*.npz")
+                     for info in [path.stat()]]
         except OSError:
             return
         total = sum(size for _time, size, _path in files)

@@ -25,11 +25,11 @@ from tapml_dbg.errors import TapmlError, TraceError
 from tapml_dbg.portable import PortableError, Runner, flatten, one_line
 from tapml_dbg.portable.screen import clearly_passes
 from tapml_dbg.runtime.compile_cache import (CacheEntry, CompiledUnit, KeyLedger, compile_only, compile_unit,
-                                             environment_scope, load_transform, transform_identity, unit_id)
+                                             environment_scope, library_key, load_transform, transform_identity,
+                                             unit_id)
 from tapml_dbg.runtime.messages import (BatchRequest, ChainRequest, UnitRequest, UnitResult, UnitStatus, WorkerConfig,
                                        WorkerReply)
-from tapml_dbg.runtime.run_memo import (ACCEPTED, CHECKPOINT_MIN_SPACING, CHECKPOINTS_PER_CHAIN, SCREENED,
-                                        UNSCREENED, RunMemo)
+from tapml_dbg.runtime.run_memo import ACCEPTED, SCREENED, UNSCREENED, RunMemo, checkpoint_positions
 from tapml_dbg.runtime.target import NO_DEVICE_HINT, parse_target
 from tapml_dbg.trace import TraceReader
 from tapml_dbg.trace.read_ahead import ReadAhead
@@ -144,14 +144,14 @@ class _WorkerState:
             suspects: list[str] = []
             deferred: list[str] = []  # units not built yet, skipped (`defer_unbuilt`)
             upstream: dict[str, dict] = {}
-            last_use = _last_uses(chain)
-            checkpoints = _checkpoint_positions(len(chain.units)) if memo is not None and not independent else ()
-            last_read = _last_reads(chain) if checkpoints else {}
+            last_read = _last_reads(chain)
+            last_use = _last_uses(chain, last_read)
+            checkpoints = checkpoint_positions(len(chain.units)) if memo is not None and not independent else ()
             for position, (name, unit) in enumerate(zip(chain.names, chain.units)):
                 if position < start:  # the checkpoint's values stand for these units
                     continue
                 if name in remembered:  # an earlier run cleared this very unit
-                    keys.append((remembered[name][0], True))
+                    keys.append((remembered[name], True))
                     continue
                 if position in checkpoints and position > start and not suspects:
                     self._save_checkpoint(memo, digest, position, last_read)
@@ -181,8 +181,8 @@ class _WorkerState:
                                           for ref in unit.inputs if ref[0] == "chain"}
                         if len(suspects) >= chain.suspects:
                             break
-                    elif independent and memo is not None and _key_of(reply):
-                        memo.add_cleared(memo.unit_digest(name, _key_of(reply), unit.inputs, chain.screen))
+                    elif independent and memo is not None and (key := _key_of(reply)):
+                        memo.add_cleared(memo.unit_digest(name, key, unit.inputs, chain.screen))
                 elif name in wanted:
                     kept[name] = [value.numpy() for value in reply.outputs[0]]
                 if chain.screen is not None and name in chain.also_keep:
@@ -210,14 +210,14 @@ class _WorkerState:
     def _unit_key(self, unit: UnitRequest) -> str:
         """The unit's cache key without building it ("" when it cannot be keyed: its run says why)."""
         if unit.library and Path(unit.library).is_file():
-            return Path(unit.library).stem
+            return library_key(unit.library)
         try:
             return self._compiled(unit, build=False).key
         except Exception:  # noqa: BLE001 - a broken transform: the unit's own run reports it
             return ""
 
-    def _remembered(self, batch: BatchRequest, memo: RunMemo) -> dict[str, tuple[str]]:
-        """The batch's units an earlier run cleared: op name -> (its key,)."""
+    def _remembered(self, batch: BatchRequest, memo: RunMemo) -> dict[str, str]:
+        """The batch's units an earlier run cleared: op name -> its key."""
         found = {}
         if not memo.any_cleared():  # nothing to look up: no unit keyed for it
             return found
@@ -226,7 +226,7 @@ class _WorkerState:
                 continue
             key = self._unit_key(unit)
             if key and memo.cleared(memo.unit_digest(name, key, unit.inputs, batch.screen)):
-                found[name] = (key,)
+                found[name] = key
         return found
 
     def _resume(self, chain: ChainRequest, memo: RunMemo, keys: list) -> tuple[int, str]:
@@ -460,7 +460,7 @@ def _returned(chain: ChainRequest | BatchRequest, suspects: list[str], kept: dic
 
 def _key_of(reply: UnitResult) -> str:
     """A unit's cache key: its reply's, else its library's name (`KEY.so`, a compile lane's build)."""
-    return reply.key or (Path(reply.library).stem if reply.library else "")
+    return reply.key or (library_key(reply.library) if reply.library else "")
 
 
 def _treated(chain: ChainRequest, name: str) -> str:
@@ -469,12 +469,6 @@ def _treated(chain: ChainRequest, name: str) -> str:
     if name in chain.accept:
         return ACCEPTED
     return UNSCREENED if name in chain.unscreened else SCREENED
-
-
-def _checkpoint_positions(units: int) -> frozenset[int]:
-    """Where a chain of `units` units saves its live values (run_memo.CHECKPOINTS_PER_CHAIN of them)."""
-    every = max(CHECKPOINT_MIN_SPACING, -(-units // CHECKPOINTS_PER_CHAIN))
-    return frozenset(range(every, units, every))
 
 
 def _last_reads(chain: ChainRequest) -> dict[str, int]:
@@ -487,14 +481,10 @@ def _last_reads(chain: ChainRequest) -> dict[str, int]:
     return last
 
 
-def _last_uses(chain: ChainRequest) -> dict[int, list[str]]:
+def _last_uses(chain: ChainRequest, last_read: dict[str, int]) -> dict[int, list[str]]:
     """Unit position -> the chain values no unit after it reads (freed once it has run), so that a
-    chain holds the model's live values, not all of them."""
-    last: dict[str, int] = {name: position for position, name in enumerate(chain.names)}
-    for position, unit in enumerate(chain.units):
-        for ref in unit.inputs:
-            if ref[0] == "chain":
-                last[ref[1]] = max(last.get(ref[1], position), position)
+    chain holds the model's live values, not all of them. `last_read`: `_last_reads(chain)`."""
+    last = {name: position for position, name in enumerate(chain.names)} | last_read
     by_position: dict[int, list[str]] = {}
     for name, position in last.items():
         by_position.setdefault(position, []).append(name)

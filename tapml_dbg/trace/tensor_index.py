@@ -55,8 +55,9 @@ def in_place(dataset_id, item, file_number: int) -> bool:
     """Whether the object opened at the entry's path (h5py's low-level id) is a dataset and what the entry says: one
     run of bytes at its offset, of its shape and stored dtype, in the file numbered `file_number` (an
     object opened through an external link is in another)."""
-    return isinstance(dataset_id, h5d.DatasetID) and _outline(item) and dataset_id.get_offset() == item[0] and list(dataset_id.shape or ()) == item[2] \
-        and dataset_id.dtype.str == item[1] and h5o.get_info(dataset_id).fileno == file_number
+    return isinstance(dataset_id, h5d.DatasetID) and _outline(item) and dataset_id.get_offset() == item[0] \
+        and list(dataset_id.shape or ()) == item[2] and dataset_id.dtype.str == item[1] \
+        and h5o.get_info(dataset_id).fileno == file_number
 
 
 def read(fd: int, item, file_size: int, verified: set) -> np.ndarray | None:
