@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 
 from conftest import fault_transform
+from tapml_dbg.engine.search import Bisection
 from tapml_dbg.engine.session import Session
 from tapml_dbg.judge.compare import TolerancePolicy
 from tapml_dbg.judge.noise_floor import NoiseFloor
-from tapml_dbg.runtime import run_memo
+from tapml_dbg.runtime import run_memo, scheduler
 from tapml_dbg.runtime.run_memo import RunMemo
 from tapml_dbg.runtime.target import TargetSpec
 
@@ -168,3 +169,41 @@ def test_a_chain_saves_within_its_own_budget(tmp_path, monkeypatch):
     assert memo.save("a" * 32, values) and not memo.save("b" * 32, values)
     memo.start_chain()
     assert memo.save("b" * 32, values)
+
+
+def test_the_last_search_is_noted_per_device_and_a_damaged_note_is_none(tmp_path):
+    trace = tmp_path / "t.h5"
+    trace.write_bytes(b"x")
+    memo = RunMemo.open(str(tmp_path / "cache"), str(trace), TargetSpec())
+    assert memo.last_search() is None
+    memo.note_search(chain_found=True)
+    assert RunMemo.open(str(tmp_path / "cache"), str(trace), TargetSpec()).last_search() == {"chain_found": True}
+    other = RunMemo.open(str(tmp_path / "cache"), str(trace), TargetSpec(target="llvm -mcpu=generic"))
+    assert other.last_search() is None  # another device's searches say nothing of this one
+    memo.note_search(chain_found=False)
+    assert memo.last_search() == {"chain_found": False}
+    next(memo.folder.glob("search-*.json")).write_text("{torn")
+    assert memo.last_search() is None
+
+
+def test_probes_are_built_ahead_on_two_cores_only_when_the_last_chain_found_nothing(traces, tmp_path, monkeypatch):
+    """Where the chain's worker and the sweep's lane take every core, a search after one whose chain
+    found the divergence builds no fused probes ahead (an edited pass mostly moves the divergence);
+    after a search whose chain found nothing it builds them again; with a core to spare, always. The
+    answers are the same either way."""
+    asked = []
+    probes_ahead = Bisection._probes_ahead
+    monkeypatch.setattr(Bisection, "_probes_ahead", lambda self: asked.append(1) or probes_ahead(self))
+    path = traces.get("mlp")
+    moves = [fault_transform(tmp_path, "scale", "gelu_1"), fault_transform(tmp_path, "scale", "addmm_3"), None,
+             fault_transform(tmp_path, "scale", "gelu_1")]
+    for spare_cores, cache, wanted in ((False, tmp_path / "two", [1, 0, 0, 1]), (True, tmp_path / "more", [1, 1, 1, 1])):
+        monkeypatch.setattr(scheduler, "AHEAD_SPARE_MIN_CORES", 1 if spare_cores else 10**6)
+        answers, built = [], []
+        for transform in moves:
+            before = len(asked)
+            answer = bisect(path, transform, cache)[0]
+            answers.append(answer[:2] if answer else None)
+            built.append(len(asked) - before)
+        assert answers == [(13, "gelu_1"), (18, "addmm_3"), None, (13, "gelu_1")]
+        assert built == wanted

@@ -247,11 +247,13 @@ class Bisection:
         self.progress(0, None, f"chain ops {self.first}..{self.last}")
         chain = ChainSearch(self.session, self.first, self.last, self.unscreened,
                             also_keep={self.output} if self.output else set())
-        # on idle cycles while the chain runs: phase 2's first probes, then the chain's units from its end
-        # (the chain builds them from its start: the two meet halfway)
-        self.session.lanes.build_ahead(self._probes_ahead() + chain.units_to_build()[::-1])
+        # on idle cycles while the chain runs: phase 2's first probes (where the runtime expects them
+        # wanted), then the chain's units from its end (the chain builds them from its start: the two meet halfway)
+        probes = self._probes_ahead() if self.session.lanes.probes_ahead_wanted() else []
+        self.session.lanes.build_ahead(probes + chain.units_to_build()[::-1])
         beside = self._chain_beside_sweep(chain) if self.sweep_enabled and self.session.lanes.has_side else None
         self.chain = chain.run(beside)
+        self.session.lanes.note_search(chain_found=self.chain.index is not None)
         self.search_trace.probes.extend(self.chain.probes)
         if self.chain.index is not None:
             self.session.lanes.stop_ahead()  # no fused probe to make

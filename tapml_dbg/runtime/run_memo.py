@@ -9,6 +9,8 @@ Two records, in the compile cache's folder under `memo/<trace identity>/`, let a
   by a digest of everything before it: each unit's op, key, inputs, and whether it was screened or
   accepted, every screened one having cleared. A later chain whose units up to there have the same
   digest starts from the latest such checkpoint (`chain-<digest>.npz`, plain arrays, no pickle).
+And one note for the session's scheduling: whether the last search's chain found its divergence
+(`search-<salt>.json`; `Runtime.probes_ahead_wanted`).
 The trace's identity is its file's (path, device, inode, size, modification time): a trace written
 again is another trace. The digests also hold the target's device (`TargetSpec`: target, RPC
 server or tracker and key) and the environment the workers run in (a pass may read variables).
@@ -208,6 +210,30 @@ class RunMemo:
 
     def _checkpoint_path(self, digest: str) -> Path:
         return self.folder / f"chain-{digest}.npz"
+
+    # -- the last search -----------------------------------------------------------------------
+    def last_search(self) -> dict | None:
+        """What the last search on this trace and device noted (`note_search`), or None (none, or unreadable)."""
+        try:
+            noted = json.loads(self._search_path().read_text())
+        except (OSError, ValueError):
+            return None
+        return noted if isinstance(noted, dict) else None
+
+    def note_search(self, chain_found: bool) -> None:
+        """Note whether this search's per-op chain found the divergence (renamed into place: a reader
+        sees the last note or the one before)."""
+        path = self._search_path()
+        temporary = path.with_suffix(f".tmp{os.getpid()}")
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            temporary.write_text(json.dumps({"chain_found": bool(chain_found)}))
+            os.replace(temporary, path)
+        except OSError:
+            temporary.unlink(missing_ok=True)
+
+    def _search_path(self) -> Path:
+        return self.folder / f"search-{self.salt}.json"
 
     def _prune(self) -> None:
         """The oldest checkpoints go once the trace's exceed TRACE_MEMO_BYTES."""

@@ -14,6 +14,8 @@ scheduling touches runtime/ only.
 from __future__ import annotations
 
 import math
+import os
+from functools import cached_property
 from pathlib import Path
 from typing import Callable, Iterable, TypeVar
 
@@ -22,6 +24,7 @@ from tapml_dbg.runtime.background import Background, StopFlag
 from tapml_dbg.runtime.compile_cache import DEFAULT_CACHE_DIR, load_transform, transform_identity
 from tapml_dbg.runtime.lanes import MIN_COMPILE_LANES, Lanes
 from tapml_dbg.runtime.messages import ChainRequest, UnitRequest, UnitResult
+from tapml_dbg.runtime.run_memo import RunMemo
 from tapml_dbg.runtime.target import TargetSpec, parse_target
 from tapml_dbg.runtime.tvm_import import import_tvm_without_torch, warm_up_torch
 
@@ -30,6 +33,7 @@ __all__ = ["DEFAULT_CACHE_DIR", "Background", "Runtime", "check_setup", "transfo
 T = TypeVar("T")
 OPS_PER_TIMEOUT = 100  # a chain may take the unit timeout once per this many ops
 PREPARE_UNITS_PER_LANE = 4  # building ahead starts a compile lane per this many units to build
+AHEAD_SPARE_MIN_CORES = 3  # a core beside the chain's worker and the sweep's lane: probes built ahead cost nothing
 
 
 def check_setup(spec: TargetSpec) -> None:
@@ -102,3 +106,27 @@ class Runtime(Lanes):
         """Note in the index the key of every unit a chain ran (for the next `units_to_build`)."""
         if self.compiles_ahead and result.unit_keys:
             self.index.record((unit.unit_json, key) for unit, (key, _cached) in zip(request.units, result.unit_keys))
+
+    # -- what the last search found ---------------------------------------------------------
+    def probes_ahead_wanted(self) -> bool:
+        """Whether a search builds its fused probes ahead (`build_ahead`), in case its chain finds
+        nothing: always where a core is spare beside the chain's worker and the sweep's lane; where
+        those two take every core, not after a search on this trace and device whose chain found its
+        divergence (the memo's note). A pass edited between two such searches mostly moves the
+        divergence: the probes, new units, would take part of a busy core and no phase would run
+        them. A search whose chain then finds nothing builds its probes when it needs them, and
+        notes it for the next one (figures: docs/perf.md)."""
+        if (os.cpu_count() or 1) >= AHEAD_SPARE_MIN_CORES:
+            return True
+        noted = self._search_memo.last_search() if self._search_memo is not None else None
+        return not (noted and noted.get("chain_found"))
+
+    def note_search(self, chain_found: bool) -> None:
+        """What this search's chain found, for the next search's `probes_ahead_wanted`."""
+        if self._search_memo is not None:
+            self._search_memo.note_search(chain_found)
+
+    @cached_property
+    def _search_memo(self) -> RunMemo | None:
+        config = self.pool.config
+        return RunMemo.open(config.cache_dir, config.trace_path, config.spec)
