@@ -28,6 +28,7 @@ HISTORY = "TAPML_HISTORY"
 HOST_OPS = "TAPML_HOST_OPS"
 MEMO = "TAPML_MEMO"
 POISON_PATTERNS = "TAPML_POISON_PATTERNS"
+SERVER = "TAPML_SERVER"
 SIDE_LANE = "TAPML_SIDE_LANE"
 WORKER_GROWTH_MIB = "TAPML_WORKER_GROWTH_MIB"
 WRITE_THREAD = "TAPML_WRITE_THREAD"
@@ -37,7 +38,7 @@ ZYGOTE = "TAPML_ZYGOTE"
 # session's and each worker's small dot products then burn a core's worth of CPU per thread beside
 # the compile lanes (figures: docs/perf.md). One thread unless the user chose; OpenBLAS reads it
 # when numpy is first imported, so a process sets it before that.
-PROCESS_DEFAULTS = {"OPENBLAS_NUM_THREADS": "1"}
+PROCESS_DEFAULTS = {"OPENBLAS_NUM_THREADS": "1", "TVM_LOG_DEBUG": "0"}
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,10 @@ KNOBS: dict[str, Knob] = {knob.name: knob for knob in (
     Knob(POISON_PATTERNS, "text", "(none)",
          "more error texts (any case) that retire a worker as a sticky device fault, split at each vertical bar",
          "by the session, each time a unit ends in an error", _patterns),
+    Knob(SERVER, "1/0", "1",
+         "0: run each command in a process of its own even when `tapml-dbg serve` serves the cache (docs/serve.md)",
+         "by `tapml-dbg`, when it starts (runtime/fork_server.py reads it as text: its clients import no tapml_dbg)",
+         _on_unless_0),
     Knob(SIDE_LANE, "1/0", "1",
          "0: no side worker beside the lanes (a search then runs its chain in lane 0)",
          "by the session, when a search asks for the side worker", _on_unless_0),

@@ -19,6 +19,7 @@ import fork_cli
 from tapml_dbg import settings
 
 settings.apply_process_defaults()  # the suite's process runs sessions too: as `tapml-dbg` does, before numpy
+os.environ[settings.SERVER] = "0"  # a `tapml-dbg serve` left running on this machine serves none of the suite's commands
 fork_cli.use_zygote_server(fork_cli.SERVER.zygote_executable)  # its sessions' zygotes: tests/fork_cli.py
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -26,7 +26,8 @@ PACKAGE = ROOT / "tapml_dbg"
 KNOB_NAME = re.compile(r"\bTAPML_[A-Z0-9_]+")
 # portable/ is copied verbatim into repros and imports nothing of tapml_dbg: a TAPML_ knob it read
 # would stay there, listed in settings as documentation only (it reads none today)
-ALLOWED = {PACKAGE / "settings.py"}
+ALLOWED = {PACKAGE / "settings.py",
+           PACKAGE / "runtime" / "fork_server.py"}  # its clients import nothing of tapml_dbg: TAPML_SERVER read as text
 
 
 def _clean_environment() -> dict[str, str]:
@@ -156,7 +157,7 @@ def test_a_bad_compile_lane_count_is_a_usage_error(monkeypatch):
 
 def test_a_child_environment_keeps_the_users_choice():
     child = settings.child_environment({"A": "1"}, TMPDIR="/t")
-    assert child == {"A": "1", "TMPDIR": "/t", "OPENBLAS_NUM_THREADS": "1"}
+    assert child == {"A": "1", "TMPDIR": "/t", "OPENBLAS_NUM_THREADS": "1", "TVM_LOG_DEBUG": "0"}
     assert settings.child_environment({"OPENBLAS_NUM_THREADS": "4"})["OPENBLAS_NUM_THREADS"] == "4"
 
 

@@ -18,11 +18,12 @@ from tapml_dbg.engine.kept import blocks_target, kept_selector
 from tapml_dbg.engine.report import build_report, migration_points
 from tapml_dbg.engine.triage import triage
 from tapml_dbg import settings
-from tapml_dbg.errors import TapmlError
+from tapml_dbg.errors import TapmlError, UsageError
 from tapml_dbg.frontend.generation import parse_steps
 from tapml_dbg.record.recorder import record
 from tapml_dbg.repro.carve import carve
 from tapml_dbg.repro.dump import dump_op
+from tapml_dbg.runtime import fork_server
 from tapml_dbg.runtime.target import TargetSpec
 from tapml_dbg.trace.inspect import trace_info
 from tapml_dbg.trace.verify import verify_trace
@@ -33,8 +34,6 @@ from tapml_dbg.ui.report.html import prepare_folder, write_report
 from tapml_dbg.ui.report.model_explorer import write_model_explorer
 from tapml_dbg.ui import verbs
 from tapml_dbg.ui.verbs import Verb
-
-os.environ.setdefault("TVM_LOG_DEBUG", "0")
 
 DESCRIPTION = """\
 Record a model's every operator once on PyTorch, replay it on a TVM target, find the
@@ -236,6 +235,16 @@ def build_parser() -> argparse.ArgumentParser:
                              "that opens it")
     _add_target_options(report)
     _add_keep_option(report)
+
+    server = _subcommand(commands, "serve", "keep TVM and torch imported: later commands start in a fraction of a second",
+                         "A fork server for this compile cache (TAPML_CACHE_DIR): every later `tapml-dbg` command "
+                         "but `replay` starts as a fork of a process that imported TVM and torch, and is otherwise "
+                         "the process it would have been (docs/serve.md). It runs until Ctrl-C, `serve --stop` or "
+                         "--idle minutes without a command; TAPML_SERVER=0 runs a command without it.")
+    server.add_argument("--idle", type=float, default=fork_server.DEFAULT_IDLE_S / 60, metavar="MIN",
+                        help="stop after MIN minutes without a command (default 30; 0: never)")
+    server.add_argument("--detach", action="store_true", help="leave it running in the background and return")
+    server.add_argument("--stop", action="store_true", help="stop the running server (the commands it runs finish)")
     return parser
 
 
@@ -570,9 +579,45 @@ def _replay(args, out, err) -> int:
     return run_replay(args)
 
 
+def _serve(args, out, err) -> int:
+    folder = fork_server.server_folder(settings.value(settings.CACHE_DIR))
+    if args.stop:
+        pid = fork_server.stop(folder)
+        out.print(f"stopped the server (pid {pid}) of {folder}" if pid else f"no server serves from {folder}")
+        return 0
+    running = fork_server.serving_pid(folder)
+    if running is not None:
+        raise UsageError(f"a server (pid {running}) serves from {folder} already: `tapml-dbg serve --stop` stops it")
+    log = None
+    if args.detach:  # its lines go to its log
+        os.makedirs(folder, exist_ok=True)
+        log = open(os.path.join(folder, "log"), "a")
+    try:
+        process = fork_server.start(folder, args.idle * 60, log)
+    except OSError as exc:
+        raise UsageError(f"tapml-dbg serve: {exc} (its log: {os.path.join(folder, 'log')}; set "
+                         f"TAPML_CACHE_DIR to a short path if the socket's path is too long)") from exc
+    finally:
+        if log is not None:
+            log.close()
+    until = f"{args.idle:g} minutes without a command" if args.idle > 0 else "never idle"
+    out.print(f"serving tapml-dbg commands from {folder} (pid {process.pid}): each starts as a fork with TVM and "
+              f"torch imported; it stops after {until}, with `tapml-dbg serve --stop`"
+              + ("" if args.detach else " or Ctrl-C"))
+    if args.detach:
+        return 0
+    try:
+        process.wait()
+    except KeyboardInterrupt:
+        fork_server.stop(folder)
+        process.wait()
+        out.print("stopped")
+    return 0
+
+
 _HANDLERS = {"record": _record, "info": _info, "bisect": _bisect, "run": _run, "migrate": _migrate, "dump": _dump, "carve": _carve,
              "compile": _compile, "replay": _replay, "report": _report, "triage": _triage,
-             "fix": _fix}
+             "fix": _fix, "serve": _serve}
 
 
 if __name__ == "__main__":

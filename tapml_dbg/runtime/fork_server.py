@@ -1,0 +1,608 @@
+"""`tapml-dbg serve`: TVM and torch imported once, each `tapml-dbg` command a fork of that process.
+
+A fresh `tapml-dbg` process spends seconds importing TVM and torch before it reads a trace, and
+on the GPU host that is most of a search after an edited pass (docs/perf.md). A fork server imports
+them once; a command then starts as a fork of it and is otherwise what `python -m tapml_dbg ARGS`
+makes: its own process (and process group), with the caller's stdin, stdout and stderr (the very
+file descriptors, passed over a Unix socket), working folder, environment, `sys.argv` and
+`sys.path`, its standard streams made as the interpreter makes them at start-up, and nothing of
+tapml_dbg imported (each command imports tapml-dbg afresh: its `TAPML_*` knobs from its own
+environment, an edited tapml-dbg as edited). A crash inside TVM takes that command down, not the
+server. The server never opens a device and runs no thread (a forked CUDA context is unusable).
+
+Two servers in one process tree, in FOLDER (`<cache>/serve`): the zygote server (TVM with torch
+hidden, as a session's zygote imports it) on FOLDER/zygote, and forked from it the command server
+(then torch, and what `tapml-dbg` imports) on FOLDER/cli. A command's sessions start their zygotes
+through the first (`use_zygote_server`), so their workers skip the TVM import too.
+
+The caller is a client: `tapml-dbg` itself (`run_served`, before it imports anything heavy), or a
+small interpreter (`client`, run with `-I -S`: the test suite's commands, tests/fork_cli.py). It
+exits as the command did (its code, or the signal that killed it); its Ctrl-C is the command's;
+killed, it takes the command down with every process under it. It runs the command the usual way
+whenever a fork could differ from a fresh interpreter: an environment that differs from the
+server's in anything but what is read when a command runs (`RUNTIME_ONLY`: `TAPML_*`, the
+terminal's size, the shell's own variables...: TVM and torch read others when imported), or no
+server. `TAPML_SERVER=0` runs every command the usual way.
+
+Only the standard library is imported at the top: clients load this file with `-I -S`.
+"""
+
+from __future__ import annotations
+
+import array
+import json
+import os
+import signal
+import socket
+import sys
+import time
+
+# what of a command's environment must be the server's: what is read when the server's modules are
+# imported (the interpreter's, the loader's, TVM's, torch's, the math libraries' threads); the rest is
+# read when the command runs, from its own environment. The test suite asks for every variable but
+# those (`--strict-env`): its commands must be what a fresh interpreter makes.
+IMPORT_TIME_PREFIXES = ("PYTHON", "LD_", "TVM", "TORCH", "PYTORCH", "OMP_", "MKL", "OPENBLAS", "KMP_", "GOMP_",
+                        "NUMEXPR", "NUMPY", "VIRTUAL_ENV", "CONDA_PREFIX", "MALLOC_", "GLIBC_")
+RUNTIME_ONLY_PREFIXES = ["TAPML_"]  # with --strict-env: what a command reads when it runs (the suite adds PYTEST_)
+RUNTIME_ONLY = {"COLUMNS", "LINES", "FORCE_COLOR", "PWD", "OLDPWD", "SHLVL", "_", "PATH", "PYTHONPATH"}
+STRICT_ENV = []  # [True] with --strict-env
+STDIO = ("stdin", "stdout", "stderr")
+ZYGOTE_MODULE = "tapml_dbg.runtime.zygote"
+NOT_SERVED = ("serve", "replay")  # the server itself; the REPL reads the terminal (a fork is not its foreground)
+INTERRUPT = b"\x03"  # the client's Ctrl-C, sent on to the command
+DEFAULT_IDLE_S = 30 * 60.0
+READY_TIMEOUT_S = 300.0  # the server's TVM and torch imports, on a loaded machine
+REAL_PYTHON = sys.executable
+
+
+# ------------------------------------------------------------------ where a server is
+def server_folder(cache_dir) -> str:
+    """The folder of the server of a compile cache (`TAPML_CACHE_DIR`)."""
+    return os.path.join(os.fspath(cache_dir), "serve")
+
+
+def serving_pid(folder: str) -> int | None:
+    """The pid of the server serving from `folder`, None when none does (a stale folder included)."""
+    try:
+        with open(os.path.join(folder, "pid")) as file:
+            pid = int(file.read().strip() or 0)
+    except (OSError, ValueError):
+        return None
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(os.path.join(folder, "cli"))
+        except OSError:
+            return None
+    return pid
+
+
+def shim(folder: str, name: str, sock: str, mode: str, script: str) -> str:
+    """An executable that runs `client` (a `#!python -IS` script loading this very file)."""
+    path = os.path.join(folder, "bin", name)
+    with open(path, "w") as out:
+        out.write(f"#!{REAL_PYTHON} -IS\nimport importlib.util, sys\n"
+                  f"spec = importlib.util.spec_from_file_location('tapml_fork_client', {os.path.abspath(__file__)!r})\n"
+                  "module = importlib.util.module_from_spec(spec)\nspec.loader.exec_module(module)\n"
+                  f"module.client({os.path.join(folder, sock)!r}, {mode!r}, {script!r}, sys.argv[1:])\n")
+    os.chmod(path, 0o755)
+    return path
+
+
+def write_shims(folder: str, cli_script: str | None = None) -> None:
+    """FOLDER/bin/python-zygote (what starts a command's zygotes through the server) and, given the
+    real `tapml-dbg` script, FOLDER/bin/tapml-dbg (a `tapml-dbg` on a PATH that runs through it)."""
+    os.makedirs(os.path.join(folder, "bin"), exist_ok=True)
+    shim(folder, "python-zygote", "zygote", "zygote", "")
+    if cli_script:
+        shim(folder, "tapml-dbg", "cli", "script", cli_script)
+
+
+def start(folder: str, idle_s: float | None, log=None):
+    """Start a server serving from `folder` (a `Popen`, once it serves); `log`: a file for its lines
+    (None: this process's stderr). It runs in a session of its own: a terminal's Ctrl-C is not its."""
+    import subprocess
+
+    os.makedirs(folder, exist_ok=True)
+    write_shims(folder)
+    for name in ("cli.ready", "zygote.ready"):
+        if os.path.exists(os.path.join(folder, name)):
+            os.unlink(os.path.join(folder, name))
+    process = subprocess.Popen([REAL_PYTHON, "-m", "tapml_dbg.runtime.fork_server", folder, "--idle", str(idle_s or 0)],
+                               stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while not all(os.path.exists(os.path.join(folder, f"{sock}.ready")) for sock in ("cli", "zygote")):
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            raise OSError(f"the server did not start (exit {process.poll()})")
+        time.sleep(0.05)
+    return process
+
+
+def stop(folder: str, wait_s: float = 30.0) -> int | None:
+    """Stop the server serving from `folder` (commands it runs finish); its pid, None when none served."""
+    pid = serving_pid(folder)
+    if pid is None:
+        return None
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return None
+    deadline = time.monotonic() + wait_s
+    while os.path.exists(os.path.join(folder, "pid")) and time.monotonic() < deadline:
+        time.sleep(0.05)  # it removes its files as it stops
+    return pid
+
+
+# ------------------------------------------------------------------ the clients
+def run_served(argv: list[str], folder: str) -> int | None:
+    """`tapml-dbg ARGV` run by the server serving from `folder`: its exit code; None: run it here
+    (no server, `TAPML_SERVER=0`, a command it does not serve, or an environment it cannot match)."""
+    if os.environ.get("TAPML_SERVER") == "0" or not argv or argv[0] in NOT_SERVED:
+        return None
+    sock = os.path.join(folder, "cli")
+    if not os.path.exists(sock):
+        return None
+    status = ask(sock, {"mode": "module", "script": "", "argv": list(argv), "cwd": os.getcwd(),
+                        "env": dict(os.environ), "fds": [0, 1, 2]}, [0, 1, 2])
+    if status is None:
+        return None
+    _leave_as(status)
+    return status.get("returncode", 1)
+
+
+def client(sock_path: str, mode: str, script: str, args: list[str]) -> None:
+    """Run the command on the server and leave as it did; or exec the real interpreter.
+
+    mode "module": `python -m tapml_dbg ARGS`; "script": the `tapml-dbg` script SCRIPT; "zygote": ARGS
+    are `-m tapml_dbg.runtime.zygote --fd N`."""
+    fds = [0, 1, 2]
+    if mode == "zygote":
+        fds.append(int(args[args.index("--fd") + 1]))
+    served = mode == "zygote" or all(not os.isatty(fd) for fd in (0, 1, 2))  # a terminal: the REPL's
+    if served and os.environ.get("TAPML_SERVER") != "0":
+        status = ask(sock_path, {"mode": mode, "script": script, "argv": args, "cwd": os.getcwd(),
+                                 "env": dict(os.environ), "fds": fds}, fds)
+        if status is not None:
+            _leave_as(status)
+            os._exit(status.get("returncode", 1))
+    if mode == "module":
+        os.execv(sys.executable, [sys.executable, "-m", "tapml_dbg", *args])
+    if mode == "zygote":
+        os.execv(sys.executable, [sys.executable, *args])
+    os.execv(script, [script, *args])
+
+
+def _leave_as(status: dict) -> None:
+    """A command killed by a signal: this process leaves by the same signal."""
+    if status.get("signal"):
+        signal.signal(status["signal"], signal.SIG_DFL)
+        os.kill(os.getpid(), status["signal"])
+
+
+def ask(sock_path: str, request: dict, fds: list[int]) -> dict | None:
+    """The command's exit status; None: the server says to run it the usual way (or is not there).
+    A Ctrl-C meanwhile is sent on to the command."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        try:
+            conn.connect(sock_path)
+        except OSError:
+            return None
+        data = json.dumps(request).encode()
+        conn.sendmsg([len(data).to_bytes(8, "big"), data],
+                     [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+        previous = signal.getsignal(signal.SIGINT)
+        forwarding = request["mode"] != "zygote" and previous not in (signal.SIG_IGN, None)
+        if forwarding:
+            signal.signal(signal.SIGINT, lambda *_: _send_quietly(conn, INTERRUPT))
+        try:
+            answer = _read_all(conn)
+        finally:
+            if forwarding:
+                signal.signal(signal.SIGINT, previous)
+    if not answer:  # the command may have run: never run it twice
+        sys.stderr.write("tapml-dbg: the server's handler ended without the command's exit status "
+                         "(TAPML_SERVER=0 runs commands without it)\n")
+        return {"returncode": 1}
+    reply = json.loads(answer)
+    return None if reply.get("fallback") else reply
+
+
+def _send_quietly(conn: socket.socket, data: bytes) -> None:
+    try:
+        conn.sendall(data)
+    except OSError:
+        pass
+
+
+def _read_all(conn: socket.socket) -> bytes:
+    chunks = []
+    while True:
+        try:
+            chunk = conn.recv(65536)
+        except InterruptedError:
+            continue
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+
+
+# ------------------------------------------------------------------ the server
+def compatible(env: dict, server_env: dict, defaults: dict) -> bool:
+    """Whether a fork of the server runs a process in `env` as a fresh interpreter would (the process
+    defaults are set by every tapml-dbg process before it imports numpy)."""
+    prefixes = tuple(RUNTIME_ONLY_PREFIXES)
+
+    def relevant(environment: dict) -> dict:
+        if STRICT_ENV:
+            return {k: v for k, v in (defaults | environment).items()
+                    if k not in RUNTIME_ONLY and not k.startswith(prefixes)}
+        return {k: v for k, v in (defaults | environment).items()
+                if k.startswith(IMPORT_TIME_PREFIXES) and k != "PYTHONPATH"}
+    return relevant(env) == relevant(server_env)
+
+
+def serve(folder: str, parent: int | None = None, idle_s: float | None = None) -> None:
+    """The zygote server on `folder/zygote` and, forked from it, the command server on `folder/cli`,
+    until SIGTERM, the exit of `parent` (when given) or `idle_s` without a command. Returns in the
+    server when it stops, and in a command's process (`command()` then says what to run)."""
+    import gc
+
+    server_env = dict(os.environ)
+    from tapml_dbg import settings
+    from tapml_dbg.runtime.tvm_import import import_tvm_without_torch
+
+    defaults = dict(settings.PROCESS_DEFAULTS)
+    settings.apply_process_defaults()  # before numpy: OPENBLAS_NUM_THREADS
+    import_tvm_without_torch()
+    import psutil  # noqa: F401
+
+    import tapml_dbg.runtime.zygote  # noqa: F401 - what a zygote and its workers import (then forgotten: its
+    _forget_tapml_dbg(server_env)    # own modules are imported afresh, the libraries under them stay)
+    gc.freeze()  # what is imported stays: a child's collections do not walk (and copy) it
+    server_pid = os.getpid()
+    stopping = []
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))  # the command server first
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is `tapml-dbg serve`'s to pass on
+    cli_pid = os.fork()
+    if cli_pid == 0:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        import h5py  # noqa: F401
+        import ml_dtypes  # noqa: F401
+        import prompt_toolkit  # noqa: F401
+        import rich  # noqa: F401
+        import torch  # noqa: F401
+
+        import tapml_dbg.engine.session  # noqa: F401 - what a command imports (torch.export...), forgotten as above
+        import tapml_dbg.ui.cli  # noqa: F401
+        _forget_tapml_dbg(server_env)
+        gc.freeze()
+        idle = _Idle(idle_s)
+        _loop(os.path.join(folder, "cli"), lambda: os.getppid() == server_pid and not idle.over(), server_env,
+              defaults, folder, idle)
+        return
+    cli_exit = os.pidfd_open(cli_pid)
+    with open(os.path.join(folder, "pid.tmp"), "w") as file:
+        file.write(str(server_pid))
+    os.replace(os.path.join(folder, "pid.tmp"), os.path.join(folder, "pid"))
+    _loop(os.path.join(folder, "zygote"), lambda: (parent is None or os.getppid() == parent) and not stopping
+          and not _readable(cli_exit), server_env, defaults, folder, None)
+    if not _COMMAND:  # the server itself: its command server reaped (its CPU time then counts as ours)
+        try:
+            os.kill(cli_pid, signal.SIGTERM)
+            os.waitpid(cli_pid, 0)
+        except (ProcessLookupError, ChildProcessError):  # gone already (and reaped)
+            pass
+        _reap()
+        if parent is not None and os.getppid() != parent:  # its parent is gone without stopping it (killed)
+            import shutil
+
+            shutil.rmtree(folder, ignore_errors=True)
+        for name in ("cli", "zygote", "cli.ready", "zygote.ready", "pid"):
+            try:
+                os.unlink(os.path.join(folder, name))
+            except OSError:
+                pass
+
+
+def _readable(fd: int) -> bool:
+    import select
+
+    return bool(select.select([fd], [], [], 0)[0])
+
+
+class _Idle:
+    """How long the command server has had no command (None: it never stops for that)."""
+
+    def __init__(self, limit_s: float | None):
+        self.limit_s = limit_s
+        self.handlers: set[int] = set()
+        self.since = time.monotonic()
+
+    def started(self, pid: int) -> None:
+        self.handlers.add(pid)
+
+    def over(self) -> bool:
+        for pid in list(self.handlers):
+            try:
+                done, _status = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                done = pid
+            if done:
+                self.handlers.discard(pid)
+                self.since = time.monotonic()
+        return self.limit_s is not None and not self.handlers and time.monotonic() - self.since > self.limit_s
+
+
+def _forget_tapml_dbg(server_env: dict) -> None:
+    for name in [name for name in sys.modules if name == "tapml_dbg" or name.startswith("tapml_dbg.")]:
+        del sys.modules[name]  # each process imports tapml-dbg afresh, reading its knobs from its environment
+    os.environ.clear()
+    os.environ.update(server_env)
+
+
+def _loop(sock_path: str, serving, server_env: dict, defaults: dict, folder: str, idle: _Idle | None) -> None:
+    """Serve while `serving()`; returns when it no longer does, or in a forked command's process
+    (`_COMMAND` set)."""
+    python_path = [p for p in server_env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    base_path = [p for p in sys.path[1:] if p not in python_path]  # sys.path[0] is the server's own folder
+    stdio = {name: getattr(sys, name) for name in STDIO}
+    if os.path.exists(sock_path):
+        os.unlink(sock_path)  # a server that was killed left it
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old_mask = os.umask(0o077)  # only this user may connect: a command runs as the server's user
+    try:
+        listener.bind(sock_path)
+    finally:
+        os.umask(old_mask)
+    listener.listen(64)
+    listener.settimeout(1.0)
+    open(sock_path + ".ready", "w").close()
+    while serving():
+        if idle is None:
+            _reap()
+        try:
+            conn, _ = listener.accept()
+        except (TimeoutError, InterruptedError):
+            continue
+        pid = os.fork()
+        if pid == 0:  # the handler: forks the command, reports how it ended
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            listener.close()
+            conn.settimeout(None)
+            if _handle(conn, server_env, defaults):  # in the command's process
+                _become(base_path, stdio, folder)
+                return
+        if idle is not None:
+            idle.started(pid)
+        conn.close()
+    listener.close()
+
+
+def _reap() -> None:
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+    except ChildProcessError:
+        pass
+
+
+def _handle(conn: socket.socket, server_env: dict, defaults: dict) -> bool:
+    """In the handler: True in the command's process (forked from it), which then becomes the command."""
+    size_bytes, fds = _receive(conn, 8)
+    request = json.loads(_exactly(conn, int.from_bytes(size_bytes, "big")))
+    if len(fds) != len(request["fds"]) or not compatible(request["env"], server_env, defaults):
+        conn.sendall(json.dumps({"fallback": True}).encode())
+        os._exit(0)
+    started = time.monotonic()
+    pid = os.fork()
+    if pid == 0:
+        conn.close()
+        _place(fds, request["fds"])
+        _COMMAND.update(request)
+        return True
+    for fd in fds:
+        os.close(fd)
+    status = _wait(pid, conn, tree=request["mode"] != "zygote")
+    conn.sendall(json.dumps(status).encode())
+    if request["mode"] != "zygote":
+        _log(f"{time.strftime('%H:%M:%S')} tapml-dbg {' '.join(request['argv'])} (pid {pid}, {request['cwd']}): "
+             f"exit {status['returncode']} after {time.monotonic() - started:.1f} s")
+    os._exit(0)
+
+
+def _log(line: str) -> None:
+    try:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+
+
+def _receive(conn: socket.socket, size: int) -> tuple[bytes, list[int]]:
+    fds = array.array("i")
+    data, ancillary, _, _ = conn.recvmsg(size, socket.CMSG_LEN(8 * fds.itemsize))
+    for level, kind, payload in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
+    if not data:
+        os._exit(0)  # a probe (`serving_pid`) or a client that left before asking
+    return data + _exactly(conn, size - len(data)), list(fds)
+
+
+def _exactly(conn: socket.socket, size: int) -> bytes:
+    """`size` more bytes of the request; the handler leaves when its client left before sending them."""
+    data = b""
+    while len(data) < size:
+        chunk = conn.recv(size - len(data))
+        if not chunk:
+            os._exit(0)
+        data += chunk
+    return data
+
+
+def _place(fds: list[int], targets: list[int]) -> None:
+    """The received descriptors at the numbers the client had them at (0, 1, 2 and a zygote's N)."""
+    import fcntl
+
+    high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 1000) for fd in fds]
+    for fd in fds:
+        os.close(fd)
+    for fd, target in zip(high, targets):
+        os.dup2(fd, target)
+        os.close(fd)
+
+
+def _wait(pid: int, conn: socket.socket, tree: bool) -> dict:
+    """How the command ended; its client's Ctrl-C sent on to its process group meanwhile, and the
+    client gone, the command killed."""
+    import select
+
+    exited = os.pidfd_open(pid)
+    while True:
+        ready, _, _ = select.select([exited, conn], [], [])
+        if exited in ready:
+            break
+        if conn in ready:
+            data = conn.recv(64)
+            if not data:  # the client is gone: so goes what it ran
+                _kill(pid, tree)
+                break
+            if INTERRUPT in data and tree:
+                try:
+                    os.killpg(pid, signal.SIGINT)
+                except OSError:
+                    pass
+    _, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status):
+        return {"signal": os.WTERMSIG(status), "returncode": -os.WTERMSIG(status)}
+    return {"returncode": os.waitstatus_to_exitcode(status)}
+
+
+def _kill(pid: int, tree: bool) -> None:
+    """A command with every process under it (what it started must not outlive it); a zygote
+    alone, as `Popen.kill` kills it (the workers it forked are the session's to stop)."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        processes = (root.children(recursive=True) if tree else []) + [root]
+    except psutil.NoSuchProcess:
+        return
+    for process in processes:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+def _become(base_path: list[str], stdio: dict, folder: str) -> None:
+    """This process, a fork of the server, made into the command's (then run by `run_command`)."""
+    import io
+    import tempfile
+
+    request = _COMMAND
+    if request["mode"] == "zygote":
+        os.setsid()  # Popen(start_new_session=True)
+    else:
+        os.setpgid(0, 0)  # its own group: the client's Ctrl-C reaches it and the workers it starts
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    if request["mode"] != "zygote":
+        os.environ["TAPML_SERVER"] = "0"  # it is served: its `tapml-dbg` does not ask the server again
+    tempfile.tempdir = None
+    python_path = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
+    first = os.path.dirname(request["script"]) if request["mode"] == "script" else os.getcwd()
+    sys.path[:] = [first, *python_path, *base_path]
+    for fd, name in enumerate(STDIO):  # as the interpreter makes them at start-up, on these descriptors
+        old = stdio[name]
+        buffering = 0 if isinstance(old.buffer, io.FileIO) else -1  # -u, PYTHONUNBUFFERED
+        stream = io.TextIOWrapper(io.open(fd, "wb" if fd else "rb", buffering, closefd=False), encoding=old.encoding,
+                                  errors=old.errors, newline="\n", line_buffering=old.line_buffering,
+                                  write_through=old.write_through)
+        setattr(sys, name, stream)
+        setattr(sys, f"__{name}__", stream)
+    if request["mode"] == "script":
+        sys.argv = [request["script"], *request["argv"]]
+    elif request["mode"] == "module":
+        sys.argv = ["-m", *request["argv"]]
+    else:  # -m tapml_dbg.runtime.zygote --fd N
+        sys.argv = ["-m", *request["argv"][2:]]
+    if request["mode"] != "zygote" and os.path.exists(os.path.join(folder, "zygote")):
+        use_zygote_server(os.path.join(folder, "bin", "python-zygote"))  # the command's sessions too
+
+
+_COMMAND: dict = {}  # set in a command's process: what `run_command` runs
+
+
+def command() -> dict | None:
+    """In a command's process forked by `serve`: the request it runs; None elsewhere."""
+    return _COMMAND or None
+
+
+def run_command() -> None:
+    """Run the command this process was forked for, as its interpreter would have run it."""
+    import runpy
+    import types
+
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    if _COMMAND["mode"] == "module":
+        runpy._run_module_as_main("tapml_dbg", alter_argv=True)  # what `python -m tapml_dbg` calls
+    elif _COMMAND["mode"] == "zygote":
+        runpy._run_module_as_main(ZYGOTE_MODULE, alter_argv=True)
+    else:
+        runpy.run_path(_COMMAND["script"], run_name="__main__")
+
+
+# ------------------------------------------------------------------ sessions' zygotes from the server
+class _SysForTheZygoteModule:
+    """`sys` as tapml_dbg.runtime.zygote sees it: `sys.executable` the zygote client (when the server
+    runs), everything else the interpreter's."""
+
+    def __init__(self, executable):
+        self._executable = executable
+
+    def __getattr__(self, name):
+        if name == "executable":
+            return self._executable() or REAL_PYTHON
+        return getattr(sys, name)
+
+
+def use_zygote_server(executable) -> None:
+    """Start sessions' zygotes with `executable` (a path, or a callable giving one or None)."""
+    import importlib
+
+    module = importlib.import_module(ZYGOTE_MODULE)
+    module.sys = _SysForTheZygoteModule(executable if callable(executable) else lambda: executable)
+
+
+def use_real_zygotes() -> None:
+    module = sys.modules.get(ZYGOTE_MODULE)
+    if module is not None:
+        module.sys = sys
+
+
+# ------------------------------------------------------------------ `tapml-dbg serve`'s process
+def main(argv: list[str] | None = None) -> None:
+    """`python -m tapml_dbg.runtime.fork_server FOLDER [--parent PID] [--idle S] [--strict-env 1]
+    [--runtime-only PREFIX]...`:
+    serve from FOLDER; in a command's process, run the command."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    folder, parent, idle_s = argv[0], None, None
+    for flag, value in zip(argv[1::2], argv[2::2]):
+        if flag == "--parent":
+            parent = int(value)
+        elif flag == "--idle":
+            idle_s = float(value) if float(value) > 0 else None
+        elif flag == "--runtime-only":
+            RUNTIME_ONLY_PREFIXES.append(value)
+        elif flag == "--strict-env":
+            STRICT_ENV[:] = [value == "1"] if value == "1" else []
+    serve(folder, parent, idle_s)
+    if _COMMAND:
+        run_command()
+
+
+if __name__ == "__main__":
+    main()

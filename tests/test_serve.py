@@ -1,0 +1,124 @@
+"""`tapml-dbg serve`: commands forked from a process that imported TVM and torch answer as a fresh
+process does, see an edited pass, and run by themselves whenever a fork could differ.
+
+These start real `python -m tapml_dbg` processes (not conftest's run_cli, whose commands are the
+test suite's own fork server's)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from conftest import FAULTS
+from tapml_dbg.runtime import fork_server
+
+SERVE_START_S = 300  # its TVM and torch imports on a loaded two-core machine
+
+
+def _env(cache: Path, **extra: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "TAPML_SERVER"}
+    return env | {"TAPML_CACHE_DIR": str(cache)} | extra
+
+
+def _tapml(env: dict, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tapml_dbg", *args], env=env, cwd=cwd, capture_output=True,
+                          text=True, timeout=600)
+
+
+def _plant(path: Path, op: str) -> None:
+    path.write_text(FAULTS.read_text() + f"\nSETTINGS = {{'op': {op!r}}}\n")
+
+
+def _served_lines(log: Path) -> list[str]:
+    return [line for line in log.read_text().splitlines() if line[:2].isdigit() and "tapml-dbg " in line]
+
+
+@pytest.fixture
+def short_folder():
+    folder = Path(tempfile.mkdtemp(prefix="tapml-serve-", dir="/tmp" if os.path.isdir("/tmp") else None))  # a socket path
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_served_commands_answer_as_fresh_ones_see_an_edited_pass_and_fall_back(traces, short_folder):
+    trace = shutil.copy(traces.get("mlp"), short_folder / "mlp.h5")
+    cache, log = short_folder / "cache", short_folder / "serve.log"
+    env = _env(cache)
+    assert "no server serves" in _tapml(env, "serve", "--stop", cwd=short_folder).stdout
+    with open(log, "w") as err:
+        server = subprocess.Popen([sys.executable, "-m", "tapml_dbg", "serve", "--idle", "5"], env=env,
+                                  cwd=short_folder, stdout=subprocess.PIPE, stderr=err, text=True)
+    try:
+        first = server.stdout.readline()
+        assert first.startswith("serving tapml-dbg commands from"), first + log.read_text()
+        again = _tapml(env, "serve", cwd=short_folder)
+        assert again.returncode == 1 and "serves from" in again.stderr and "already" in again.stderr
+
+        transform = short_folder / "pass.py"
+        _plant(transform, "gelu_1")
+        done = _tapml(env, "bisect", "mlp.h5", "--transform", f"{transform}:scale", "--json", cwd=short_folder)
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["op"]["name"] == "gelu_1"
+        assert len(_served_lines(log)) == 1 and "bisect mlp.h5" in _served_lines(log)[0]
+
+        _plant(transform, "gelu")  # the pass edited in place: the fault moved to an earlier op
+        done = _tapml(env, "bisect", "mlp.h5", "--transform", f"{transform}:scale", "--json", cwd=short_folder)
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["op"]["name"] == "gelu"
+        assert len(_served_lines(log)) == 2
+
+        # an error is the command's, as it would be in a process of its own
+        done = _tapml(env, "bisect", "missing.h5", cwd=short_folder)
+        assert done.returncode == 1 and done.stderr.startswith("error:") and "missing.h5" in done.stderr
+        assert len(_served_lines(log)) == 3
+
+        # not served: TAPML_SERVER=0, and a variable read when TVM or numpy is imported that differs
+        for other in (_env(cache, TAPML_SERVER="0"), _env(cache, OMP_NUM_THREADS="3")):
+            done = _tapml(other, "info", "mlp.h5", "--json", cwd=short_folder)
+            assert done.returncode == 0 and json.loads(done.stdout)["ops"][13]["name"] == "gelu_1", done.stderr
+        assert len(_served_lines(log)) == 3
+
+        server.send_signal(signal.SIGINT)  # Ctrl-C at the server's terminal
+        assert server.wait(timeout=60) == 0
+        assert "stopped" in server.stdout.read()
+        assert not (cache / "serve" / "cli").exists() and fork_server.serving_pid(str(cache / "serve")) is None
+    finally:
+        if server.poll() is None:
+            server.kill()
+            fork_server.stop(str(cache / "serve"))
+    done = _tapml(env, "info", "mlp.h5", cwd=short_folder)  # no server: it runs by itself
+    assert done.returncode == 0 and len(_served_lines(log)) == 3
+
+
+def test_a_client_runs_the_command_itself_when_no_server_answers(short_folder):
+    folder = short_folder / "serve"
+    folder.mkdir()
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(str(folder / "cli"))  # a killed server's socket: nothing listens
+    stale.close()
+    assert fork_server.run_served(["info", "t.h5"], str(folder)) is None
+    assert fork_server.serving_pid(str(folder)) is None
+    assert fork_server.run_served(["replay", "t.h5"], str(folder)) is None  # the REPL is never served
+
+
+def test_a_fork_serves_an_environment_that_differs_only_in_what_is_read_at_run_time(monkeypatch):
+    server = {"PATH": "/bin", "TERM": "xterm", "OPENBLAS_NUM_THREADS": "1", "LD_LIBRARY_PATH": "/a"}
+    defaults = {"OPENBLAS_NUM_THREADS": "1"}
+    monkeypatch.setattr(fork_server, "STRICT_ENV", [])
+    assert fork_server.compatible(server | {"TERM": "dumb", "TAPML_MEMO": "0", "HOME": "/h"}, server, defaults)
+    assert fork_server.compatible({k: v for k, v in server.items() if k != "OPENBLAS_NUM_THREADS"}, server, defaults)
+    assert not fork_server.compatible(server | {"LD_LIBRARY_PATH": "/b"}, server, defaults)
+    assert not fork_server.compatible(server | {"OMP_NUM_THREADS": "4"}, server, defaults)
+    assert not fork_server.compatible(server | {"TVM_NUM_THREADS": "4"}, server, defaults)
+    monkeypatch.setattr(fork_server, "STRICT_ENV", [True])  # the test suite's: every variable but the shell's
+    assert not fork_server.compatible(server | {"TERM": "dumb"}, server, defaults)
+    assert fork_server.compatible(server | {"TAPML_MEMO": "0", "COLUMNS": "80"}, server, defaults)
