@@ -1,6 +1,6 @@
 """Time to answer: tapml-dbg's time to the first divergent op against TVM's own time to build the model.
 
-Usage: python benchmarks/time_to_answer.py [MODEL ...] [--target T] [--fix-pow] [--parallel N]
+Usage: python benchmarks/time_to_answer.py [MODEL ...] [--target T] [--fix-pow] [--parallel N] [--serve]
        (default models: tiny_llama gpt2_124m cnn; default target llvm; `--target cuda` on a GPU host)
 
 In one run on one machine, for each model:
@@ -18,6 +18,8 @@ In one run on one machine, for each model:
     transform change"), with what the compile cache built and reused;
   - the same edit made in a live session (the REPL's loop: bisect, edit the pass in place, bisect
     again; the second bisect timed, its units of that kind new ones);
+  - with --serve, the moved fault's `tapml-dbg bisect` by the CLI from two copies of the cache the
+    fresh process started from: in a process of its own, and forked by `tapml-dbg serve` (docs/serve.md);
 Then one table, with the machine and the versions. Compare ratios taken in the same run.
 """
 
@@ -199,8 +201,48 @@ def _child(kind: str, *args: str) -> dict:
     return data
 
 
+def _cli_bisect(trace: Path, target: str, transform: str, expected: str, cache: Path, **env: str) -> dict:
+    """`tapml-dbg bisect --json` as a user runs it; its seconds from the start to the answer's line."""
+    started = time.perf_counter()
+    process = subprocess.Popen([sys.executable, "-m", "tapml_dbg", "bisect", str(trace), "--target", target,
+                                "--transform", transform, "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, env={k: v for k, v in os.environ.items() if k != "TAPML_SERVER"}
+                               | {"TAPML_CACHE_DIR": str(cache), **env})  # conftest's import turned it off here
+    line = process.stdout.readline()
+    answered = time.perf_counter() - started
+    _rest, err = process.communicate(timeout=CHILD_TIMEOUT_S)
+    if process.returncode != 0 or not line.strip():
+        raise SystemExit(f"bisect {transform} failed:\n{err[-4000:]}")
+    culprit = (json.loads(line).get("op") or {}).get("name")
+    return {"found": culprit == expected, "culprit": culprit, "seconds": answered,
+            "exit s": time.perf_counter() - started - answered}
+
+
+def _moved_by_cli(trace: Path, target: str, transform: str, expected: str, caches: Path) -> dict:
+    """The moved fault's bisect by the CLI from two copies of the cache the fresh process had: in a
+    process of its own (TAPML_SERVER=0), and forked by `tapml-dbg serve` (started before, not timed)."""
+    from tapml_dbg.runtime import fork_server
+
+    fresh = _cli_bisect(trace, target, transform, expected, Path(f"{caches}-cli"), TAPML_SERVER="0")
+    cache = Path(f"{caches}-served")
+    folder = fork_server.server_folder(cache)
+    saved = os.environ.get("TAPML_CACHE_DIR")
+    os.environ["TAPML_CACHE_DIR"] = str(cache)
+    try:
+        server = fork_server.start(folder, idle_s=None, log=subprocess.DEVNULL)
+        try:
+            served = _cli_bisect(trace, target, transform, expected, cache)
+        finally:
+            fork_server.stop(folder)
+            server.wait(timeout=60)
+    finally:
+        os.environ.pop("TAPML_CACHE_DIR") if saved is None else os.environ.update(TAPML_CACHE_DIR=saved)
+    return {"cli": fresh, "served": served}
+
+
 # ------------------------------------------------------------------------------ the run
-def run(models: list[str], target: str, fix_pow: bool = False, parallel: int | None = None) -> None:
+def run(models: list[str], target: str, fix_pow: bool = False, parallel: int | None = None,
+        serve: bool = False) -> None:
     from bisect_bench import middle_op
     from conftest import fault_transform
     from tapml_dbg.engine.session import Session
@@ -233,9 +275,15 @@ def run(models: list[str], target: str, fix_pow: bool = False, parallel: int | N
             for phase, file, function, expected in (
                     ("cold", changed, "planted", middle), ("warm", changed, "planted", middle),
                     ("changed", changed, "fault_and_touched_kind", middle), ("moved", moved_file, "planted", moved)):
+                if phase == "moved" and serve:  # the same cache as the fresh process's, twice over
+                    for copy in ("cli", "served"):
+                        shutil.copytree(cache, work / f"cache-{model}-{copy}", symlinks=True)
                 row[phase] = _child("answer", str(trace), target, f"{file}:{function}", str(cache), expected,
                                     str(parallel or ""))
                 print(f"{model} {phase}: {json.dumps(row[phase])}", file=sys.stderr, flush=True)  # so far
+            if serve:
+                row["served"] = _moved_by_cli(trace, target, f"{moved_file}:planted", moved, work / f"cache-{model}")
+                print(f"{model} served: {json.dumps(row['served'])}", file=sys.stderr, flush=True)
             live_file, edited = work / f"live_{model}.py", work / f"edited_{model}.py"
             live_file.write_text(text + LIVE.format(function="planted"))
             edited.write_text(text + LIVE.format(function="fault_and_retouched_kind"))
@@ -294,6 +342,20 @@ def _print(rows: list[dict], target: str, parallel: int | None = None) -> None:
           f"edit-and-rerun loop); the TVM import itself, {rows[-1]['tvm import s']:.1f} s in the anchor's "
           "process, is in no column; record s: "
           + ", ".join(f"{r['model']} {r['record s']:.1f}" for r in rows) + ")", flush=True)
+    served = [row for row in rows if "served" in row]
+    if served:
+        print("\n| model | moved to | moved: fresh process (above) s (x anchor) | `tapml-dbg bisect`, a process of its "
+              "own s (x) | `tapml-dbg bisect` forked by `tapml-dbg serve` s (x) | found |")
+        print("|---|---|---:|---:|---:|---|")
+        for row in served:
+            anchor_s, cli, fork = row["anchor s"], row["served"]["cli"], row["served"]["served"]
+            wrong = [r["culprit"] for r in (cli, fork) if not r["found"]]
+            print(f"| {row['model']} | {row['moved_to']} | {row['moved']['seconds']:.1f} "
+                  f"({row['moved']['seconds'] / anchor_s:.2f}x) | {cli['seconds']:.1f} ({cli['seconds'] / anchor_s:.2f}x) | "
+                  f"{fork['seconds']:.1f} ({fork['seconds'] / anchor_s:.2f}x) | "
+                  f"{'yes' if not wrong else 'NO: ' + ', '.join(map(str, wrong))} |")
+        print("(each from the same copy of the cache the fresh process started from; seconds from the command's "
+              "start to its answer's line)", flush=True)
 
 
 def main() -> None:
@@ -308,8 +370,10 @@ def main() -> None:
     parser.add_argument("--fix-pow", action="store_true",
                         help="rewrite pow(x, 2 or 3) as multiplies first (TVM 0.27's CUDA pow is NaN for x < 0)")
     parser.add_argument("--parallel", type=int, help="run lanes, as `tapml-dbg bisect --parallel N` (default 1)")
+    parser.add_argument("--serve", action="store_true",
+                        help="also the moved fault's `tapml-dbg bisect`, by itself and forked by `tapml-dbg serve`")
     args = parser.parse_args()
-    run(args.models, args.target, args.fix_pow, args.parallel)
+    run(args.models, args.target, args.fix_pow, args.parallel, args.serve)
 
 
 if __name__ == "__main__":
