@@ -65,6 +65,8 @@ def substitute(argv: list[str], folder: Path, trace: Path) -> list[str]:
 def skip_reason(argv: list[str]) -> str:
     if "MODEL" in argv:
         return "MODEL stands for the reader's model: parsed by tests/test_docs.py, not run"
+    if argv[:1] == ["serve"]:
+        return "a server outlives the command (tests/test_serve.py starts and stops one)"
     for flag, what in NEEDS.items():
         if flag in argv:
             return f"needs {what}"
