@@ -3,7 +3,8 @@
 It sets the process's defaults (`settings.PROCESS_DEFAULTS`: one OpenBLAS thread unless the user
 chose) before anything imports numpy, hands the command to a running `tapml-dbg serve` when there is
 one (runtime/fork_server.py: a fork with TVM and torch imported), or runs the CLI; a library import of the package sets
-nothing. The CLI is imported here, inside `main`, for that reason (the one such import).
+nothing. The CLI is imported here, inside `main`, for that reason; `serve_main` (the fork server's process)
+imports what its zygote and command sides import inside functions too, each on its side of a fork.
 """
 
 from __future__ import annotations
@@ -11,16 +12,35 @@ from __future__ import annotations
 import sys
 
 from tapml_dbg import settings
+from tapml_dbg.runtime import fork_server  # the standard library only: a client costs milliseconds
 
 
 def main(argv: list[str] | None = None) -> int:
     settings.apply_process_defaults()
     if argv is None:  # this process's own command line: a running `tapml-dbg serve` may run it
-        from tapml_dbg.runtime.fork_server import run_served, server_folder
-
-        served = run_served(sys.argv[1:], server_folder(settings.value(settings.CACHE_DIR)))
+        served = fork_server.run_served(sys.argv[1:], fork_server.server_folder(settings.value(settings.CACHE_DIR)))
         if served is not None:
             return served
     from tapml_dbg.ui.cli import main as cli_main  # after the defaults: it imports numpy
 
     return cli_main(argv)
+
+
+def serve_main() -> None:
+    """The process `tapml-dbg serve` starts (`fork_server.server_command`): the fork server, with what a
+    zygote imports on one side and what a command imports on the other."""
+    fork_server.main(sys.argv[1:], dict(settings.PROCESS_DEFAULTS), _zygote_imports, _command_imports)
+
+
+def _zygote_imports() -> None:
+    from tapml_dbg.runtime.tvm_import import import_tvm_without_torch
+
+    import_tvm_without_torch()  # as a zygote imports it
+    import tapml_dbg.runtime.zygote  # noqa: F401 - and what its workers import
+
+
+def _command_imports() -> None:
+    import torch  # noqa: F401
+
+    import tapml_dbg.engine.session  # noqa: F401 - torch.export, h5py, ml_dtypes...
+    import tapml_dbg.ui.cli  # noqa: F401 - rich, prompt_toolkit

@@ -53,8 +53,8 @@ class Server:
         env.setdefault("OPENBLAS_NUM_THREADS", "1")  # settings.PROCESS_DEFAULTS: what a forked worker's /proc shows
         with open(os.path.join(self.folder, "log"), "w") as log:
             self.process = subprocess.Popen(
-                [REAL_PYTHON, "-m", "tapml_dbg.runtime.fork_server", self.folder, "--parent", str(os.getpid()),
-                 "--strict-env", "1", "--runtime-only", "PYTEST_"],
+                fork_server.server_command(self.folder, "--parent", str(os.getpid()), "--strict-env", "1",
+                                           "--runtime-only", "PYTEST_"),
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log, env=env)
         deadline = time.monotonic() + fork_server.READY_TIMEOUT_S
         while not all(os.path.exists(os.path.join(self.folder, f"{sock}.ready")) for sock in ("cli", "zygote")):

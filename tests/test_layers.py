@@ -27,8 +27,11 @@ RANKS = {
 }
 # the package's `open()` imports the API when called: a worker process imports the package first
 # and must not import the engine; the entry point imports the CLI after it set the process's
-# defaults (settings.PROCESS_DEFAULTS), which numpy reads when first imported
-LAZY_IMPORTS = {("tapml_dbg", "tapml_dbg.api"), ("tapml_dbg.entry", "tapml_dbg.ui.cli")}
+# defaults (settings.PROCESS_DEFAULTS), which numpy reads when first imported; the fork server's
+# process (entry.serve_main) imports what a zygote and a command import, each on its side of a fork
+LAZY_IMPORTS = {("tapml_dbg", "tapml_dbg.api"), ("tapml_dbg.entry", "tapml_dbg.ui.cli"),
+                ("tapml_dbg.entry", "tapml_dbg.runtime.tvm_import"), ("tapml_dbg.entry", "tapml_dbg.runtime.zygote"),
+                ("tapml_dbg.entry", "tapml_dbg.engine.session")}
 SIDEWAYS = {("record", "frontend")}  # the recorder runs the model the frontend imported
 UI_LIBRARIES = ("rich", "prompt_toolkit")  # only ui/ may draw on a terminal
 

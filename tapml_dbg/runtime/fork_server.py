@@ -24,7 +24,8 @@ server's in anything but what is read when a command runs (`RUNTIME_ONLY`: `TAPM
 terminal's size, the shell's own variables...: TVM and torch read others when imported), or no
 server. `TAPML_SERVER=0` runs every command the usual way.
 
-Only the standard library is imported at the top: clients load this file with `-I -S`.
+Only the standard library is imported here (clients load this file with `-I -S`); what the servers
+import is the entry point's to say (`tapml_dbg.entry.serve_main`).
 """
 
 from __future__ import annotations
@@ -107,8 +108,7 @@ def start(folder: str, idle_s: float | None, log=None):
     for name in ("cli.ready", "zygote.ready"):
         if os.path.exists(os.path.join(folder, name)):
             os.unlink(os.path.join(folder, name))
-    process = subprocess.Popen([REAL_PYTHON, "-m", "tapml_dbg.runtime.fork_server", folder, "--idle", str(idle_s or 0)],
-                               stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+    process = subprocess.Popen(server_command(folder, "--idle", str(idle_s or 0)), stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
     deadline = time.monotonic() + READY_TIMEOUT_S
     while not all(os.path.exists(os.path.join(folder, f"{sock}.ready")) for sock in ("cli", "zygote")):
         if process.poll() is not None or time.monotonic() > deadline:
@@ -241,23 +241,19 @@ def compatible(env: dict, server_env: dict, defaults: dict) -> bool:
     return relevant(env) == relevant(server_env)
 
 
-def serve(folder: str, parent: int | None = None, idle_s: float | None = None) -> None:
+def serve(folder: str, parent: int | None, idle_s: float | None, defaults: dict, zygote_imports, command_imports) -> None:
     """The zygote server on `folder/zygote` and, forked from it, the command server on `folder/cli`,
     until SIGTERM, the exit of `parent` (when given) or `idle_s` without a command. Returns in the
-    server when it stops, and in a command's process (`command()` then says what to run)."""
+    server when it stops, and in a command's process (`command()` then says what to run).
+    `zygote_imports()` imports what a zygote imports (TVM with torch hidden first), `command_imports()`
+    what a command imports; `defaults`: the process defaults every tapml-dbg process sets (set here)."""
     import gc
 
     server_env = dict(os.environ)
-    from tapml_dbg import settings
-    from tapml_dbg.runtime.tvm_import import import_tvm_without_torch
-
-    defaults = dict(settings.PROCESS_DEFAULTS)
-    settings.apply_process_defaults()  # before numpy: OPENBLAS_NUM_THREADS
-    import_tvm_without_torch()
+    os.environ.update({k: v for k, v in defaults.items() if k not in os.environ})  # before numpy
+    zygote_imports()
     import psutil  # noqa: F401
-
-    import tapml_dbg.runtime.zygote  # noqa: F401 - what a zygote and its workers import (then forgotten: its
-    _forget_tapml_dbg(server_env)    # own modules are imported afresh, the libraries under them stay)
+    _forget_tapml_dbg(server_env)  # tapml-dbg's own modules are imported afresh; the libraries under them stay
     gc.freeze()  # what is imported stays: a child's collections do not walk (and copy) it
     server_pid = os.getpid()
     stopping = []
@@ -266,14 +262,8 @@ def serve(folder: str, parent: int | None = None, idle_s: float | None = None) -
     cli_pid = os.fork()
     if cli_pid == 0:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        import h5py  # noqa: F401
-        import ml_dtypes  # noqa: F401
-        import prompt_toolkit  # noqa: F401
-        import rich  # noqa: F401
-        import torch  # noqa: F401
-
-        import tapml_dbg.engine.session  # noqa: F401 - what a command imports (torch.export...), forgotten as above
-        import tapml_dbg.ui.cli  # noqa: F401
+        os.environ.update({k: v for k, v in defaults.items() if k not in os.environ})
+        command_imports()
         _forget_tapml_dbg(server_env)
         gc.freeze()
         idle = _Idle(idle_s)
@@ -584,11 +574,17 @@ def use_real_zygotes() -> None:
 
 
 # ------------------------------------------------------------------ `tapml-dbg serve`'s process
-def main(argv: list[str] | None = None) -> None:
-    """`python -m tapml_dbg.runtime.fork_server FOLDER [--parent PID] [--idle S] [--strict-env 1]
-    [--runtime-only PREFIX]...`:
-    serve from FOLDER; in a command's process, run the command."""
-    argv = list(sys.argv[1:] if argv is None else argv)
+SERVER_MAIN = "from tapml_dbg.entry import serve_main; serve_main()"  # the entry point says what it imports
+
+
+def server_command(folder: str, *flags: str) -> list[str]:
+    """The command line of a server serving from `folder` (flags as `main` reads them)."""
+    return [REAL_PYTHON, "-c", SERVER_MAIN, folder, *flags]
+
+
+def main(argv: list[str], defaults: dict, zygote_imports, command_imports) -> None:
+    """`FOLDER [--parent PID] [--idle S] [--strict-env 1] [--runtime-only PREFIX]...`: serve from
+    FOLDER (`serve`); in a command's process, run the command."""
     folder, parent, idle_s = argv[0], None, None
     for flag, value in zip(argv[1::2], argv[2::2]):
         if flag == "--parent":
@@ -598,11 +594,7 @@ def main(argv: list[str] | None = None) -> None:
         elif flag == "--runtime-only":
             RUNTIME_ONLY_PREFIXES.append(value)
         elif flag == "--strict-env":
-            STRICT_ENV[:] = [value == "1"] if value == "1" else []
-    serve(folder, parent, idle_s)
+            STRICT_ENV[:] = [True] if value == "1" else []
+    serve(folder, parent, idle_s, defaults, zygote_imports, command_imports)
     if _COMMAND:
         run_command()
-
-
-if __name__ == "__main__":
-    main()
