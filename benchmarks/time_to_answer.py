@@ -35,6 +35,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from unittest import mock
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
@@ -226,17 +227,13 @@ def _moved_by_cli(trace: Path, target: str, transform: str, expected: str, cache
     fresh = _cli_bisect(trace, target, transform, expected, Path(f"{caches}-cli"), TAPML_SERVER="0")
     cache = Path(f"{caches}-served")
     folder = fork_server.server_folder(cache)
-    saved = os.environ.get("TAPML_CACHE_DIR")
-    os.environ["TAPML_CACHE_DIR"] = str(cache)
-    try:
+    with mock.patch.dict(os.environ, TAPML_CACHE_DIR=str(cache)):  # the server's environment: the command's
         server = fork_server.start(folder, idle_s=None, log=subprocess.DEVNULL)
-        try:
-            served = _cli_bisect(trace, target, transform, expected, cache)
-        finally:
-            fork_server.stop(folder)
-            server.wait(timeout=60)
+    try:
+        served = _cli_bisect(trace, target, transform, expected, cache)
     finally:
-        os.environ.pop("TAPML_CACHE_DIR") if saved is None else os.environ.update(TAPML_CACHE_DIR=saved)
+        fork_server.stop(folder)
+        server.wait(timeout=60)
     return {"cli": fresh, "served": served}
 
 

@@ -20,9 +20,9 @@ small interpreter (`client`, run with `-I -S`: the test suite's commands, tests/
 exits as the command did (its code, or the signal that killed it); its Ctrl-C is the command's;
 killed, it takes the command down with every process under it. It runs the command the usual way
 whenever a fork could differ from a fresh interpreter: an environment that differs from the
-server's in anything but what is read when a command runs (`RUNTIME_ONLY`: `TAPML_*`, the
-terminal's size, the shell's own variables...: TVM and torch read others when imported), or no
-server. `TAPML_SERVER=0` runs every command the usual way.
+server's in what is read when the server's libraries are imported (`IMPORT_TIME_PREFIXES`; with
+`--strict-env`, in anything but `RUNTIME_ONLY`), or no server. `TAPML_SERVER=0` runs every command
+the usual way.
 
 Only the standard library is imported here (clients load this file with `-I -S`); what the servers
 import is the entry point's to say (`tapml_dbg.entry.serve_main`).
@@ -108,7 +108,8 @@ def start(folder: str, idle_s: float | None, log=None):
     for name in ("cli.ready", "zygote.ready"):
         if os.path.exists(os.path.join(folder, name)):
             os.unlink(os.path.join(folder, name))
-    process = subprocess.Popen(server_command(folder, "--idle", str(idle_s or 0)), stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+    process = subprocess.Popen(server_command(folder, "--idle", str(idle_s or 0)), stdin=subprocess.DEVNULL,
+                               stdout=log, stderr=log, start_new_session=True)
     deadline = time.monotonic() + READY_TIMEOUT_S
     while not all(os.path.exists(os.path.join(folder, f"{sock}.ready")) for sock in ("cli", "zygote")):
         if process.poll() is not None or time.monotonic() > deadline:
@@ -142,8 +143,7 @@ def run_served(argv: list[str], folder: str) -> int | None:
     sock = os.path.join(folder, "cli")
     if not os.path.exists(sock):
         return None
-    status = ask(sock, {"mode": "module", "script": "", "argv": list(argv), "cwd": os.getcwd(),
-                        "env": dict(os.environ), "fds": [0, 1, 2]}, [0, 1, 2])
+    status = ask(sock, _request("module", "", argv, [0, 1, 2]))
     if status is None:
         return None
     _leave_as(status)
@@ -160,8 +160,7 @@ def client(sock_path: str, mode: str, script: str, args: list[str]) -> None:
         fds.append(int(args[args.index("--fd") + 1]))
     served = mode == "zygote" or all(not os.isatty(fd) for fd in (0, 1, 2))  # a terminal: the REPL's
     if served and os.environ.get("TAPML_SERVER") != "0":
-        status = ask(sock_path, {"mode": mode, "script": script, "argv": args, "cwd": os.getcwd(),
-                                 "env": dict(os.environ), "fds": fds}, fds)
+        status = ask(sock_path, _request(mode, script, args, fds))
         if status is not None:
             _leave_as(status)
             os._exit(status.get("returncode", 1))
@@ -172,6 +171,11 @@ def client(sock_path: str, mode: str, script: str, args: list[str]) -> None:
     os.execv(script, [script, *args])
 
 
+def _request(mode: str, script: str, argv: list[str], fds: list[int]) -> dict:
+    """What the server needs to make the command's process: this process's folder and environment."""
+    return {"mode": mode, "script": script, "argv": list(argv), "cwd": os.getcwd(), "env": dict(os.environ), "fds": fds}
+
+
 def _leave_as(status: dict) -> None:
     """A command killed by a signal: this process leaves by the same signal."""
     if status.get("signal"):
@@ -179,7 +183,7 @@ def _leave_as(status: dict) -> None:
         os.kill(os.getpid(), status["signal"])
 
 
-def ask(sock_path: str, request: dict, fds: list[int]) -> dict | None:
+def ask(sock_path: str, request: dict) -> dict | None:
     """The command's exit status; None: the server says to run it the usual way (or is not there).
     A Ctrl-C meanwhile is sent on to the command."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
@@ -189,7 +193,7 @@ def ask(sock_path: str, request: dict, fds: list[int]) -> dict | None:
             return None
         data = json.dumps(request).encode()
         conn.sendmsg([len(data).to_bytes(8, "big"), data],
-                     [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+                     [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", request["fds"]))])
         previous = signal.getsignal(signal.SIGINT)
         forwarding = request["mode"] != "zygote" and previous not in (signal.SIG_IGN, None)
         if forwarding:
@@ -230,27 +234,27 @@ def _read_all(conn: socket.socket) -> bytes:
 def compatible(env: dict, server_env: dict, defaults: dict) -> bool:
     """Whether a fork of the server runs a process in `env` as a fresh interpreter would (the process
     defaults are set by every tapml-dbg process before it imports numpy)."""
-    prefixes = tuple(RUNTIME_ONLY_PREFIXES)
+    if STRICT_ENV:
+        prefixes = tuple(RUNTIME_ONLY_PREFIXES)
+        compared = lambda name: name not in RUNTIME_ONLY and not name.startswith(prefixes)  # noqa: E731
+    else:
+        compared = lambda name: name.startswith(IMPORT_TIME_PREFIXES) and name != "PYTHONPATH"  # noqa: E731
 
     def relevant(environment: dict) -> dict:
-        if STRICT_ENV:
-            return {k: v for k, v in (defaults | environment).items()
-                    if k not in RUNTIME_ONLY and not k.startswith(prefixes)}
-        return {k: v for k, v in (defaults | environment).items()
-                if k.startswith(IMPORT_TIME_PREFIXES) and k != "PYTHONPATH"}
+        return {k: v for k, v in (defaults | environment).items() if compared(k)}
     return relevant(env) == relevant(server_env)
 
 
 def serve(folder: str, parent: int | None, idle_s: float | None, defaults: dict, zygote_imports, command_imports) -> None:
     """The zygote server on `folder/zygote` and, forked from it, the command server on `folder/cli`,
     until SIGTERM, the exit of `parent` (when given) or `idle_s` without a command. Returns in the
-    server when it stops, and in a command's process (`command()` then says what to run).
+    server when it stops, and in a command's process (`_COMMAND` then says what `run_command` runs).
     `zygote_imports()` imports what a zygote imports (TVM with torch hidden first), `command_imports()`
     what a command imports; `defaults`: the process defaults every tapml-dbg process sets (set here)."""
     import gc
 
-    server_env = dict(os.environ)
     os.environ.update({k: v for k, v in defaults.items() if k not in os.environ})  # before numpy
+    server_env = dict(os.environ)  # what each forked process starts from (`_forget_tapml_dbg`)
     zygote_imports()
     import psutil  # noqa: F401
     _forget_tapml_dbg(server_env)  # tapml-dbg's own modules are imported afresh; the libraries under them stay
@@ -262,7 +266,6 @@ def serve(folder: str, parent: int | None, idle_s: float | None, defaults: dict,
     cli_pid = os.fork()
     if cli_pid == 0:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.environ.update({k: v for k, v in defaults.items() if k not in os.environ})
         command_imports()
         _forget_tapml_dbg(server_env)
         gc.freeze()
@@ -524,11 +527,6 @@ def _become(base_path: list[str], stdio: dict, folder: str) -> None:
 
 
 _COMMAND: dict = {}  # set in a command's process: what `run_command` runs
-
-
-def command() -> dict | None:
-    """In a command's process forked by `serve`: the request it runs; None elsewhere."""
-    return _COMMAND or None
 
 
 def run_command() -> None:
