@@ -4,13 +4,14 @@ without it names; anything it cannot trust (another trace file, another rule, a 
 
 from __future__ import annotations
 
+import json
 import os
 
 import ml_dtypes
 import numpy as np
 import pytest
 
-from conftest import fault_transform
+from conftest import fault_transform, run_cli
 from tapml_dbg.engine.search import Bisection
 from tapml_dbg.engine.session import Session
 from tapml_dbg.judge.compare import TolerancePolicy
@@ -207,3 +208,16 @@ def test_probes_are_built_ahead_on_two_cores_only_when_the_last_chain_found_noth
             built.append(len(asked) - before)
         assert answers == [(13, "gelu_1"), (18, "addmm_3"), None, (13, "gelu_1")]
         assert built == wanted
+
+
+def test_a_bisect_by_the_cli_starts_from_what_a_bisect_by_the_api_established(traces, tmp_path):
+    """The CLI sets variables of its own (TRANSFORMERS_VERBOSITY, to quiet transformers): they say
+    nothing of what a unit computes, so its process uses the memo an API session left, as another
+    API session would."""
+    path, cache = traces.get("mlp"), tmp_path / "cache"
+    bisect(path, fault_transform(tmp_path, "scale", "gelu_1"), cache)
+    moved = fault_transform(tmp_path, "scale", "addmm_3")
+    done = run_cli("bisect", str(path), "--transform", moved, "--json", env={"TAPML_CACHE_DIR": str(cache)})
+    answer = json.loads(done.stdout)
+    assert answer["op"]["name"] == "addmm_3"
+    assert any("not made again" in note for note in answer["notes"]), answer["notes"]

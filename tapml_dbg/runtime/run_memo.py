@@ -44,9 +44,12 @@ CHECKPOINT_MAX_BYTES = 64 * 2**20  # live values bigger than this are not saved 
 CHAIN_CHECKPOINT_BYTES = 512 * 2**20  # what one chain saves in all
 TRACE_MEMO_BYTES = 2 * 2**30  # a trace's checkpoints past this: the oldest are removed
 # variables that differ between two shells of one user without changing what a unit computes
-# what says nothing of what a unit computes: the shell's own, the cache's folder (the memo lives in it), and
-# TAPML_SERVER (set to 0 in a command `tapml-dbg serve` forked: which process runs it, not what it runs)
-VOLATILE_VARIABLES = ("TMPDIR", "PWD", "OLDPWD", "SHLVL", "_", "TAPML_CACHE_DIR", "TAPML_SERVER")
+# what says nothing of what a unit computes: the shell's own, the cache's folder (the memo lives in it),
+# TAPML_SERVER (set to 0 in a command `tapml-dbg serve` forked: which process runs it, not what it runs), and
+# TRANSFORMERS_VERBOSITY (the CLI quiets transformers' logging with it: a bisect by the CLI and one by the
+# API must share what either established)
+VOLATILE_VARIABLES = ("TMPDIR", "PWD", "OLDPWD", "SHLVL", "_", "TAPML_CACHE_DIR", "TAPML_SERVER",
+                      "TRANSFORMERS_VERBOSITY")
 SCREENED, ACCEPTED, UNSCREENED = "s", "a", "u"  # how a chain treated a unit (part of its digest)
 
 
