@@ -3,9 +3,12 @@
 examples/qwen2_several_bugs.py at 128 positions holds TVM 0.27's bool `cumsum` (imported as bool where
 torch gives int64), which on CUDA aborts with cudaErrorMisalignedAddress and poisons the process
 (docs/reliability.md "Sticky faults"). This records it, bisects it on `--target cuda` RUNS times and
-triages it once, and prints each answer:
+triages it once, bisects again with the first answer kept on the source, and prints each answer:
 
-    python benchmarks/sticky_cuda.py [--seq 128] [--runs 3] [--target cuda]
+    python benchmarks/sticky_cuda.py [--seq 128] [--runs 3] [--target cuda] [--model FILE.py:FUNC]
+
+`--model` records another model instead, e.g. `examples/llama_1b.py:build_without_mask` (issue [17]'s
+1.1B Llama, whose mask code holds the same `cumsum`).
 """
 
 from __future__ import annotations
@@ -40,11 +43,14 @@ def main() -> int:
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--target", default="cuda")
+    parser.add_argument("--model", help="FILE.py[:FUNC] to record instead of the qwen2 example at --seq")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        model = Path(tmp) / "qwen2_long.py"
-        model.write_text(MODEL.format(examples=str(ROOT / "examples"), seq=args.seq))
-        trace = Path(tmp) / "qwen2_long.h5"
+        model = args.model
+        if model is None:
+            model = Path(tmp) / "qwen2_long.py"
+            model.write_text(MODEL.format(examples=str(ROOT / "examples"), seq=args.seq))
+        trace = Path(tmp) / "model.h5"
         code, text, seconds = tool("record", str(model), "-o", str(trace))
         print(f"record: exit {code} in {seconds:.1f} s: {text.splitlines()[0] if text else ''}")
         answers = []
@@ -63,8 +69,11 @@ def main() -> int:
         code, text, seconds = tool("triage", str(trace), "--target", args.target)
         print(f"triage: exit {code} in {seconds:.1f} s")
         print("\n".join(line[:200] for line in text.splitlines()[:40]))
-        code, text, seconds = tool("bisect", str(trace), "--target", args.target, "--keep", "14")
-        print(f"bisect --keep 14: exit {code} in {seconds:.1f} s")
+        first = answers[0][0] if answers and isinstance(answers[0][0], int) else None
+        if first is None:
+            return 0
+        code, text, seconds = tool("bisect", str(trace), "--target", args.target, "--keep", str(first))
+        print(f"bisect --keep {first}: exit {code} in {seconds:.1f} s")
         print("\n".join(line[:200] for line in text.splitlines()[:6]))
     return 0
 

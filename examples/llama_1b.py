@@ -3,7 +3,9 @@ GQA 32/4 heads, vocab 32000, a 128-token prompt (~1.1e9 parameters, 4.4 GB in fl
 
 For the GPU at scale (docs/cuda.md): `build` is the wrapper the `(module, inputs)` contract takes,
 with an explicit all-ones attention mask (TVM's own whole-model build can then be timed against,
-benchmarks/time_to_answer.py); `causal_lm` is the bare `LlamaForCausalLM`, which `record` drives
+benchmarks/time_to_answer.py); `build_without_mask` is the same model called with the ids alone, as
+issue [17] first built it (transformers then makes the causal mask with a bool `cumsum`, which TVM
+0.27 imports as bool and which aborts on CUDA: benchmarks/sticky_cuda.py); `causal_lm` is the bare `LlamaForCausalLM`, which `record` drives
 itself and `record --generate N` generates with. `TAPML_LLAMA_1B_LAYERS` / `_WIDTH` shrink it (a
 CPU check of a script before it runs on the GPU).
 """
@@ -23,6 +25,13 @@ class LlamaLogits(LlamaForCausalLM):
         return super().forward(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
 
 
+class LlamaLogitsWithoutMask(LlamaForCausalLM):
+    """Positional (ids) forward returning logits: no attention mask, transformers makes its own."""
+
+    def forward(self, input_ids):
+        return super().forward(input_ids=input_ids, use_cache=False).logits
+
+
 def config() -> LlamaConfig:
     layers = int(os.environ.get("TAPML_LLAMA_1B_LAYERS", "22"))
     width = int(os.environ.get("TAPML_LLAMA_1B_WIDTH", "2048"))
@@ -40,6 +49,11 @@ def build():
     torch.manual_seed(0)
     model = LlamaLogits(config()).eval()
     return model, (_ids(), torch.ones(1, PROMPT, dtype=torch.long))
+
+
+def build_without_mask():
+    torch.manual_seed(0)
+    return LlamaLogitsWithoutMask(config()).eval(), (_ids(),)
 
 
 def causal_lm():
