@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import EXAMPLES, fault_transform, run_cli
+from tapml_dbg.engine.references import SourceReference
 from tapml_dbg.engine.search import LOST_CHAIN_NOTE
 from tapml_dbg.engine.session import Session
 
@@ -91,6 +92,19 @@ def test_crashing_kernel_is_a_finding_and_the_session_survives(traces, tmp_path)
     assert result.culprit.verdict == "crash"
     assert "SIGSEGV" in result.culprit.message
     assert any(note.startswith(LOST_CHAIN_NOTE) for note in result.notes)  # the chain died with it
+
+
+def test_a_crash_searched_by_fused_probes_makes_no_float64_run_of_the_model(traces, tmp_path, monkeypatch):
+    """The chain dies without saying where, so fused prefix probes search; a probe's values that clear
+    the propagated screen pass without a full verdict, whose float64 reference is a run of the whole
+    source graph (on the 1.1B Llama, most of a crash's bisect). The answer is the same."""
+    runs = []
+    full_run = SourceReference.full_run
+    monkeypatch.setattr(SourceReference, "full_run", lambda self: runs.append(1) or full_run(self))
+    result, _session = _bisect(traces.get("mlp"), tmp_path, "out_of_bounds", "gelu_1")
+    assert result.culprit.name == "gelu_1" and result.culprit.verdict == "crash"
+    assert any(note.startswith(LOST_CHAIN_NOTE) for note in result.notes) and result.probes >= 2
+    assert runs == []
 
 
 def test_hanging_compile_times_out(traces, tmp_path):
