@@ -5,7 +5,7 @@ torch gives int64), which on CUDA aborts with cudaErrorMisalignedAddress and poi
 (docs/reliability.md "Sticky faults"). This records it, bisects it on `--target cuda` RUNS times and
 triages it once, bisects again with the first answer kept on the source, and prints each answer:
 
-    python benchmarks/sticky_cuda.py [--seq 128] [--runs 3] [--target cuda] [--model FILE.py:FUNC]
+    python benchmarks/sticky_cuda.py [--seq 128] [--runs 3] [--target cuda] [--model FILE.py:FUNC] [--no-triage]
 
 `--model` records another model instead, e.g. `examples/llama_1b.py:build_without_mask` (issue [17]'s
 1.1B Llama, whose mask code holds the same `cumsum`).
@@ -44,6 +44,7 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--target", default="cuda")
     parser.add_argument("--model", help="FILE.py[:FUNC] to record instead of the qwen2 example at --seq")
+    parser.add_argument("--no-triage", action="store_true", help="skip the triage (minutes on the 1.1B model)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model
@@ -66,9 +67,10 @@ def main() -> int:
             print(f"bisect run {run + 1}: exit {code} in {seconds:.1f} s: {answer}; message: "
                   f"{(op.get('message') or '')[:160] if isinstance(answer[0], int) else ''}")
         print(f"bisect answers agree: {len(set(map(str, answers))) == 1}")
-        code, text, seconds = tool("triage", str(trace), "--target", args.target)
-        print(f"triage: exit {code} in {seconds:.1f} s")
-        print("\n".join(line[:200] for line in text.splitlines()[:40]))
+        if not args.no_triage:
+            code, text, seconds = tool("triage", str(trace), "--target", args.target)
+            print(f"triage: exit {code} in {seconds:.1f} s")
+            print("\n".join(line[:200] for line in text.splitlines()[:40]))
         first = answers[0][0] if answers and isinstance(answers[0][0], int) else None
         if first is None:
             return 0
