@@ -5,8 +5,8 @@ For the GPU at scale (docs/cuda.md): `build` is the wrapper the `(module, inputs
 with an explicit all-ones attention mask (TVM's own whole-model build can then be timed against,
 benchmarks/time_to_answer.py); `build_without_mask` is the same model called with the ids alone, as
 issue [17] first built it (transformers then makes the causal mask with a bool `cumsum`, which TVM
-0.27 imports as bool and which aborts on CUDA: benchmarks/sticky_cuda.py); `causal_lm` is the bare `LlamaForCausalLM`, which `record` drives
-itself and `record --generate N` generates with. `TAPML_LLAMA_1B_LAYERS` / `_WIDTH` shrink it (a
+0.27 imports as bool and which aborts on CUDA: benchmarks/sticky_cuda.py); `causal_lm` is the bare
+`LlamaForCausalLM`, which `record` drives itself and `record --generate N` generates with. `TAPML_LLAMA_1B_LAYERS` / `_WIDTH` shrink it (a
 CPU check of a script before it runs on the GPU).
 """
 

@@ -51,7 +51,7 @@ class ChainSearch:
         self.first, self.last = first, last
         # a kept op is no unit of the chain: its consumers read its recorded value (engine/kept.py)
         self.indices = [i for i in range(first, last + 1) if session.ops[i].outputs and i not in session.kept]
-        typed = {session.ops[i].name for i in session.verdicts.type_changed_ops()}
+        typed = session.verdicts.type_changed_names()
         self.accept, self.unscreened = set(typed), unscreened - typed
         self.screen = session.verdicts.screen_rule(PROPAGATED)
         self.timeout = session.lanes.chain_timeout(len(self.indices))

@@ -38,6 +38,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Callable
 
 from tapml_dbg.engine import fused
@@ -189,9 +190,6 @@ class Bisection:
         self.top = None  # (ops, result, most) of the sweep's upper part, run beside it
         self.screen = session.verdicts.screen_rule(ISOLATED)  # the sweep's
         self.unscreened = session.verdicts.unscreened()  # ops only a full verdict may judge, in the chain and the sweep
-        # a fused probe's values: those the propagated screen clears need no full verdict (`_outcome`)
-        self.probe_screen = session.verdicts.screen_rule(PROPAGATED)
-        self.judged_in_full = self.unscreened | {session.ops[i].name for i in session.verdicts.type_changed_ops()}
         # a generation's output, handed back by a chain of every op up to it (its tokens need no second run)
         self.output = output_name(session) if trace_generation(session) is not None and self.first == 0 else None
 
@@ -430,8 +428,15 @@ class Bisection:
         """A probe's value that clears the propagated screen passes its full verdict (judge/screen.py),
         as in the chain: judged without the float64 run of the whole source graph that a propagated
         reference needs (a crash's fused search on the 1.1B Llama spent most of its time there)."""
-        return name not in self.judged_in_full and index in self.session.recorded \
-            and clearly_passes(outputs, self.session.source_values(index), self.probe_screen)
+        screen, judged_in_full = self._probe_screen
+        return name not in judged_in_full and index in self.session.recorded \
+            and clearly_passes(outputs, self.session.source_values(index), screen)
+
+    @cached_property
+    def _probe_screen(self):
+        """(the propagated screen rule, the ops it may not clear), for the fused probes only."""
+        verdicts = self.session.verdicts
+        return verdicts.screen_rule(PROPAGATED), self.unscreened | verdicts.type_changed_names()
 
     # -- phase 2: confirm ------------------------------------------------------------------
     def confirm(self, candidate: int) -> Culprit:

@@ -156,6 +156,10 @@ class Verdicts:
         return sorted(index for index, changes in self.reference.type_changes.items()
                       if any(c.output not in self.dead_fields.get(self.ops[index].name, set()) for c in changes))
 
+    def type_changed_names(self) -> set[str]:
+        """`type_changed_ops` by name: a propagated screen never clears them (their verdict is a type one)."""
+        return {self.ops[i].name for i in self.type_changed_ops()}
+
     def clear(self) -> None:
         """Forget cached verdicts, e.g. after the tolerance policy changed."""
         self.session.isolated_verdicts.clear()

@@ -43,8 +43,7 @@ CHECKPOINT_MIN_SPACING = 8  # ... but not more often than every this many units
 CHECKPOINT_MAX_BYTES = 64 * 2**20  # live values bigger than this are not saved (a position further on may be smaller)
 CHAIN_CHECKPOINT_BYTES = 512 * 2**20  # what one chain saves in all
 TRACE_MEMO_BYTES = 2 * 2**30  # a trace's checkpoints past this: the oldest are removed
-# variables that differ between two shells of one user without changing what a unit computes
-# what says nothing of what a unit computes: the shell's own, the cache's folder (the memo lives in it),
+# variables that say nothing of what a unit computes: the shell's own, the cache's folder (the memo lives in it),
 # TAPML_SERVER (set to 0 in a command `tapml-dbg serve` forked: which process runs it, not what it runs), and
 # TRANSFORMERS_VERBOSITY (the CLI quiets transformers' logging with it: a bisect by the CLI and one by the
 # API must share what either established)
