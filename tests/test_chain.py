@@ -130,3 +130,4 @@ def test_a_sweep_beside_compiles_ahead_still_finds_an_error_that_washes_out(trac
         result = session.bisect()
     assert (result.culprit.index, result.culprit.name, result.culprit.verdict) == (9, "_softmax", "isolated")
     assert skipped  # the sweep did not wait for the compile lanes' builds
+

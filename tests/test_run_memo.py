@@ -17,6 +17,7 @@ from tapml_dbg.engine.session import Session
 from tapml_dbg.judge.compare import TolerancePolicy
 from tapml_dbg.judge.noise_floor import NoiseFloor
 from tapml_dbg.runtime import run_memo, scheduler
+from tapml_dbg.runtime.lanes import AHEAD_NICENESS, Lanes
 from tapml_dbg.runtime.run_memo import RunMemo
 from tapml_dbg.runtime.target import TargetSpec
 
@@ -187,27 +188,43 @@ def test_the_last_search_is_noted_per_device_and_a_damaged_note_is_none(tmp_path
     assert memo.last_search() is None
 
 
-def test_probes_are_built_ahead_on_two_cores_only_when_the_last_chain_found_nothing(traces, tmp_path, monkeypatch):
-    """Where the chain's worker and the sweep's lane take every core, a search after one whose chain
-    found the divergence builds no fused probes ahead (an edited pass mostly moves the divergence);
-    after a search whose chain found nothing it builds them again; with a core to spare, always. The
-    answers are the same either way."""
-    asked = []
-    probes_ahead = Bisection._probes_ahead
-    monkeypatch.setattr(Bisection, "_probes_ahead", lambda self: asked.append(1) or probes_ahead(self))
+def test_on_two_cores_fused_probes_are_built_from_the_start_only_after_a_chain_found_nothing(traces, tmp_path,
+                                                                                              monkeypatch):
+    """Where the chain's worker and the sweep's lane take every core, a search builds its fused probes
+    from the start only after a search on the trace whose chain found nothing; otherwise only once its
+    own chain has found nothing (then at the search's priority: they run next), so a search whose
+    chain finds the divergence builds none. With a core to spare, always from the start. The answers
+    are the same either way."""
+    probes, builds = [], []
+    probes_ahead, build_ahead = Bisection._probes_ahead, Lanes.build_ahead
+
+    def made(self):
+        requests = probes_ahead(self)
+        probes.extend(requests)
+        return requests
+
+    def built(self, requests, niceness=AHEAD_NICENESS):
+        builds[-1].append((any(request in probes for request in requests), niceness))
+        return build_ahead(self, requests, niceness)
+
+    monkeypatch.setattr(Bisection, "_probes_ahead", made)
+    monkeypatch.setattr(Lanes, "build_ahead", built)
     path = traces.get("mlp")
     moves = [fault_transform(tmp_path, "scale", "gelu_1"), fault_transform(tmp_path, "scale", "addmm_3"), None,
              fault_transform(tmp_path, "scale", "gelu_1")]
-    for spare_cores, cache, wanted in ((False, tmp_path / "two", [1, 0, 0, 1]), (True, tmp_path / "more", [1, 1, 1, 1])):
+    chain_only, from_start, at_chain_end = (False, AHEAD_NICENESS), (True, AHEAD_NICENESS), (True, 0)
+    for spare_cores, cache, wanted in (
+            (False, tmp_path / "two", [[chain_only], [chain_only], [chain_only, at_chain_end], [from_start]]),
+            (True, tmp_path / "more", [[from_start]] * 4)):
         monkeypatch.setattr(scheduler, "AHEAD_SPARE_MIN_CORES", 1 if spare_cores else 10**6)
-        answers, built = [], []
+        answers = []
+        builds.clear()
         for transform in moves:
-            before = len(asked)
+            builds.append([])
             answer = bisect(path, transform, cache)[0]
             answers.append(answer[:2] if answer else None)
-            built.append(len(asked) - before)
         assert answers == [(13, "gelu_1"), (18, "addmm_3"), None, (13, "gelu_1")]
-        assert built == wanted
+        assert builds == wanted
 
 
 def test_a_bisect_by_the_cli_starts_from_what_a_bisect_by_the_api_established(traces, tmp_path):

@@ -251,8 +251,7 @@ class Bisection:
                             also_keep={self.output} if self.output else set())
         # on idle cycles while the chain runs: phase 2's first probes (where the runtime expects them
         # wanted), then the chain's units from its end (the chain builds them from its start: the two meet halfway)
-        probes = self._probes_ahead() if self.session.lanes.probes_ahead_wanted() else []
-        self.session.lanes.build_ahead(probes + chain.units_to_build()[::-1])
+        self.session.lanes.build_ahead_of_search(self._probes_ahead(), chain.units_to_build()[::-1])
         beside = self._chain_beside_sweep(chain) if self.sweep_enabled and self.session.lanes.has_side else None
         self.chain = chain.run(beside)
         self.session.lanes.note_search(chain_found=self.chain.index is not None)
@@ -297,6 +296,8 @@ class Bisection:
         the lanes sweep the rest (`self.split` bounds them): the chain's worker does not sit idle."""
         result = self.session.lanes.run_beside(request, chain.timeout)
         self.chained = result
+        if not result.suspects:  # (a chain that died says nowhere: the fused probes search it too)
+            self.session.lanes.chain_found_nothing()
         if not result.ok or result.suspects:
             return result
         verdicts = self.session.isolated_verdicts

@@ -183,9 +183,9 @@ class Lanes:
         if self._side is not None:
             self._side.interrupt()  # (interrupted: its crash is no fault to run again)
 
-    def build_ahead(self, requests: list[UnitRequest]) -> None:
+    def build_ahead(self, requests: list[UnitRequest], niceness: int = AHEAD_NICENESS) -> None:
         """Compile units a later phase may run (a search's fused probes) into the cache, one after
-        another on a worker of their own at a low priority (AHEAD_NICENESS), while the caller goes on:
+        another on a worker of their own at a low priority (`niceness`), while the caller goes on:
         on a machine whose cores the search leaves idle part of the time (the chain compiles one unit
         after another), the phase then finds them built. A unit another worker is building is left to
         it; a failure is left to the unit's run to report. Where there is no core to spare: nothing.
@@ -196,7 +196,7 @@ class Lanes:
             return
         config = self.pool.config
         host = config.spec.with_options(rpc=None, tracker=None, key=None)  # it never opens a device
-        worker = TargetExecutor(replace(config, spec=host, niceness=AHEAD_NICENESS), self.zygotes)
+        worker = TargetExecutor(replace(config, spec=host, niceness=niceness), self.zygotes)
         stop = self._ahead_stop = StopFlag()
         self._ahead = worker
 

@@ -10,7 +10,7 @@ Two records, in the compile cache's folder under `memo/<trace identity>/`, let a
   accepted, every screened one having cleared. A later chain whose units up to there have the same
   digest starts from the latest such checkpoint (`chain-<digest>.npz`, plain arrays, no pickle).
 And one note for the session's scheduling: whether the last search's chain found its divergence
-(`search-<salt>.json`; `Runtime.probes_ahead_wanted`).
+(`search-<salt>.json`; `Runtime.build_ahead_of_search`).
 The trace's identity is its file's (path, device, inode, size, modification time): a trace written
 again is another trace. The digests also hold the target's device (`TargetSpec`: target, RPC
 server or tracker and key) and the environment the workers run in (a pass may read variables).

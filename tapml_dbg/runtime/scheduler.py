@@ -47,6 +47,10 @@ def check_setup(spec: TargetSpec) -> None:
 class Runtime(Lanes):
     """The lanes of one session, plus the scheduling policy the engine leaves to the runtime."""
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._held_probes: list[UnitRequest] = []  # a search's fused probes, until its chain found nothing
+
     @classmethod
     def open(cls, trace_path: str | Path, spec: TargetSpec, cache_dir: str | Path, *, start_workers: bool = False,
              searching: bool = False) -> "Runtime":
@@ -108,21 +112,37 @@ class Runtime(Lanes):
             self.index.record((unit.unit_json, key) for unit, (key, _cached) in zip(request.units, result.unit_keys))
 
     # -- what the last search found ---------------------------------------------------------
-    def probes_ahead_wanted(self) -> bool:
-        """Whether a search builds its fused probes ahead (`build_ahead`), in case its chain finds
-        nothing: always where a core is spare beside the chain's worker and the sweep's lane; where
-        those two take every core, not after a search on this trace and device whose chain found its
-        divergence (the memo's note). A pass edited between two such searches mostly moves the
-        divergence: the probes, new units, would take part of a busy core and no phase would run
-        them. A search whose chain then finds nothing builds its probes when it needs them, and
-        notes it for the next one (figures: docs/perf.md)."""
+    def build_ahead_of_search(self, probes: list[UnitRequest], chain_units: list[UnitRequest]) -> None:
+        """Before a search's chain runs: its units are built ahead (from its end: the chain builds them
+        from its start) and, in case the chain finds nothing, phase 2's fused `probes`. The probes
+        come first where a core is spare beside the chain's worker and the sweep's lane, or after a
+        search on this trace and device whose chain found nothing (the memo's note). Elsewhere they
+        are held until the chain has found nothing (`chain_found_nothing`): on two busy cores a
+        probe's build (the whole model's, the size of TVM's own build) takes part of a core the chain
+        and the sweep need, and no phase runs it when the chain finds the divergence, as it mostly
+        does when a user bisects (figures: docs/perf.md)."""
+        self._held_probes = []
+        if self._probes_ahead_wanted():
+            self.build_ahead(probes + chain_units)
+        else:
+            self._held_probes = list(probes)
+            self.build_ahead(chain_units)
+
+    def chain_found_nothing(self) -> None:
+        """The search's chain is done without a suspect: its fused probes are wanted next, so the ones
+        held are built now, at the search's own priority, beside the rest of the sweep."""
+        held, self._held_probes = self._held_probes, []
+        if held and not (self._side is not None and self._side.interrupted):  # (Ctrl-C: no phase follows)
+            self.build_ahead(held, niceness=0)
+
+    def _probes_ahead_wanted(self) -> bool:
         if (os.cpu_count() or 1) >= AHEAD_SPARE_MIN_CORES:
             return True
         noted = self._search_memo.last_search() if self._search_memo is not None else None
-        return not (noted and noted.get("chain_found"))
+        return bool(noted) and not noted.get("chain_found")
 
     def note_search(self, chain_found: bool) -> None:
-        """What this search's chain found, for the next search's `probes_ahead_wanted`."""
+        """What this search's chain found, for the next search's `build_ahead_of_search`."""
         if self._search_memo is not None:
             self._search_memo.note_search(chain_found)
 
