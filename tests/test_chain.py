@@ -131,3 +131,43 @@ def test_a_sweep_beside_compiles_ahead_still_finds_an_error_that_washes_out(trac
     assert (result.culprit.index, result.culprit.name, result.culprit.verdict) == (9, "_softmax", "isolated")
     assert skipped  # the sweep did not wait for the compile lanes' builds
 
+
+
+def test_the_culprits_second_run_is_made_on_the_chains_worker_while_the_sweep_goes_on(traces, tmp_path, monkeypatch):
+    """When the chain stops at its suspect before the sweep beside it is done, the chain's worker
+    runs the suspect alone once more: the culprit's second run (nondeterministic or wrong) is then
+    made already, in another process than the sweep's, and explaining it runs nothing more."""
+    import time
+
+    from tapml_dbg.engine.isolated import IsolatedVerdicts
+    from tapml_dbg.engine.verdicts import Verdicts
+    from tapml_dbg.runtime.lanes import Lanes
+
+    fill, explain, run = IsolatedVerdicts.fill, Verdicts.explain, Lanes.run
+    explaining, runs_explaining = [], []
+
+    def slow_sweep(self, indices, plan, progress):
+        fill(self, indices, plan, progress)
+        if plan.bound is not None:  # the sweep beside the chain: still going when the chain stops
+            time.sleep(1.0)
+
+    def explained(self, verdict, upstream=None):
+        explaining.append(True)
+        try:
+            return explain(self, verdict, upstream)
+        finally:
+            explaining.pop()
+
+    def counted_run(self, *args, **kwargs):
+        runs_explaining.extend(explaining[:1])
+        return run(self, *args, **kwargs)
+
+    monkeypatch.setattr(IsolatedVerdicts, "fill", slow_sweep)
+    monkeypatch.setattr(Verdicts, "explain", explained)
+    monkeypatch.setattr(Lanes, "run", counted_run)
+    with Session.open(traces.get("mlp"), transform=fault_transform(tmp_path, "scale", "gelu_1")) as session:
+        bisection = Bisection(session)
+        culprit = bisection.run().culprit
+        assert bisection.spare is not None and bisection.spare[0] == culprit.index
+    assert (culprit.name, culprit.verdict) == ("gelu_1", "isolated") and culprit.wrong is not None
+    assert culprit.wrong != "nondeterministic" and not runs_explaining

@@ -67,16 +67,26 @@ class IsolatedVerdicts:
         self.cache: dict[int, Verdict] = {}
         self.screened: set[int] = set()  # ops whose isolated run clearly passed the screen (no verdict kept)
         self.failed_runs: OrderedDict[int, UnitResult] = OrderedDict()  # the last few failing ops' runs
+        self.spare_runs: dict[int, UnitResult] = {}  # a run made beside a search, for a second one (`runs_of`)
 
     def clear(self) -> None:
         self.cache.clear()
         self.screened.clear()
         self.failed_runs.clear()
+        self.spare_runs.clear()
 
-    def failed_run(self, index: int) -> UnitResult | None:
-        """The run a failing isolated verdict was judged from (one of the last KEPT_FAILED_RUNS):
-        explaining a culprit needs a second run only, not two."""
-        return self.failed_runs.get(index)
+    def runs_of(self, index: int) -> list[UnitResult]:
+        """Runs of op `index`'s isolated unit made already, for `Verdicts.explain`'s two: the one a
+        failing verdict was judged from (one of the last KEPT_FAILED_RUNS) first, then one a search
+        made beside its sweep (`add_spare_run`). A spare run is used once."""
+        runs = [run for run in (self.failed_runs.get(index), self.spare_runs.pop(index, None)) if run is not None]
+        return runs[:2]
+
+    def add_spare_run(self, index: int, result: UnitResult) -> None:
+        """A run of op `index`'s isolated unit on another worker than the sweep's, made while that
+        worker was idle (a search's chain worker, once its chain stopped at the op)."""
+        if result.ok:
+            self.spare_runs[index] = result
 
     def get(self, index: int) -> Verdict:
         """One op's isolated verdict (a `missing` one, not cached, when the trace lacks its values)."""

@@ -31,6 +31,8 @@ sweep, no type verdict; the ops after one are fed its recorded value, so the sea
 next divergence past a known bug.
 The culprit's failing verdict is then judged once more with a second run of its unit
 (`Verdicts.explain`), so a nondeterministic kernel is told from a wrong one; it carries its class.
+When the chain stops at its suspect before the sweep is done, its worker makes that second run
+beside the sweep (`_spare_run_beside`).
 """
 
 from __future__ import annotations
@@ -188,6 +190,8 @@ class Bisection:
         self.split: int | None = None  # the sweep's ops from here on run beside it (`_chain_then_top`)
         self.chained = None  # the chain's first run's result, once it is done (beside the sweep)
         self.top = None  # (ops, result, most) of the sweep's upper part, run beside it
+        self.spare = None  # (op, result): the chain's first suspect run alone once more beside the sweep
+        self.sweeping = False  # the sweep beside the chain is still running
         self.screen = session.verdicts.screen_rule(ISOLATED)  # the sweep's
         self.unscreened = session.verdicts.unscreened()  # ops only a full verdict may judge, in the chain and the sweep
         # a generation's output, handed back by a chain of every op up to it (its tokens need no second run)
@@ -270,7 +274,7 @@ class Bisection:
         session = self.session
         request = chain.request()  # (a trace that cannot feed the chain raises here, first)
         preparing = chain.prepare(wait=False)  # compile lanes build ahead while the chain runs
-        self.chained, self.top = None, None
+        self.chained, self.top, self.spare, self.sweeping = None, None, None, True
         running = session.lanes.beside(lambda: self._chain_then_top(request, chain), "tapml-chain")
         session.warm_up_torch()  # while the chain runs (not before its request: the import holds the GIL)
         try:
@@ -288,6 +292,10 @@ class Bisection:
         if self.top is not None:  # the sweep's upper part, run beside it once the chain was done
             held, result, most = self.top
             session.isolated_verdicts.absorb(held, session.lanes.counted(result), most)
+        if self.spare is not None and self.spare[1].ok:  # a unit to classify the culprit, not to find it
+            index, result = self.spare
+            session.isolated_verdicts.add_spare_run(index, session.lanes.counted(result))
+            self.explain_units += 1
         return request, chained
 
     def _chain_then_top(self, request, chain: ChainSearch):
@@ -296,9 +304,11 @@ class Bisection:
         the lanes sweep the rest (`self.split` bounds them): the chain's worker does not sit idle."""
         result = self.session.lanes.run_beside(request, chain.timeout)
         self.chained = result
-        if not result.suspects:  # (a chain that died says nowhere: the fused probes search it too)
-            self.session.lanes.chain_found_nothing()
-        if not result.ok or result.suspects:
+        if result.suspects:
+            self._spare_run_beside(self.session.by_name[result.suspects[0]].index)
+            return result
+        self.session.lanes.chain_found_nothing()  # (a chain that died says nowhere: the fused probes search it)
+        if not result.ok:
             return result
         verdicts = self.session.isolated_verdicts
         left = [i for i in self._judged(self.first, self.last + 1)
@@ -313,13 +323,27 @@ class Bisection:
                         batch.suspects)
         return result
 
+    def _spare_run_beside(self, index: int) -> None:
+        """The chain's first suspect alone on recorded inputs, on the chain's worker while the sweep
+        reaches the op on another: when the op is the culprit, this is the second run that tells a
+        nondeterministic kernel from a wrong one (`Verdicts.explain`), made on a core that would sit
+        idle, in another process than the first run (another layout of memory for a stray read)."""
+        if not self.sweeping:  # the sweep is done: the chain's worker is what the search waits on
+            return
+        request = self.session.isolated_verdicts.request(index)
+        if not isinstance(request, Verdict) and not self.session.lanes.side_interrupted():
+            self.spare = (index, self.session.lanes.run_beside(request))
+
     def _sweep_beside(self, chain: ChainSearch, running, preparing) -> None:
         """While the compile lanes build ahead, the sweep runs the ops whose units are built and
         leaves the others to the end (it does not wait for a build the chain waits for too)."""
         plan = replace(self._sweep_plan, stop_at_failure=True, bound=lambda: self.split - 1 if self.split is not None
                        else (chain.bound(self.chained) if self.chained is not None else None),
                        building=preparing.is_alive if preparing is not None else None)
-        self.session.isolated_verdicts.fill(self._judged(self.first, self.last + 1), plan, self.progress)
+        try:
+            self.session.isolated_verdicts.fill(self._judged(self.first, self.last + 1), plan, self.progress)
+        finally:
+            self.sweeping = False
 
     @property
     def _sweep_plan(self) -> SweepPlan:

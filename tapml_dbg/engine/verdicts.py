@@ -131,8 +131,7 @@ class Verdicts:
         try:
             if verdict.mode == ISOLATED or upstream is not None:
                 name = self.ops[index].name
-                first = self.session.isolated_verdicts.failed_run(index) if upstream is None else None  # the sweep's
-                runs = [first] if first is not None else []
+                runs = self.session.isolated_verdicts.runs_of(index) if upstream is None else []  # the sweep's
                 while len(runs) < 2:
                     runs.append(self.session.lanes.run(self.requests.ops_request([name], [name], upstream)))
                 outputs = [run.outputs[0] if run.ok else None for run in runs]

@@ -159,6 +159,10 @@ class Lanes:
         side.interrupted = False
         return side.run(request, timeout_s)
 
+    def side_interrupted(self) -> bool:
+        """Whether the side worker was stopped on purpose (`stop_beside`): nothing more runs on it."""
+        return self._side is not None and self._side.interrupted
+
     def _side_worker(self) -> TargetExecutor:
         if self._side is None:
             self._side = TargetExecutor(self.pool.config, self.zygotes)

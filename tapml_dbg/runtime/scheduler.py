@@ -132,7 +132,7 @@ class Runtime(Lanes):
         """The search's chain is done without a suspect: its fused probes are wanted next, so the ones
         held are built now, at the search's own priority, beside the rest of the sweep."""
         held, self._held_probes = self._held_probes, []
-        if held and not (self._side is not None and self._side.interrupted):  # (Ctrl-C: no phase follows)
+        if held and not self.side_interrupted():  # (Ctrl-C: no phase follows)
             self.build_ahead(held, niceness=0)
 
     def _probes_ahead_wanted(self) -> bool:
