@@ -228,13 +228,15 @@ def test_on_two_cores_fused_probes_are_built_from_the_start_only_after_a_chain_f
 
 
 def test_a_bisect_by_the_cli_starts_from_what_a_bisect_by_the_api_established(traces, tmp_path):
-    """The CLI sets variables of its own (TRANSFORMERS_VERBOSITY, to quiet transformers): they say
-    nothing of what a unit computes, so its process uses the memo an API session left, as another
-    API session would."""
+    """The CLI sets variables of its own (TRANSFORMERS_VERBOSITY, to quiet transformers), and a user
+    may set tapml's knobs of scheduling (the memo on by name, the side worker): they say nothing of
+    what a unit computes, so its process uses the memo an API session left, as another API session
+    would."""
     path, cache = traces.get("mlp"), tmp_path / "cache"
     bisect(path, fault_transform(tmp_path, "scale", "gelu_1"), cache)
     moved = fault_transform(tmp_path, "scale", "addmm_3")
-    done = run_cli("bisect", str(path), "--transform", moved, "--json", env={"TAPML_CACHE_DIR": str(cache)})
+    done = run_cli("bisect", str(path), "--transform", moved, "--json",
+                   env={"TAPML_CACHE_DIR": str(cache), "TAPML_MEMO": "1", "TAPML_SIDE_LANE": "1"})
     answer = json.loads(done.stdout)
     assert answer["op"]["name"] == "addmm_3"
     assert any("not made again" in note for note in answer["notes"]), answer["notes"]

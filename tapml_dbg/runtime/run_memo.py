@@ -46,9 +46,12 @@ TRACE_MEMO_BYTES = 2 * 2**30  # a trace's checkpoints past this: the oldest are 
 # variables that say nothing of what a unit computes: the shell's own, the cache's folder (the memo lives in it),
 # TAPML_SERVER (set to 0 in a command `tapml-dbg serve` forked: which process runs it, not what it runs), and
 # TRANSFORMERS_VERBOSITY (the CLI quiets transformers' logging with it: a bisect by the CLI and one by the
-# API must share what either established)
+# API must share what either established), and tapml's knobs of how work is scheduled and kept (the memo
+# itself turned on by name, lanes, side worker, zygote, write thread, history, debug text, worker recycling)
 VOLATILE_VARIABLES = ("TMPDIR", "PWD", "OLDPWD", "SHLVL", "_", "TAPML_CACHE_DIR", "TAPML_SERVER",
-                      "TRANSFORMERS_VERBOSITY")
+                      "TRANSFORMERS_VERBOSITY", settings.MEMO, settings.COMPILE_LANES, settings.SIDE_LANE,
+                      settings.ZYGOTE, settings.WRITE_THREAD, settings.HISTORY, settings.DEBUG,
+                      settings.WORKER_GROWTH_MIB)
 SCREENED, ACCEPTED, UNSCREENED = "s", "a", "u"  # how a chain treated a unit (part of its digest)
 
 
