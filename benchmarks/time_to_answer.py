@@ -240,6 +240,11 @@ def _moved_by_cli(trace: Path, target: str, transform: str, expected: str, cache
 # ------------------------------------------------------------------------------ the run
 def run(models: list[str], target: str, fix_pow: bool = False, parallel: int | None = None,
         serve: bool = False) -> None:
+    import compileall
+
+    # tapml_dbg byte-compiled first, as pip does at install (torch's and TVM's files are): where
+    # PYTHONDONTWRITEBYTECODE is set (these machines set it) every process compiled its sources again
+    compileall.compile_dir(str(ROOT / "tapml_dbg"), quiet=1)
     from bisect_bench import middle_op
     from conftest import fault_transform
     from tapml_dbg.engine.session import Session

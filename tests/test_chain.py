@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from conftest import fault_transform
 from tapml_dbg.engine.search import Bisection
 from tapml_dbg.engine.session import Session
@@ -91,8 +93,6 @@ def test_an_interrupted_search_stops_its_compiles_ahead(traces, tmp_path, monkey
     next command's), and the session goes on."""
     import threading
 
-    import pytest
-
     monkeypatch.setenv("TAPML_COMPILE_LANES", "2")
     planted = fault_transform(tmp_path, "scale", "gelu_1")
     slow = Path(planted.rpartition(":")[0])
@@ -133,23 +133,32 @@ def test_a_sweep_beside_compiles_ahead_still_finds_an_error_that_washes_out(trac
 
 
 
-def test_the_culprits_second_run_is_made_on_the_chains_worker_while_the_sweep_goes_on(traces, tmp_path, monkeypatch):
-    """When the chain stops at its suspect before the sweep beside it is done, the chain's worker
-    runs the suspect alone once more: the culprit's second run (nondeterministic or wrong) is then
-    made already, in another process than the sweep's, and explaining it runs nothing more."""
+@pytest.mark.parametrize("first_done", ["chain", "sweep"])
+def test_the_culprits_second_run_is_made_while_the_other_half_of_the_search_goes_on(traces, tmp_path, monkeypatch,
+                                                                                    first_done):
+    """Whichever of the chain and the sweep beside it stops first runs the op it stopped at alone
+    once more while the other goes on (the chain's worker its first suspect, the sweep's lane its
+    lowest failing op): the culprit's second run (nondeterministic or wrong) is then made already,
+    and explaining it runs nothing more."""
     import time
 
     from tapml_dbg.engine.isolated import IsolatedVerdicts
     from tapml_dbg.engine.verdicts import Verdicts
     from tapml_dbg.runtime.lanes import Lanes
 
-    fill, explain, run = IsolatedVerdicts.fill, Verdicts.explain, Lanes.run
+    fill, explain, run, run_beside = IsolatedVerdicts.fill, Verdicts.explain, Lanes.run, Lanes.run_beside
     explaining, runs_explaining = [], []
 
     def slow_sweep(self, indices, plan, progress):
         fill(self, indices, plan, progress)
         if plan.bound is not None:  # the sweep beside the chain: still going when the chain stops
             time.sleep(1.0)
+
+    def slow_chain(self, request, timeout_s=None):
+        result = run_beside(self, request, timeout_s)
+        if getattr(request, "screen", None) is not None:  # the chain: still going when the sweep stops
+            time.sleep(1.0)
+        return result
 
     def explained(self, verdict, upstream=None):
         explaining.append(True)
@@ -162,12 +171,16 @@ def test_the_culprits_second_run_is_made_on_the_chains_worker_while_the_sweep_go
         runs_explaining.extend(explaining[:1])
         return run(self, *args, **kwargs)
 
-    monkeypatch.setattr(IsolatedVerdicts, "fill", slow_sweep)
+    if first_done == "chain":
+        monkeypatch.setattr(IsolatedVerdicts, "fill", slow_sweep)
+    else:
+        monkeypatch.setattr(Lanes, "run_beside", slow_chain)
     monkeypatch.setattr(Verdicts, "explain", explained)
     monkeypatch.setattr(Lanes, "run", counted_run)
     with Session.open(traces.get("mlp"), transform=fault_transform(tmp_path, "scale", "gelu_1")) as session:
         bisection = Bisection(session)
         culprit = bisection.run().culprit
-        assert bisection.spare is not None and bisection.spare[0] == culprit.index
+        assert (bisection.spare is not None and bisection.spare[0] == culprit.index) == (first_done == "chain")
+        assert not session.isolated_verdicts.spare_runs  # the spare run was used
     assert (culprit.name, culprit.verdict) == ("gelu_1", "isolated") and culprit.wrong is not None
     assert culprit.wrong != "nondeterministic" and not runs_explaining

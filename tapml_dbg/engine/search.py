@@ -31,8 +31,8 @@ sweep, no type verdict; the ops after one are fed its recorded value, so the sea
 next divergence past a known bug.
 The culprit's failing verdict is then judged once more with a second run of its unit
 (`Verdicts.explain`), so a nondeterministic kernel is told from a wrong one; it carries its class.
-When the chain stops at its suspect before the sweep is done, its worker makes that second run
-beside the sweep (`_spare_run_beside`).
+Whichever of the chain and the sweep beside it stops first makes that second run while the other
+goes on (`_spare_run_beside`, `_spare_run_of_lowest_failing`).
 """
 
 from __future__ import annotations
@@ -340,10 +340,25 @@ class Bisection:
         plan = replace(self._sweep_plan, stop_at_failure=True, bound=lambda: self.split - 1 if self.split is not None
                        else (chain.bound(self.chained) if self.chained is not None else None),
                        building=preparing.is_alive if preparing is not None else None)
+        judged = self._judged(self.first, self.last + 1)
         try:
-            self.session.isolated_verdicts.fill(self._judged(self.first, self.last + 1), plan, self.progress)
+            self.session.isolated_verdicts.fill(judged, plan, self.progress)
         finally:
             self.sweeping = False
+        if running.is_alive():  # the chain goes on: the sweep's lane would sit idle until it is done
+            self._spare_run_of_lowest_failing(judged)
+
+    def _spare_run_of_lowest_failing(self, judged: list[int]) -> None:
+        """The lowest op the sweep found failing, alone once more on the sweep's lane while the chain
+        still runs: when it is the culprit, its second run (`Verdicts.explain`) is made already."""
+        verdicts = self.session.isolated_verdicts
+        index = next((i for i in judged if i in verdicts.cache and verdicts.cache[i].failed), None)
+        if index is None or verdicts.failed_runs.get(index) is None:
+            return
+        request = verdicts.request(index)
+        if not isinstance(request, Verdict):
+            verdicts.add_spare_run(index, self.session.lanes.run(request))
+            self.explain_units += 1
 
     @property
     def _sweep_plan(self) -> SweepPlan:
