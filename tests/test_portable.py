@@ -123,6 +123,33 @@ def _add_module():
     return tvm.IRModule({"main": builder.get()["main"]})
 
 
+def test_an_out_of_bounds_read_on_the_cpu_reads_other_bytes_in_every_run():
+    """The import's `take(x, -1, mode="fast")` (transformers' `logits[:, -1]`) reads the row before
+    x. Each cpu input sits amid fresh random bytes, so every run reads other values there (the
+    two runs of a nondeterminism check always differ) while an in-bounds read is exact."""
+    import tvm
+    from tvm import relax
+
+    x = relax.Var("x", relax.TensorType((4, 8), "float32"))
+    builder = relax.BlockBuilder()
+    with builder.function("main", [x], pure=True):
+        before = builder.emit(relax.op.take(x, relax.const(-1, "int64"), axis=0, mode="fast"), "before")
+        last = builder.emit(relax.op.take(x, relax.const(3, "int64"), axis=0, mode="fast"), "last")
+        builder.emit_func_output(relax.Tuple([before, last]))
+    runner = portable.Runner("llvm")
+    vm = runner.load(runner.build(tvm.IRModule({"main": builder.get()["main"]})))
+    values = np.arange(32, dtype=np.float32).reshape(4, 8)
+    runs = [runner.run(vm, [values]) for _ in range(4)]
+    assert all(np.array_equal(last, values[3]) for _before, last in runs)
+    reads = {before.tobytes() for before, _last in runs}
+    assert len(reads) == len(runs)  # the bytes before the input differ in every run
+    placed, again = portable_runner.guarded(values), portable_runner.guarded(values)
+    assert placed.ctypes.data % portable_runner.ALIGNMENT == 0 and np.array_equal(placed, values)
+    around = [np.frombuffer(p.base, np.uint8)[:p.ctypes.data - p.base.ctypes.data][-64:] for p in (placed, again)]
+    assert not np.array_equal(*around)  # new bytes on every call, not the allocator's
+    assert portable_runner.guarded(np.zeros(3, np.complex64)) is None  # numpy hands TVM no complex
+
+
 def _repro_dir(folder: Path, mod, target: str) -> tuple[dict, dict]:
     """A one-op repro directory, as a dump writes it (module, data, meta), for `check_op`."""
     x = np.arange(4, dtype=np.float32)
