@@ -55,24 +55,20 @@ def target_label(target: str, rpc: str | None = None, tracker: str | None = None
 
 
 # ------------------------------------------------------------------------------ inputs
-GUARD_BYTES = 4096  # random bytes on each side of a cpu input
-ALIGNMENT = 64  # what TVM requires of a tensor's data
-_NOISE = np.random.default_rng()  # seeded from the system's entropy, once per process
+GUARD_BYTES = 4096  # new random bytes each side of a cpu input: a read out of bounds differs run to run
+ALIGNMENT = 64  # TVM's for a tensor's data
+_NOISE = np.random.default_rng()
 
 
 def guarded(array) -> np.ndarray | None:
-    """A copy of `array` between GUARD_BYTES of new random bytes on each side, its data 64-byte
-    aligned (None for a dtype numpy cannot hand TVM: bfloat16 and float8 go by copy). Left in place,
-    the bytes next to an input are the allocator's, the same from run to run: an out-of-bounds read
-    (`take(x, -1, mode="fast")`) would then look deterministic now and then."""
+    """A copy of `array` amid random bytes, aligned (None: a dtype numpy cannot hand TVM)."""
     array = contiguous(array)
     if array.dtype.kind not in "biuf" or not array.dtype.isnative:
         return None
     buffer = np.empty(array.nbytes + 2 * GUARD_BYTES + ALIGNMENT, np.uint8)
     start = (-buffer.ctypes.data) % ALIGNMENT + GUARD_BYTES
     end = start + array.nbytes
-    buffer[:start] = _NOISE.integers(0, 256, start, dtype=np.uint8)
-    buffer[end:] = _NOISE.integers(0, 256, buffer.size - end, dtype=np.uint8)
+    buffer[:start], buffer[end:] = (_NOISE.integers(0, 256, n, np.uint8) for n in (start, buffer.size - end))
     placed = buffer[start:end].view(array.dtype).reshape(array.shape)
     placed[...] = array
     return placed
@@ -270,9 +266,7 @@ class Runner:
         return self._tmp
 
     def to_device(self, array):
-        """On a local cpu the array sits amid fresh random bytes (`guarded`), so that a kernel that reads
-        out of bounds reads other values in every run (a nondeterministic verdict, told every time);
-        a device copy elsewhere."""
+        """On a local cpu amid random bytes (`guarded`): the allocator's repeat from run to run."""
         import tvm
 
         if not self.is_remote and device_kind(self.target) == "cpu":
