@@ -49,6 +49,7 @@ from tapml_dbg.engine.generation import output_name, teacher_forced, trace_gener
 from tapml_dbg.engine.isolated import SweepPlan
 from tapml_dbg.engine.kept import kept_note
 from tapml_dbg.engine.results import BisectResult, Culprit, StepResult
+from tapml_dbg.errors import TraceError
 from tapml_dbg.judge.classify import type_evidence
 from tapml_dbg.judge.screen import clearly_passes
 from tapml_dbg.judge.verdict import FUSED, ISOLATED, PROPAGATED, Mode, Status, Verdict, WrongClass
@@ -356,8 +357,13 @@ class Bisection:
         if index is None or verdicts.failed_runs.get(index) is None:
             return
         request = verdicts.request(index)
-        if not isinstance(request, Verdict):
+        if isinstance(request, Verdict):
+            return
+        try:
             verdicts.add_spare_run(index, self.session.lanes.run(request))
+        except TraceError:  # as `Verdicts.explain` does: the verdict stands without its second run
+            return
+        finally:
             self.explain_units += 1
 
     @property
