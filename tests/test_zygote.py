@@ -93,3 +93,29 @@ def test_a_worker_killed_between_two_units_is_replaced_and_costs_no_verdict(trac
         assert all(r.isolated.passed and r.propagated.passed for r in first + results), results
         assert _worker(session).pid != worker.pid
         assert session.pool.restarts == 1  # the dead worker was noticed before the unit was sent
+
+
+def test_two_threads_asking_a_forked_workers_pid_at_once_both_get_it():
+    """The zygote answers a spawn with the worker's pid once. A search's thread stopping a worker
+    while the worker's own thread stops it too both ask for it: the second must not wait for a
+    reply that was read already (on the real socket: a hang until its 60 s timeout)."""
+    import threading
+
+    from tapml_dbg.runtime.zygote import ForkedWorker
+
+    class OneReply:
+        def __init__(self):
+            self.replies = {7: os.getpid()}
+
+        def pid(self, ask):
+            time.sleep(0.2)  # the reply on its way
+            return self.replies.pop(ask)  # read once
+
+    worker = ForkedWorker(OneReply(), 7)
+    pids = []
+    threads = [threading.Thread(target=lambda: pids.append(worker.pid)) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert pids == [os.getpid()] * 2

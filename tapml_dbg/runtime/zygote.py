@@ -139,13 +139,18 @@ class ForkedWorker:
         self._ask = ask
         self._pid: int | None = None
         self._started: float | None = None  # the process's start time: a pid the system reused is not it
+        self._pid_lock = threading.Lock()
         self.returncode: int | None = None
 
     @property
     def pid(self) -> int:
-        if self._pid is None:
-            self._pid = self.zygote.pid(self._ask)
-            self._started = _start_time(self._pid)
+        """Asked of the zygote once: its reply is read once, so a second thread asking at the same time
+        (a search's thread stopping the worker while the worker's own thread does) would wait for it
+        until the socket's timeout."""
+        with self._pid_lock:
+            if self._pid is None:
+                self._pid = self.zygote.pid(self._ask)
+                self._started = _start_time(self._pid)
         return self._pid
 
     def poll(self) -> int | None:
