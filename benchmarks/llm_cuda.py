@@ -26,7 +26,6 @@ import argparse
 import json
 import os
 import platform
-import resource
 import subprocess
 import sys
 import tempfile
@@ -59,8 +58,25 @@ def both(mod):
 '''
 
 
+def _wait_with_peak(process: subprocess.Popen, limit: float) -> tuple[int | str, int]:
+    """The command's exit code ("stopped" past `limit` seconds) and the peak RSS in KiB of its largest
+    process, its workers included (they are reaped inside its tree): `wait4` reports one child's tree,
+    where RUSAGE_CHILDREN would report the largest of every command so far."""
+    deadline = time.monotonic() + limit
+    stopped = False
+    while True:
+        pid, status, usage = os.wait4(process.pid, os.WNOHANG)
+        if pid:
+            process.returncode = os.waitstatus_to_exitcode(status)
+            return ("stopped" if stopped else process.returncode), usage.ru_maxrss
+        if not stopped and time.monotonic() > deadline:
+            process.kill()
+            stopped = True
+        time.sleep(0.1)
+
+
 class Runner:
-    """Runs CLI commands, one fresh process each, and keeps what they printed."""
+    """Runs CLI commands, one fresh process each, and keeps what they printed and their peak RSS."""
 
     def __init__(self, out: Path):
         self.out = out
@@ -68,19 +84,18 @@ class Runner:
 
     def cli(self, label: str, *args: str, json_out: bool = False, limit: float = COMMAND_TIMEOUT_S) -> dict | str:
         started = time.perf_counter()
-        before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-        try:
-            result = subprocess.run([sys.executable, "-m", "tapml_dbg", *args], capture_output=True, text=True,
-                                    timeout=limit, cwd=ROOT)
-        except subprocess.TimeoutExpired as exc:
-            text = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-            result = subprocess.CompletedProcess(exc.cmd, "stopped", text, f"stopped after {limit:.0f} s")
+        with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+            process = subprocess.Popen([sys.executable, "-m", "tapml_dbg", *args], stdout=out, stderr=err, text=True,
+                                       cwd=ROOT)
+            rc, peak = _wait_with_peak(process, limit)
+            out.seek(0), err.seek(0)
+            result = subprocess.CompletedProcess(process.args, rc, out.read(),
+                                                 err.read() + (f"stopped after {limit:.0f} s" if rc == "stopped" else ""))
         seconds = time.perf_counter() - started
-        peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # KiB; the largest child so far
         (self.out / f"{label}.out").write_text(result.stdout + "\n--- stderr\n" + result.stderr)
         head = (result.stdout.strip().splitlines() or result.stderr.strip().splitlines() or [""])
         row = {"label": label, "seconds": round(seconds, 1), "rc": result.returncode,
-               "peak_rss_gib": round(peak / 2**20, 2) if peak > before else None,
+               "peak_rss_gib": round(peak / 2**20, 2),
                "head": head[0][:200] if not json_out else ""}
         self.rows.append(row)
         print(f"{label:<34} rc={row['rc']} {row['seconds']:>7.1f} s  rss {row['peak_rss_gib']} GiB  {row['head']}",
