@@ -83,8 +83,8 @@ class IsolatedVerdicts:
         return runs[:2]
 
     def add_spare_run(self, index: int, result: UnitResult) -> None:
-        """A run of op `index`'s isolated unit on another worker than the sweep's, made while that
-        worker was idle (a search's chain worker, once its chain stopped at the op)."""
+        """A run of op `index`'s isolated unit made on a worker that would sit idle: a search's chain
+        worker once its chain stopped at the op, or the sweep's lane once the sweep stopped at it."""
         if result.ok:
             self.spare_runs[index] = result
 
