@@ -52,7 +52,8 @@ def test_an_op_right_alone_but_wrong_on_target_values_is_a_propagated_culprit(tr
 def test_prepare_compiles_ahead_only_what_the_cache_lacks(traces, tmp_path, monkeypatch):
     """With compile lanes, the chain's distinct units are compiled side by side first; the cache's
     index (unit as built -> key, per target and transform file) lets the next session skip that,
-    also for the units after the fault that the first chain, stopped there, never ran."""
+    also for the units after the fault that the first chain, stopped there, never ran. Those builds
+    are no units of the search's: its probes are what it ran, as without compile lanes."""
     monkeypatch.setenv("TAPML_COMPILE_LANES", "2")
     path, cache = traces.get("mlp"), tmp_path / "cache"
     transform = fault_transform(tmp_path, "scale", "addmm")  # op 2: most units come after it
@@ -63,7 +64,9 @@ def test_prepare_compiles_ahead_only_what_the_cache_lacks(traces, tmp_path, monk
             cache_report = session.lanes.cache  # less the fused probes built ahead on idle cycles: speculative,
             runs.append((sum(session.lanes.compile_pool.units),  # how many a session gets to is timing's
                          cache_report.compiled - cache_report.compiled_ahead))
+            units = len([op for op in session.ops if op.outputs])
         assert (result.culprit.name, result.culprit.verdict) == ("addmm", "isolated")
+        assert result.probes < units // 2, result.probes  # (with each build ahead counted: more than the ops)
     (first_lanes, first_built), (second_lanes, second_built) = runs
     assert first_lanes > 0 and first_built > 0  # compiled ahead on the compile lanes
     assert second_lanes == 0 and second_built == 0  # all known to be cached: no compile lane started

@@ -238,7 +238,7 @@ class Lanes:
             for number, request in enumerate(requests):
                 work.submit(number, number, request.prepared(ahead=True))
             for number, result in work:
-                results[number] = self.counted(result)
+                results[number] = self.counted(result, ran=False)
                 if cancel is not None and cancel.is_set():
                     work.cancel_above(-1)
         return results
@@ -275,11 +275,12 @@ class Lanes:
             for lane in self.compile_pool.lanes:
                 lane.start()
 
-    def counted(self, result: UnitResult) -> UnitResult:
-        """Count a unit that ran; a lost connection or a corrupt recorded value is not the op's
-        fault: an error, no verdict. (From a search's thread and a prepare's thread at once.)"""
+    def counted(self, result: UnitResult, ran: bool = True) -> UnitResult:
+        """Count a unit that ran (`ran=False`: one compiled ahead of the run that needs it, in the cache's
+        report only: no unit of a search's); a lost connection or a corrupt recorded value is not the
+        op's fault: an error, no verdict. (From a search's thread and a prepare's thread at once.)"""
         with self._counting:
-            self.units += 1
+            self.units += int(ran)
             self.cache.add(result)
         if result.status == UnitStatus.TRACE_ERROR:
             raise TraceError(result.message)
