@@ -124,11 +124,11 @@ class IsolatedVerdicts:
         """The sweep: verdicts for `indices` until the lowest failing one is known; that verdict, if any
         (`plan`, its `stop_at_failure` set)."""
         self.fill(indices, replace(plan, stop_at_failure=True), progress)
-        for index in indices:
-            verdict = self.cache.get(index)
-            if verdict is not None and verdict.failed:
-                return verdict
-        return None
+        return self.lowest_failed(indices)
+
+    def lowest_failed(self, indices: list[int]) -> Verdict | None:
+        """The first of `indices` whose cached verdict fails (nothing runs)."""
+        return next((self.cache[i] for i in indices if i in self.cache and self.cache[i].failed), None)
 
     def fill(self, indices: list[int], plan: SweepPlan = SweepPlan(), progress: Progress = _noop) -> None:
         """Fill the cache for `indices` as `plan` says: one unit per op (a batch of them per request

@@ -331,9 +331,14 @@ class Bisection:
         idle, in another process than the first run (another layout of memory for a stray read)."""
         if not self.sweeping:  # the sweep is done: the chain's worker is what the search waits on
             return
-        request = self.session.isolated_verdicts.request(index)
-        if not isinstance(request, Verdict) and not self.session.lanes.side_interrupted():
+        request = self._spare_request(index)
+        if request is not None and not self.session.lanes.side_interrupted():
             self.spare = (index, self.session.lanes.run_beside(request))
+
+    def _spare_request(self, index: int):
+        """Op `index`'s isolated unit for a spare run (None: the trace cannot feed it)."""
+        request = self.session.isolated_verdicts.request(index)
+        return None if isinstance(request, Verdict) else request
 
     def _sweep_beside(self, chain: ChainSearch, running, preparing) -> None:
         """While the compile lanes build ahead, the sweep runs the ops whose units are built and
@@ -353,11 +358,11 @@ class Bisection:
         """The lowest op the sweep found failing, alone once more on the sweep's lane while the chain
         still runs: when it is the culprit, its second run (`Verdicts.explain`) is made already."""
         verdicts = self.session.isolated_verdicts
-        index = next((i for i in judged if i in verdicts.cache and verdicts.cache[i].failed), None)
-        if index is None or verdicts.failed_runs.get(index) is None:
+        failed = verdicts.lowest_failed(judged)
+        if failed is None or verdicts.failed_runs.get(failed.index) is None:
             return
-        request = verdicts.request(index)
-        if isinstance(request, Verdict):
+        index, request = failed.index, self._spare_request(failed.index)
+        if request is None:
             return
         try:
             verdicts.add_spare_run(index, self.session.lanes.run(request))
