@@ -47,8 +47,8 @@ class Server:
         import time
 
         self.folder = tempfile.mkdtemp(prefix="tapml-fork-", dir="/tmp" if os.path.isdir("/tmp") else None)  # short: a socket path
-        fork_server.write_shims(self.folder, os.path.join(os.path.dirname(REAL_PYTHON), "tapml-dbg"))
-        fork_server.shim(self.folder, "python-module", "cli", "module", "")
+        fork_server.write_shims(self.folder, os.path.join(os.path.dirname(REAL_PYTHON), "tapml-dbg"), chosen=True)
+        fork_server.shim(self.folder, "python-module", "cli", "module", "", chosen=True)  # despite conftest's TAPML_SERVER=0
         env = dict(os.environ if self.environment is None else self.environment)
         env.setdefault("OPENBLAS_NUM_THREADS", "1")  # settings.PROCESS_DEFAULTS: what a forked worker's /proc shows
         with open(os.path.join(self.folder, "log"), "w") as log:

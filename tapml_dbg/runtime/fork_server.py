@@ -39,11 +39,13 @@ import sys
 import time
 
 # what of a command's environment must be the server's: what is read when the server's modules are
-# imported (the interpreter's, the loader's, TVM's, torch's, the math libraries' threads); the rest is
+# imported (the interpreter's, the loader's, TVM's, torch's, transformers' and its hub's, the math libraries' threads); the rest is
 # read when the command runs, from its own environment. The test suite asks for every variable but
 # those (`--strict-env`): its commands must be what a fresh interpreter makes.
 IMPORT_TIME_PREFIXES = ("PYTHON", "LD_", "TVM", "TORCH", "PYTORCH", "OMP_", "MKL", "OPENBLAS", "KMP_", "GOMP_",
-                        "NUMEXPR", "NUMPY", "VIRTUAL_ENV", "CONDA_PREFIX", "MALLOC_", "GLIBC_")
+                        "NUMEXPR", "NUMPY", "VIRTUAL_ENV", "CONDA_PREFIX", "MALLOC_", "GLIBC_",
+                        "HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TOKENIZERS_", "USE_TORCH", "USE_TF", "USE_JAX",
+                        "USE_FLAX", "USE_SAFETENSORS")
 RUNTIME_ONLY_PREFIXES = ["TAPML_"]  # with --strict-env: what a command reads when it runs (the suite adds PYTEST_)
 RUNTIME_ONLY = {"COLUMNS", "LINES", "FORCE_COLOR", "PWD", "OLDPWD", "SHLVL", "_", "PATH", "PYTHONPATH"}
 STRICT_ENV = []  # [True] with --strict-env
@@ -77,25 +79,26 @@ def serving_pid(folder: str) -> int | None:
     return pid
 
 
-def shim(folder: str, name: str, sock: str, mode: str, script: str) -> str:
-    """An executable that runs `client` (a `#!python -IS` script loading this very file)."""
+def shim(folder: str, name: str, sock: str, mode: str, script: str, chosen: bool = False) -> str:
+    """An executable that runs `client` (a `#!python -IS` script loading this very file); `chosen`: it
+    asks its server whatever `TAPML_SERVER` says (a test suite's shims, their server chosen on purpose)."""
     path = os.path.join(folder, "bin", name)
     with open(path, "w") as out:
         out.write(f"#!{REAL_PYTHON} -IS\nimport importlib.util, sys\n"
                   f"spec = importlib.util.spec_from_file_location('tapml_fork_client', {os.path.abspath(__file__)!r})\n"
                   "module = importlib.util.module_from_spec(spec)\nspec.loader.exec_module(module)\n"
-                  f"module.client({os.path.join(folder, sock)!r}, {mode!r}, {script!r}, sys.argv[1:])\n")
+                  f"module.client({os.path.join(folder, sock)!r}, {mode!r}, {script!r}, sys.argv[1:], {chosen!r})\n")
     os.chmod(path, 0o755)
     return path
 
 
-def write_shims(folder: str, cli_script: str | None = None) -> None:
+def write_shims(folder: str, cli_script: str | None = None, chosen: bool = False) -> None:
     """FOLDER/bin/python-zygote (what starts a command's zygotes through the server) and, given the
     real `tapml-dbg` script, FOLDER/bin/tapml-dbg (a `tapml-dbg` on a PATH that runs through it)."""
     os.makedirs(os.path.join(folder, "bin"), exist_ok=True)
     shim(folder, "python-zygote", "zygote", "zygote", "")
     if cli_script:
-        shim(folder, "tapml-dbg", "cli", "script", cli_script)
+        shim(folder, "tapml-dbg", "cli", "script", cli_script, chosen)
 
 
 def start(folder: str, idle_s: float | None, log=None):
@@ -150,16 +153,18 @@ def run_served(argv: list[str], folder: str) -> int | None:
     return status.get("returncode", 1)
 
 
-def client(sock_path: str, mode: str, script: str, args: list[str]) -> None:
+def client(sock_path: str, mode: str, script: str, args: list[str], chosen: bool = False) -> None:
     """Run the command on the server and leave as it did; or exec the real interpreter.
 
     mode "module": `python -m tapml_dbg ARGS`; "script": the `tapml-dbg` script SCRIPT; "zygote": ARGS
-    are `-m tapml_dbg.runtime.zygote --fd N`."""
+    are `-m tapml_dbg.runtime.zygote --fd N`. `TAPML_SERVER=0` runs a command the usual way unless
+    the shim was `chosen`; a zygote is always asked for: the session chose the server for its zygotes
+    (`use_zygote_server`), and a served command's own `TAPML_SERVER=0` is about its `tapml-dbg`s only."""
     fds = [0, 1, 2]
     if mode == "zygote":
         fds.append(int(args[args.index("--fd") + 1]))
     served = mode == "zygote" or all(not os.isatty(fd) for fd in (0, 1, 2))  # a terminal: the REPL's
-    if served and os.environ.get("TAPML_SERVER") != "0":
+    if served and (mode == "zygote" or chosen or os.environ.get("TAPML_SERVER") != "0"):
         status = ask(sock_path, _request(mode, script, args, fds))
         if status is not None:
             _leave_as(status)

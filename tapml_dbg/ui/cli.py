@@ -257,7 +257,6 @@ def _quiet_libraries() -> None:
         warnings.filterwarnings("ignore", category=category)
     for name in ("torch", "torch.export", "torch.fx", "transformers"):
         logging.getLogger(name).setLevel(logging.ERROR)
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 
 def main(argv: list[str] | None = None) -> int:
