@@ -16,9 +16,13 @@ import sys
 import tempfile
 from pathlib import Path
 
+import psutil
 import pytest
 
-from conftest import FAULTS
+import fork_cli
+from conftest import FAULTS, run_cli
+from tapml_dbg.engine.session import Session
+from tapml_dbg.engine.stops import Debugger
 from tapml_dbg.runtime import fork_server
 
 SERVE_START_S = 300  # its TVM and torch imports on a loaded two-core machine
@@ -122,3 +126,41 @@ def test_a_fork_serves_an_environment_that_differs_only_in_what_is_read_at_run_t
     monkeypatch.setattr(fork_server, "STRICT_ENV", [True])  # the test suite's: every variable but the shell's
     assert not fork_server.compatible(server | {"TERM": "dumb"}, server, defaults)
     assert fork_server.compatible(server | {"TAPML_MEMO": "0", "COLUMNS": "80"}, server, defaults)
+
+
+def test_the_suites_commands_and_its_sessions_zygotes_are_forked_from_its_server(traces):
+    """conftest sets TAPML_SERVER=0 (a user's server serves none of the suite), yet the suite's own
+    server serves its commands (its shims are `chosen`) and its sessions' zygotes: their workers
+    descend from the server, not from a zygote that imported TVM again."""
+    done = run_cli("info", str(traces.get("mlp")))
+    assert done.returncode == 0, done.stderr
+    server = fork_cli.SERVER
+    assert server.process is not None and not server.failed, "the suite's fork server did not start"
+    assert any(" info " in line for line in _served_lines(Path(server.folder) / "log"))
+    with Session.open(traces.get("mlp")) as session:
+        Debugger(session).step(1)
+        worker = psutil.Process(session.pool.lanes[0]._process.popen.pid)
+        assert server.process.pid in [parent.pid for parent in worker.parents()]
+
+
+@pytest.mark.parametrize("mode, chosen, asks", [("zygote", False, True), ("module", True, True),
+                                                ("module", False, False), ("script", False, False)])
+def test_under_tapml_server_0_only_zygotes_and_chosen_shims_ask_their_server(monkeypatch, mode, chosen, asks):
+    """A served command sets TAPML_SERVER=0 for itself; its sessions' zygotes are still the server's."""
+    monkeypatch.setenv("TAPML_SERVER", "0")
+    asked = []
+
+    class Left(Exception):
+        pass
+
+    def leave(*_args):
+        raise Left
+
+    monkeypatch.setattr(fork_server, "ask", lambda _sock, request: asked.append(request["mode"]) or {"returncode": 0})
+    monkeypatch.setattr(fork_server.os, "_exit", leave)
+    monkeypatch.setattr(fork_server.os, "execv", leave)
+    monkeypatch.setattr(fork_server.os, "isatty", lambda _fd: False)
+    args = ["-m", fork_server.ZYGOTE_MODULE, "--fd", "7"] if mode == "zygote" else ["info", "t.h5"]
+    with pytest.raises(Left):
+        fork_server.client("/nowhere/cli", mode, "/bin/tapml-dbg", args, chosen)
+    assert asked == ([mode] if asks else [])
