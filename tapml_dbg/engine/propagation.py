@@ -25,6 +25,7 @@ from tapml_dbg.runtime.messages import UnitResult, UnitStatus
 SERIES_SEGMENT_OPS = 256  # ops per chained run of a series: their values come back at once
 Progress = Callable[..., None]
 OpValue = tuple[int, "UnitResult | None", "list[np.ndarray] | None"]  # (op, its run or None: no values to feed it, values)
+Run = Callable[..., UnitResult]  # (request, timeout_s) -> its result
 
 
 def _noop(*_args, **_kwargs) -> None:
@@ -46,16 +47,16 @@ class TargetRun:
 
 
 def run_on_target(session, indices: list[int], keep: list[int] | None = None,
-                  fed: dict[str, list[np.ndarray]] | None = None) -> TargetRun:
+                  fed: dict[str, list[np.ndarray]] | None = None, run: Run | None = None) -> TargetRun:
     """Ops `indices` (in order) on the target, each fed the chain's own earlier values, else `fed`'s,
-    else the recording; the values of `keep` (default: all) come back. Raises TraceError when the
-    trace cannot feed an input."""
+    else the recording; the values of `keep` (default: all) come back. `run`: what runs the chain
+    (default: lane 0). Raises TraceError when the trace cannot feed an input."""
     ops = session.ops
     chain = [i for i in indices if ops[i].outputs]  # an op without a value is no unit
     wanted = None if keep is None else set(keep)
     kept = chain if wanted is None else [i for i in chain if i in wanted]
     request = session.requests.chain(chain, keep=kept, fed=fed)
-    result = session.lanes.run(request, session.lanes.chain_timeout(len(chain)))
+    result = (run or session.lanes.run)(request, session.lanes.chain_timeout(len(chain)))
     names = [ops[i].name for i in kept]
     if not result.ok:  # what ran before the failed op came back: the kept ops before it
         names = names[:len(result.outputs)]
@@ -71,12 +72,14 @@ def own_failure(result: UnitResult, name: str) -> UnitResult:
     return replace(result, message=result.message[len(prefix):])
 
 
-def propagated_series(session, progress: Progress = _noop, last: int | None = None) -> Iterator[OpValue]:
+def propagated_series(session, progress: Progress = _noop, last: int | None = None,
+                      run: Run | None = None) -> Iterator[OpValue]:
     """Every op (up to `last`) on the target fed the target's own upstream values, in order, a
     segment of per-op kernels at a time: (op, its run, its values). A failed run (a compile error,
     a crash) is that op's only: the chain goes on after it, the op's value read from the trace.
     Segments are cut at kept ops (engine/kept.py), which yield nothing: the ops after one read its
-    recorded value. Only the values a later op still reads are held."""
+    recorded value. Only the values a later op still reads are held. `run`: what runs each chain
+    (default: lane 0; `series_beside`: the side worker)."""
     ops = session.ops[:None if last is None else last + 1]
     held: dict[str, list[np.ndarray]] = {}
     segments = [run[start:start + SERIES_SEGMENT_OPS]
@@ -84,37 +87,59 @@ def propagated_series(session, progress: Progress = _noop, last: int | None = No
                 for start in range(0, len(run), SERIES_SEGMENT_OPS)]
     for number, segment in enumerate(segments):
         progress(number, len(segments), f"propagated chain {segment[0]}..{segment[-1]}")
-        yield from _segment(session, [i for i in segment if session.ops[i].outputs], held)
+        yield from _segment(session, [i for i in segment if session.ops[i].outputs], held, run)
         for name in [name for name in held if max(session.consumers.get(name, [-1])) <= segment[-1]]:
             del held[name]  # nothing after this segment reads it
     progress(len(segments), len(segments), "propagated chain done")
 
 
-def _segment(session, indices: list[int], held: dict) -> Iterator[OpValue]:
+def series_beside(session, last: int | None = None):
+    """`propagated_series` made on the side worker while the caller does other work (a report's
+    isolated verdicts on the lanes), or None where there is none: iterate it for its items, and close
+    it in every case. Each op's one-op unit is built here first: units are built with TVM's
+    BlockBuilder, whose scope stack is one per process, so the thread that makes the series builds
+    none (an op whose unit cannot be built: no series beside, the caller makes it itself)."""
+    if not session.lanes.has_side:
+        return None
+    try:
+        for op in session.ops[:None if last is None else last + 1]:
+            if op.outputs:
+                session.requests.one_op_unit(op.name)
+    except Exception:  # noqa: BLE001 - its error is the series' own to tell, made where it is taken
+        return None
+    return session.lanes.series_beside(lambda run: propagated_series(session, last=last, run=run), "tapml-series",
+                                       _values_bytes)
+
+
+def _values_bytes(value: OpValue) -> int:
+    return sum(array.nbytes for array in value[2] or [])
+
+
+def _segment(session, indices: list[int], held: dict, run: Run | None = None) -> Iterator[OpValue]:
     """Ops `indices` chained on the target, each value a later op reads added to `held`; past a failed
     op the chain goes on without it. A chain the trace cannot feed, or that dies without naming its
     op, is run op by op."""
     ran = UnitResult(UnitStatus.OK)  # the ops before a failed one ran
     while indices:
         try:
-            run = run_on_target(session, indices, fed=held)
+            target = run_on_target(session, indices, fed=held, run=run)
         except TraceError:
-            run = None
-        if run is None or (not run.result.ok and run.failed_op is None):
+            target = None
+        if target is None or (not target.result.ok and target.failed_op is None):
             if len(indices) == 1:
-                yield indices[0], None if run is None else run.result, None
+                yield indices[0], None if target is None else target.result, None
             else:
                 for index in indices:
-                    yield from _segment(session, [index], held)
+                    yield from _segment(session, [index], held, run)
             return
-        for name, values in run.values.items():
+        for name, values in target.values.items():
             if session.consumers.get(name):
                 held[name] = values
-            yield session.by_name[name].index, run.result if run.result.ok else ran, values
-        if run.result.ok:
+            yield session.by_name[name].index, target.result if target.result.ok else ran, values
+        if target.result.ok:
             return
-        failed = session.by_name[run.failed_op].index
-        yield failed, own_failure(run.result, run.failed_op), None
+        failed = session.by_name[target.failed_op].index
+        yield failed, own_failure(target.result, target.failed_op), None
         indices = indices[indices.index(failed) + 1:]
 
 

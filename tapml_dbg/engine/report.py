@@ -25,13 +25,13 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterable
 
 import numpy as np
 
 from tapml_dbg.engine.generation import TokenReport, teacher_forced, trace_generation
 from tapml_dbg.engine.migrate import MigrateResult
-from tapml_dbg.engine.propagation import propagated_series
+from tapml_dbg.engine.propagation import OpValue, propagated_series, series_beside
 from tapml_dbg.engine.results import BisectResult, Culprit, StepResult
 from tapml_dbg.engine.stops import first_divergence
 from tapml_dbg.judge.tokens import TokenStep
@@ -273,7 +273,9 @@ def build_report(session, bisect: BisectResult | None = None, progress: Progress
 def error_points(session, indices: list[int] | None = None, progress: Progress = _noop) -> list[OpPoint]:
     """Both verdicts of ops `indices` (default: all), as `report` and the REPL's `plot` show them.
 
-    The propagated chain runs from op 0 to the last op asked for: values flow from the start.
+    The propagated chain runs from op 0 to the last op asked for: values flow from the start. It
+    runs on the side worker while the lanes run the isolated verdicts, where there is one; its
+    verdicts are judged after those (a propagated failure takes its class from an isolated one).
     A kept op (engine/kept.py) gets neither verdict.
     """
     ops = session.ops
@@ -281,8 +283,13 @@ def error_points(session, indices: list[int] | None = None, progress: Progress =
     if not wanted:
         return []
     judged = [i for i in wanted if ops[i].outputs and i not in session.kept]
-    isolated = session.verdicts.isolated_many(judged, progress)
-    propagated = propagated_chain(session, progress, last=wanted[-1])
+    series = series_beside(session, last=wanted[-1])
+    try:
+        isolated = session.verdicts.isolated_many(judged, progress)
+        propagated = propagated_chain(session, progress, last=wanted[-1], series=series)
+    finally:
+        if series is not None:
+            series.close()
     return [OpPoint(ops[i].index, ops[i].name, ops[i].op, ops[i].layer, ops[i].outputs[0].dtype if ops[i].outputs
                     else "", isolated.get(i), propagated.get(i)) for i in wanted]
 
@@ -301,15 +308,21 @@ def culprit_of(step: StepResult, op: OpInfo) -> Culprit:
                    verdict.evidence, source_location=op.source_location, step=op.step)
 
 
-def propagated_chain(session, progress: Progress = _noop, last: int | None = None) -> dict[int, Verdict]:
-    """Every op's (up to `last`) propagated verdict: engine/propagation.py's series, judged. A kept
-    op (engine/kept.py) gets none; an op the trace cannot feed, a missing one."""
+def propagated_chain(session, progress: Progress = _noop, last: int | None = None,
+                     series: Iterable[OpValue] | None = None) -> dict[int, Verdict]:
+    """Every op's (up to `last`) propagated verdict: engine/propagation.py's series (or `series`,
+    that series made beside: `series_beside`), judged. A kept op (engine/kept.py) gets none; an op
+    the trace cannot feed, a missing one."""
     verdicts: dict[int, Verdict] = {}
-    for index, result, outputs in propagated_series(session, progress, last):
+    if series is not None:
+        progress(0, 1, "propagated chain (beside the isolated verdicts)")
+    for index, result, outputs in (propagated_series(session, progress, last) if series is None else series):
         op = session.ops[index]
         verdicts[index] = (session.verdicts.judge(index, PROPAGATED, result, outputs) if result is not None else
                            Verdict(index, op.name, PROPAGATED, Status.MISSING,
                                    message=session.reader.missing_values_message(index)))
+    if series is not None:
+        progress(1, 1, "propagated chain done")
     return verdicts
 
 

@@ -17,10 +17,10 @@ import math
 import os
 from functools import cached_property
 from pathlib import Path
-from typing import Callable, Iterable, TypeVar
+from typing import Callable, Generic, Iterable, Iterator, TypeVar
 
 from tapml_dbg.errors import TapmlError
-from tapml_dbg.runtime.background import Background, StopFlag
+from tapml_dbg.runtime.background import Background, StopFlag, Stream
 from tapml_dbg.runtime.compile_cache import DEFAULT_CACHE_DIR, load_transform, transform_identity
 from tapml_dbg.runtime.lanes import MIN_COMPILE_LANES, Lanes
 from tapml_dbg.runtime.messages import ChainRequest, UnitRequest, UnitResult
@@ -34,6 +34,7 @@ T = TypeVar("T")
 OPS_PER_TIMEOUT = 100  # a chain may take the unit timeout once per this many ops
 PREPARE_UNITS_PER_LANE = 4  # building ahead starts a compile lane per this many units to build
 AHEAD_SPARE_MIN_CORES = 3  # a core beside the chain's worker and the sweep's lane: probes built ahead cost nothing
+SERIES_AHEAD_BYTES = 256 * 2**20  # a series made beside the caller keeps at most this much waiting to be taken
 
 
 def check_setup(spec: TargetSpec) -> None:
@@ -69,6 +70,13 @@ class Runtime(Lanes):
     def beside(work: Callable[[], T], name: str) -> Background[T]:
         """`work()` on a thread of the runtime's own, started at once (join or `result()` it)."""
         return Background(work, name)
+
+    def series_beside(self, produce: Callable[[Callable[..., UnitResult]], Iterable[T]], name: str,
+                      weight: Callable[[T], int]) -> "BesideSeries[T] | None":
+        """`produce(run)`'s items made beside the caller, every request it runs (`run(request,
+        timeout_s)`) run on the side worker while the caller's own work takes the lanes: two cores at
+        work where there are two. None where there is no side worker (the caller makes it itself)."""
+        return BesideSeries(self, produce, name, weight) if self.has_side else None
 
     def chain_timeout(self, units: int) -> float:
         """How long a chain of `units` one-op units may take: the unit timeout once per OPS_PER_TIMEOUT."""
@@ -150,3 +158,45 @@ class Runtime(Lanes):
     def _search_memo(self) -> RunMemo | None:
         config = self.pool.config
         return RunMemo.open(config.cache_dir, config.trace_path, config.spec)
+
+
+class _Closed(Exception):
+    """A series closed before it was done: its work runs nothing more."""
+
+
+class BesideSeries(Generic[T]):
+    """A series made on the side worker (`Runtime.series_beside`): iterate it for its items in order,
+    and close it in every case. The side worker's runs are counted from the caller's thread, as the
+    lanes' own are (`counted`)."""
+
+    def __init__(self, runtime: Runtime, produce: Callable[[Callable[..., UnitResult]], Iterable[T]], name: str,
+                 weight: Callable[[T], int]):
+        self._runtime = runtime
+        self._runs: list[UnitResult] = []
+        self._stop = StopFlag()
+        self._stream = Stream(lambda: produce(self._run), name, SERIES_AHEAD_BYTES, weight, stop=self._stop)
+
+    def _run(self, request: UnitRequest | ChainRequest, timeout_s: float | None = None) -> UnitResult:
+        if self._stop.is_set():
+            raise _Closed()
+        result = self._runtime.run_beside(request, timeout_s)
+        self._runs.append(result)
+        return result
+
+    def __iter__(self) -> Iterator[T]:
+        yield from self._stream
+        self._count()
+
+    def close(self) -> None:
+        """Stop the work if it still runs (its worker killed: a run in flight ends at once), wait for
+        it, and count what it ran."""
+        if not self._stream.done:
+            self._stream.cancel()
+            self._runtime.stop_beside()
+        self._stream.join()
+        self._count()
+
+    def _count(self) -> None:
+        runs, self._runs = self._runs, []
+        for result in runs:
+            self._runtime.counted(result)
