@@ -17,6 +17,7 @@ import os
 import sys
 import threading
 
+from tapml_dbg import settings
 from tapml_dbg.runtime import fork_server
 
 OFF = "TAPML_TEST_FORK"  # 0: every command and zygote is a fresh interpreter
@@ -47,10 +48,11 @@ class Server:
         import time
 
         self.folder = tempfile.mkdtemp(prefix="tapml-fork-", dir="/tmp" if os.path.isdir("/tmp") else None)  # short: a socket path
+        # chosen: served despite conftest's TAPML_SERVER=0
         fork_server.write_shims(self.folder, os.path.join(os.path.dirname(REAL_PYTHON), "tapml-dbg"), chosen=True)
-        fork_server.shim(self.folder, "python-module", "cli", "module", "", chosen=True)  # despite conftest's TAPML_SERVER=0
+        fork_server.shim(self.folder, "python-module", "cli", "module", "", chosen=True)
         env = dict(os.environ if self.environment is None else self.environment)
-        env.setdefault("OPENBLAS_NUM_THREADS", "1")  # settings.PROCESS_DEFAULTS: what a forked worker's /proc shows
+        settings.apply_process_defaults(env)  # what a forked worker's /proc shows
         with open(os.path.join(self.folder, "log"), "w") as log:
             self.process = subprocess.Popen(
                 fork_server.server_command(self.folder, "--parent", str(os.getpid()), "--strict-env", "1",

@@ -39,8 +39,8 @@ import sys
 import time
 
 # what of a command's environment must be the server's: what is read when the server's modules are
-# imported (the interpreter's, the loader's, TVM's, torch's, transformers' and its hub's, the math libraries' threads); the rest is
-# read when the command runs, from its own environment. The test suite asks for every variable but
+# imported (the interpreter's, the loader's, TVM's, torch's, transformers' and its hub's, the math
+# libraries' threads); the rest is read when the command runs, from its own environment. The test suite asks for every variable but
 # those (`--strict-env`): its commands must be what a fresh interpreter makes.
 IMPORT_TIME_PREFIXES = ("PYTHON", "LD_", "TVM", "TORCH", "PYTORCH", "OMP_", "MKL", "OPENBLAS", "KMP_", "GOMP_",
                         "NUMEXPR", "NUMPY", "VIRTUAL_ENV", "CONDA_PREFIX", "MALLOC_", "GLIBC_",
