@@ -67,6 +67,7 @@ def _timed(command: list[str], env: dict) -> tuple[float, str]:
 
 
 def main() -> int:
+    os.environ.setdefault("TAPML_SERVER", "0")  # each command a process of its own, as measured
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model", nargs="?", default=str(DEFAULT_MODEL))
     parser.add_argument("--repeat", type=int, default=2)

@@ -124,6 +124,7 @@ def check_transcripts(write: bool = False) -> tuple[int, int]:
 
 
 def main() -> int:
+    os.environ.setdefault("TAPML_SERVER", "0")  # each command a process of its own, as measured
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--transcripts", action="store_true", help="only make the transcripts again (minutes)")
     parser.add_argument("--write", action="store_true", help="replace a drifted transcript in its doc by the new output")

@@ -671,6 +671,7 @@ def record_examples(names: list[str], folder: Path) -> list[Path]:
 
 
 def main() -> int:
+    os.environ.setdefault("TAPML_SERVER", "0")  # each command a process of its own, as measured
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--traces", nargs="+", default=list(DEFAULT_EXAMPLES), help="trace files or example names")
     parser.add_argument("--variants", type=int, default=DEFAULT_VARIANTS)

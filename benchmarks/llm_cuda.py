@@ -224,6 +224,7 @@ def _say(found) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("TAPML_SERVER", "0")  # each command a process of its own, as measured
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("parts", nargs="*", default=["generation", "1b"],
                         choices=["generation", "1b", "1b-behind", "1b-scale"])

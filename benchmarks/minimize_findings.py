@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -60,6 +61,7 @@ def one(example: str, target: str, work: Path) -> str:
 
 
 def main(argv=None) -> int:
+    os.environ.setdefault("TAPML_SERVER", "0")  # each command a process of its own, as measured
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", default="llvm")
     parser.add_argument("--work", type=Path, default=None, help="folder for traces and repros (default: a temp dir)")

@@ -2,13 +2,15 @@
 
 It sets the process's defaults (`settings.PROCESS_DEFAULTS`: one OpenBLAS thread unless the user
 chose) before anything imports numpy, hands the command to a running `tapml-dbg serve` when there is
-one (runtime/fork_server.py: a fork with TVM and torch imported), or runs the CLI; a library import of the package sets
+one (runtime/fork_server.py: a fork with TVM and torch imported), or runs the CLI and then starts a
+server for the next commands (`fork_server.start_for_next_commands`); a library import of the package sets
 nothing. The CLI is imported here, inside `main`, for that reason; `serve_main` (the fork server's process)
 imports what its zygote and command sides import inside functions too, each on its side of a fork.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
 from tapml_dbg import settings
@@ -17,13 +19,22 @@ from tapml_dbg.runtime import fork_server  # the standard library only: a client
 
 def main(argv: list[str] | None = None) -> int:
     settings.apply_process_defaults()
-    if argv is None:  # this process's own command line: a running `tapml-dbg serve` may run it
-        served = fork_server.run_served(sys.argv[1:], fork_server.server_folder(settings.value(settings.CACHE_DIR)))
+    from_command_line = argv is None  # this process's own command line: a running `tapml-dbg serve` may run it
+    if from_command_line:
+        folder = fork_server.server_folder(settings.value(settings.CACHE_DIR))
+        served = fork_server.run_served(sys.argv[1:], folder)
         if served is not None:
             return served
+        environment = dict(os.environ)  # the command's, as it started: a server started after it serves that
     from tapml_dbg.ui.cli import main as cli_main  # after the defaults: it imports numpy
 
-    return cli_main(argv)
+    code = cli_main(argv)
+    if from_command_line and fork_server.start_for_next_commands(sys.argv[1:], folder, environment) \
+            and sys.stderr.isatty():
+        sys.stderr.write(f"tapml-dbg: later commands start with TVM and torch imported (a server from {folder}, "
+                         f"stopping after {fork_server.DEFAULT_IDLE_S / 60:g} idle minutes; `tapml-dbg serve "
+                         "--stop` stops it, TAPML_SERVER=1 starts none: docs/serve.md)\n")
+    return code
 
 
 def serve_main() -> None:

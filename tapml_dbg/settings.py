@@ -60,6 +60,10 @@ def _off_unless_1(text: str | None) -> bool:
     return text == "1"
 
 
+def _server_mode(text: str | None) -> str:
+    return text if text in ("0", "1") else "auto"
+
+
 def _cache_dir(text: str | None) -> Path:
     return Path(text) if text is not None else Path.home() / ".cache" / "tapml-dbg"
 
@@ -112,10 +116,12 @@ KNOBS: dict[str, Knob] = {knob.name: knob for knob in (
     Knob(POISON_PATTERNS, "text", "(none)",
          "more error texts (any case) that retire a worker as a sticky device fault, split at each vertical bar",
          "by the session, each time a unit ends in an error", _patterns),
-    Knob(SERVER, "1/0", "1",
-         "0: run each command in a process of its own even when `tapml-dbg serve` serves the cache (docs/serve.md)",
-         "by `tapml-dbg`, when it starts (runtime/fork_server.py reads it as text: its clients import no tapml_dbg)",
-         _on_unless_0),
+    Knob(SERVER, "auto/1/0", "auto",
+         "0: run each command in a process of its own even when `tapml-dbg serve` serves the cache; 1: use a "
+         "server, never start one; auto: a command that imported TVM or torch by itself starts one for the next "
+         "(not where CI is set; docs/serve.md)",
+         "by `tapml-dbg`, when it starts and as it leaves (runtime/fork_server.py reads it as text: its clients "
+         "import no tapml_dbg)", _server_mode),
     Knob(SIDE_LANE, "1/0", "1",
          "0: no side worker beside the lanes (a search then runs its chain in lane 0)",
          "by the session, when a search asks for the side worker", _on_unless_0),

@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import psutil
@@ -29,8 +30,9 @@ SERVE_START_S = 300  # its TVM and torch imports on a loaded two-core machine
 
 
 def _env(cache: Path, **extra: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "TAPML_SERVER"}
-    return env | {"TAPML_CACHE_DIR": str(cache)} | extra
+    """A user's environment: served when a server serves, none started (`TAPML_SERVER=1`) unless `extra` says."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TAPML_SERVER", "CI")}
+    return env | {"TAPML_CACHE_DIR": str(cache), "TAPML_SERVER": "1"} | extra
 
 
 def _tapml(env: dict, *args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -164,3 +166,52 @@ def test_under_tapml_server_0_only_zygotes_and_chosen_shims_ask_their_server(mon
     with pytest.raises(Left):
         fork_server.client("/nowhere/cli", mode, "/bin/tapml-dbg", args, chosen)
     assert asked == ([mode] if asks else [])
+
+
+def _until(condition, timeout_s: float = SERVE_START_S) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def test_a_command_starts_a_server_for_the_next_which_wait_for_it_and_a_reinstall_stops_it(traces, short_folder):
+    """By default (`TAPML_SERVER` unset) a command that ran by itself starts a server as it leaves; the
+    next command, started at once, waits for it and is served; a library installed anew since the
+    server imported it (here a sitecustomize, which every interpreter imports) stops the server, and
+    the command runs by itself."""
+    trace = shutil.copy(traces.get("mlp"), short_folder / "mlp.h5")
+    cache, site = short_folder / "cache", short_folder / "site"
+    folder = str(cache / "serve")
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("# a library the server imports\n")
+    python_path = os.pathsep.join([str(site), *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]])
+    env = _env(cache, PYTHONPATH=python_path)
+    del env["TAPML_SERVER"]
+    transform = short_folder / "pass.py"
+    try:
+        assert not _tapml(env | {"TAPML_SERVER": "1"}, "info", "mlp.h5", cwd=short_folder).returncode
+        assert not fork_server.starting(folder) and fork_server.serving_pid(folder) is None  # 1: none started
+        _plant(transform, "gelu_1")
+        done = _tapml(env, "bisect", "mlp.h5", "--transform", f"{transform}:scale", "--json", cwd=short_folder)
+        assert done.returncode == 0 and json.loads(done.stdout)["op"]["name"] == "gelu_1", done.stderr
+        assert fork_server.starting(folder) or fork_server.serving_pid(folder), "no server started for the next"
+        _plant(transform, "gelu")  # at once: the server may still be importing
+        done = _tapml(env, "bisect", "mlp.h5", "--transform", f"{transform}:scale", "--json", cwd=short_folder)
+        assert done.returncode == 0 and json.loads(done.stdout)["op"]["name"] == "gelu", done.stderr
+        log = cache / "serve" / "log"
+        assert [line for line in _served_lines(log) if "bisect mlp.h5" in line], log.read_text()
+        pid = fork_server.serving_pid(folder)
+        assert pid is not None
+
+        (site / "sitecustomize.py").write_text("# the same library, installed anew\n")
+        done = _tapml(env, "info", "mlp.h5", "--json", cwd=short_folder)
+        assert done.returncode == 0 and json.loads(done.stdout)["ops"][13]["name"] == "gelu_1", done.stderr
+        assert len([line for line in _served_lines(log) if " info " in line]) == 0  # it ran by itself
+        assert "sitecustomize.py was installed anew" in log.read_text()
+        assert _until(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, 60)
+    finally:
+        fork_server.stop(folder)
+        assert _until(lambda: not fork_server.starting(folder), 60)

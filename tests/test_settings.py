@@ -126,6 +126,8 @@ def test_the_docs_page_lists_exactly_the_knobs():
     (settings.HISTORY, "~/h", Path("~/h").expanduser()),
     (settings.HOST_OPS, "off", "off"),
     (settings.POISON_PATTERNS, "device hung| |VK_ERROR_X", ["device hung", "VK_ERROR_X"]),
+    (settings.SERVER, "1", "1"),
+    (settings.SERVER, "yes", "auto"),
     (settings.SIDE_LANE, "0", False),
     (settings.WORKER_GROWTH_MIB, "64", 64.0),
     (settings.WRITE_THREAD, "0", False),
@@ -147,6 +149,7 @@ def test_an_unset_knob_has_its_default(monkeypatch):
     assert [settings.value(n) for n in (settings.SIDE_LANE, settings.WRITE_THREAD, settings.ZYGOTE)] == [True] * 3
     assert settings.value(settings.DEBUG) is False
     assert settings.value(settings.POISON_PATTERNS) == []
+    assert settings.value(settings.SERVER) == "auto"
 
 
 def test_a_bad_compile_lane_count_is_a_usage_error(monkeypatch):

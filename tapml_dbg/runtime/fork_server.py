@@ -21,8 +21,13 @@ exits as the command did (its code, or the signal that killed it); its Ctrl-C is
 killed, it takes the command down with every process under it. It runs the command the usual way
 whenever a fork could differ from a fresh interpreter: an environment that differs from the
 server's in what is read when the server's libraries are imported (`IMPORT_TIME_PREFIXES`; with
-`--strict-env`, in anything but `RUNTIME_ONLY`), or no server. `TAPML_SERVER=0` runs every command
-the usual way.
+`--strict-env`, in anything but `RUNTIME_ONLY`), a library installed anew since the server imported
+it (the server then stops), or no server. `TAPML_SERVER=0` runs every command the usual way.
+
+Started for the next commands: a command that ran by itself and paid for TVM's or torch's import
+starts a server in the background as it leaves (`start_for_next_commands`, unless `TAPML_SERVER` is
+0 or 1, or `CI` is set), and a command that finds one starting waits for it. One server per folder:
+it holds a POSIX lock on FOLDER/lock from its start (not inherited by what it forks) to its end.
 
 Only the standard library is imported here (clients load this file with `-I -S`); what the servers
 import is the entry point's to say (`tapml_dbg.entry.serve_main`).
@@ -55,6 +60,8 @@ NOT_SERVED = ("serve", "replay")  # the server itself; the REPL reads the termin
 INTERRUPT = b"\x03"  # the client's Ctrl-C, sent on to the command
 DEFAULT_IDLE_S = 30 * 60.0
 READY_TIMEOUT_S = 300.0  # the server's TVM and torch imports, on a loaded machine
+LOCK_TRIES_S = 2.0  # a server's lock against a client's probe of it (microseconds long)
+PAID_FOR = ("tvm", "torch")  # a command that imported either starts a server for the next ones
 REAL_PYTHON = sys.executable
 
 
@@ -64,12 +71,18 @@ def server_folder(cache_dir) -> str:
     return os.path.join(os.fspath(cache_dir), "serve")
 
 
-def serving_pid(folder: str) -> int | None:
-    """The pid of the server serving from `folder`, None when none does (a stale folder included)."""
+def _pid_in(folder: str) -> int | None:
     try:
         with open(os.path.join(folder, "pid")) as file:
-            pid = int(file.read().strip() or 0)
+            return int(file.read().strip() or 0) or None
     except (OSError, ValueError):
+        return None
+
+
+def serving_pid(folder: str) -> int | None:
+    """The pid of the server serving from `folder`, None when none does (a stale folder included)."""
+    pid = _pid_in(folder)
+    if pid is None:
         return None
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
         try:
@@ -101,9 +114,50 @@ def write_shims(folder: str, cli_script: str | None = None, chosen: bool = False
         shim(folder, "tapml-dbg", "cli", "script", cli_script, chosen)
 
 
-def start(folder: str, idle_s: float | None, log=None):
-    """Start a server serving from `folder` (a `Popen`, once it serves); `log`: a file for its lines
-    (None: this process's stderr). It runs in a session of its own: a terminal's Ctrl-C is not its."""
+def starting(folder: str) -> bool:
+    """Whether a server holds `folder`'s lock: it serves, or imports TVM and torch to serve."""
+    import fcntl
+
+    try:
+        fd = os.open(os.path.join(folder, "lock"), os.O_RDWR)
+    except OSError:
+        return False
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    else:
+        fcntl.lockf(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
+
+
+def _hold_lock(folder: str) -> bool:
+    """Take `folder`'s lock for this process's life (a POSIX lock: what it forks does not hold it)."""
+    import fcntl
+
+    fd = os.open(os.path.join(folder, "lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    deadline = time.monotonic() + LOCK_TRIES_S
+    while True:
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _HELD.append(fd)
+            return True
+        except OSError:
+            if time.monotonic() > deadline:
+                os.close(fd)
+                return False
+            time.sleep(0.02)
+
+
+_HELD: list[int] = []  # the lock's descriptor, kept open (closing any descriptor of it drops the lock)
+
+
+def spawn(folder: str, idle_s: float | None, log=None, env: dict | None = None):
+    """A server for `folder` started in a session of its own (a terminal's Ctrl-C is not its), in the
+    folder (it holds no user's folder); returns its `Popen` at once. `log`: a file for its lines (None:
+    this process's stderr); `env`: its environment, what the commands it serves are compared with."""
     import subprocess
 
     os.makedirs(folder, exist_ok=True)
@@ -111,10 +165,15 @@ def start(folder: str, idle_s: float | None, log=None):
     for name in ("cli.ready", "zygote.ready"):
         if os.path.exists(os.path.join(folder, name)):
             os.unlink(os.path.join(folder, name))
-    process = subprocess.Popen(server_command(folder, "--idle", str(idle_s or 0)), stdin=subprocess.DEVNULL,
-                               stdout=log, stderr=log, start_new_session=True)
+    return subprocess.Popen(server_command(folder, "--idle", str(idle_s or 0)), stdin=subprocess.DEVNULL,
+                            stdout=log, stderr=log, start_new_session=True, cwd=folder, env=env)
+
+
+def start(folder: str, idle_s: float | None, log=None):
+    """Start a server serving from `folder` (a `Popen`, once it serves); `log` as for `spawn`."""
+    process = spawn(folder, idle_s, log)
     deadline = time.monotonic() + READY_TIMEOUT_S
-    while not all(os.path.exists(os.path.join(folder, f"{sock}.ready")) for sock in ("cli", "zygote")):
+    while not _ready(folder):
         if process.poll() is not None or time.monotonic() > deadline:
             process.kill()
             raise OSError(f"the server did not start (exit {process.poll()})")
@@ -122,9 +181,36 @@ def start(folder: str, idle_s: float | None, log=None):
     return process
 
 
+def _ready(folder: str) -> bool:
+    return all(os.path.exists(os.path.join(folder, f"{sock}.ready")) for sock in ("cli", "zygote"))
+
+
+def start_for_next_commands(argv: list[str], folder: str, env: dict) -> bool:
+    """After a command that ran by itself: a server started in the background (logging to
+    FOLDER/log, stopping after `DEFAULT_IDLE_S` without a command) when this one paid for TVM's or
+    torch's import and none serves or starts, so that the next commands do not; True when started.
+    Not under `TAPML_SERVER` 0 or 1, nor where `CI` is set (a build leaves no server behind)."""
+    if env.get("TAPML_SERVER") in ("0", "1") or env.get("CI", "").lower() not in ("", "0", "false"):
+        return False
+    if not argv or argv[0] in NOT_SERVED or not any(name in sys.modules for name in PAID_FOR):
+        return False
+    if starting(folder) or serving_pid(folder) is not None:
+        return False
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, "log"), "a") as log:
+            spawn(folder, DEFAULT_IDLE_S, log, env)
+    except OSError:
+        return False  # an unwritable cache: the next command runs by itself as this one did
+    return True
+
+
 def stop(folder: str, wait_s: float = 30.0) -> int | None:
-    """Stop the server serving from `folder` (commands it runs finish); its pid, None when none served."""
+    """Stop the server serving from `folder`, or starting to (commands it runs finish); its pid, None
+    when none served."""
     pid = serving_pid(folder)
+    if pid is None and starting(folder):
+        pid = _pid_in(folder)
     if pid is None:
         return None
     try:
@@ -144,13 +230,24 @@ def run_served(argv: list[str], folder: str) -> int | None:
     if os.environ.get("TAPML_SERVER") == "0" or not argv or argv[0] in NOT_SERVED:
         return None
     sock = os.path.join(folder, "cli")
-    if not os.path.exists(sock):
+    if not os.path.exists(sock) and not _wait_for_starting(folder):
         return None
     status = ask(sock, _request("module", "", argv, [0, 1, 2]))
     if status is None:
         return None
     _leave_as(status)
     return status.get("returncode", 1)
+
+
+def _wait_for_starting(folder: str) -> bool:
+    """A server starting from `folder` waited for (its imports are what this command would make);
+    False when none starts, or it stopped or took `READY_TIMEOUT_S`."""
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while starting(folder) and time.monotonic() < deadline:
+        if _ready(folder):
+            return True
+        time.sleep(0.05)
+    return False
 
 
 def client(sock_path: str, mode: str, script: str, args: list[str], chosen: bool = False) -> None:
@@ -258,6 +355,16 @@ def serve(folder: str, parent: int | None, idle_s: float | None, defaults: dict,
     what a command imports; `defaults`: the process defaults every tapml-dbg process sets (set here)."""
     import gc
 
+    os.makedirs(folder, exist_ok=True)
+    if not _hold_lock(folder):
+        _log(f"tapml-dbg serve: a server serves from {folder} already, or is starting")
+        sys.exit(3)
+    for name in ("cli.ready", "zygote.ready"):  # a killed server's
+        if os.path.exists(os.path.join(folder, name)):
+            os.unlink(os.path.join(folder, name))
+    with open(os.path.join(folder, "pid.tmp"), "w") as file:
+        file.write(str(os.getpid()))
+    os.replace(os.path.join(folder, "pid.tmp"), os.path.join(folder, "pid"))
     os.environ.update({k: v for k, v in defaults.items() if k not in os.environ})  # before numpy
     server_env = dict(os.environ)  # what each forked process starts from (`_forget_tapml_dbg`)
     zygote_imports()
@@ -273,15 +380,14 @@ def serve(folder: str, parent: int | None, idle_s: float | None, defaults: dict,
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         command_imports()
         _forget_tapml_dbg(server_env)
+        _INSTALLED.update(_installed_files())
+        _INSTALLED_BY[:] = [server_pid]
         gc.freeze()
         idle = _Idle(idle_s)
         _loop(os.path.join(folder, "cli"), lambda: os.getppid() == server_pid and not idle.over(), server_env,
               defaults, folder, idle)
         return
     cli_exit = os.pidfd_open(cli_pid)
-    with open(os.path.join(folder, "pid.tmp"), "w") as file:
-        file.write(str(server_pid))
-    os.replace(os.path.join(folder, "pid.tmp"), os.path.join(folder, "pid"))
     _loop(os.path.join(folder, "zygote"), lambda: (parent is None or os.getppid() == parent) and not stopping
           and not _readable(cli_exit), server_env, defaults, folder, None)
     if not _COMMAND:  # the server itself: its command server reaped (its CPU time then counts as ours)
@@ -300,6 +406,39 @@ def serve(folder: str, parent: int | None, idle_s: float | None, defaults: dict,
                 os.unlink(os.path.join(folder, name))
             except OSError:
                 pass
+
+
+_INSTALLED: dict[str, tuple] = {}  # in the command server: the files its libraries were imported from
+_INSTALLED_BY: list[int] = []  # ... and the server's pid (the command server's parent)
+
+
+def _installed_files() -> dict[str, tuple]:
+    """Each imported top-level library's file (tapml-dbg's own aside: each command imports it afresh)
+    with what an install that replaced it would change."""
+    files = {}
+    for name, module in list(sys.modules.items()):
+        path = getattr(module, "__file__", None)
+        if "." in name or not path or name == "tapml_dbg":
+            continue
+        try:
+            info = os.stat(path)
+        except OSError:
+            continue
+        files[path] = (info.st_ino, info.st_mtime_ns, info.st_size)
+    return files
+
+
+def _installed_anew() -> str | None:
+    """The first library file that changed on disk since the command server imported it (a `pip
+    install` replaced it: a fork would run the old one), None when none did."""
+    for path, seen in _INSTALLED.items():
+        try:
+            info = os.stat(path)
+        except OSError:
+            return path
+        if (info.st_ino, info.st_mtime_ns, info.st_size) != seen:
+            return path
+    return None
 
 
 def _readable(fd: int) -> bool:
@@ -390,6 +529,15 @@ def _handle(conn: socket.socket, server_env: dict, defaults: dict) -> bool:
     request = json.loads(_exactly(conn, int.from_bytes(size_bytes, "big")))
     if len(fds) != len(request["fds"]) or not compatible(request["env"], server_env, defaults):
         conn.sendall(json.dumps({"fallback": True}).encode())
+        os._exit(0)
+    changed = _installed_anew()
+    if changed is not None:  # the command runs by itself, and the server stops: the next one starts afresh
+        conn.sendall(json.dumps({"fallback": True}).encode())
+        _log(f"{time.strftime('%H:%M:%S')} stopping: {changed} was installed anew since this server imported it")
+        try:
+            os.kill(_INSTALLED_BY[0], signal.SIGTERM)  # the server, which stops its command server
+        except OSError:
+            pass
         os._exit(0)
     started = time.monotonic()
     pid = os.fork()

@@ -587,6 +587,9 @@ def _serve(args, out, err) -> int:
     running = fork_server.serving_pid(folder)
     if running is not None:
         raise UsageError(f"a server (pid {running}) serves from {folder} already: `tapml-dbg serve --stop` stops it")
+    if fork_server.starting(folder):
+        raise UsageError(f"a server is starting to serve from {folder} (a command started it for the next ones): "
+                         "`tapml-dbg serve --stop` stops it")
     log = None
     if args.detach:  # its lines go to its log
         os.makedirs(folder, exist_ok=True)
