@@ -18,8 +18,10 @@ In one run on one machine, for each model:
     transform change"), with what the compile cache built and reused;
   - the same edit made in a live session (the REPL's loop: bisect, edit the pass in place, bisect
     again; the second bisect timed, its units of that kind new ones);
-  - with --serve, the moved fault's `tapml-dbg bisect` by the CLI from two copies of the cache the
-    fresh process started from: in a process of its own, and forked by `tapml-dbg serve` (docs/serve.md);
+  - with --serve, the moved fault's `tapml-dbg bisect` by the CLI from three copies of the cache the
+    fresh process started from: in a process of its own, forked by `tapml-dbg serve` (docs/serve.md),
+    and with no setting (the bisect before the edit starts a server as it leaves; the moved one is
+    forked from it);
 Then one table, with the machine and the versions. Compare ratios taken in the same run.
 """
 
@@ -207,7 +209,7 @@ def _cli_bisect(trace: Path, target: str, transform: str, expected: str, cache: 
     started = time.perf_counter()
     process = subprocess.Popen([sys.executable, "-m", "tapml_dbg", "bisect", str(trace), "--target", target,
                                 "--transform", transform, "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, env={k: v for k, v in os.environ.items() if k != "TAPML_SERVER"}
+                               text=True, env={k: v for k, v in os.environ.items() if k not in ("TAPML_SERVER", "CI")}
                                | {"TAPML_CACHE_DIR": str(cache), **env})  # conftest's import turned it off here
     line = process.stdout.readline()
     answered = time.perf_counter() - started
@@ -219,9 +221,12 @@ def _cli_bisect(trace: Path, target: str, transform: str, expected: str, cache: 
             "exit s": time.perf_counter() - started - answered}
 
 
-def _moved_by_cli(trace: Path, target: str, transform: str, expected: str, caches: Path) -> dict:
-    """The moved fault's bisect by the CLI from two copies of the cache the fresh process had: in a
-    process of its own (TAPML_SERVER=0), and forked by `tapml-dbg serve` (started before, not timed)."""
+def _moved_by_cli(trace: Path, target: str, transform: str, expected: str, caches: Path, before: str,
+                  before_expected: str) -> dict:
+    """The moved fault's bisect by the CLI from three copies of the cache the fresh process had: in a
+    process of its own (TAPML_SERVER=0); forked by `tapml-dbg serve` (started before, not timed); and
+    as a user gets it with no setting (a bisect of the pass `before` the edit, which starts a server
+    as it leaves, the time the server took to serve after that answer, then the moved one)."""
     from tapml_dbg.runtime import fork_server
 
     fresh = _cli_bisect(trace, target, transform, expected, Path(f"{caches}-cli"), TAPML_SERVER="0")
@@ -234,7 +239,18 @@ def _moved_by_cli(trace: Path, target: str, transform: str, expected: str, cache
     finally:
         fork_server.stop(folder)
         server.wait(timeout=60)
-    return {"cli": fresh, "served": served}
+    cache = Path(f"{caches}-default")
+    folder = fork_server.server_folder(cache)
+    try:
+        first = _cli_bisect(trace, target, before, before_expected, cache)
+        answered = time.perf_counter()
+        while fork_server.serving_pid(folder) is None and time.perf_counter() - answered < CHILD_TIMEOUT_S:
+            time.sleep(0.05)  # the user edits the pass meanwhile
+        first["server serves after s"] = time.perf_counter() - answered
+        then = _cli_bisect(trace, target, transform, expected, cache)
+    finally:
+        fork_server.stop(folder)
+    return {"cli": fresh, "served": served, "default first": first, "default": then}
 
 
 # ------------------------------------------------------------------------------ the run
@@ -278,13 +294,14 @@ def run(models: list[str], target: str, fix_pow: bool = False, parallel: int | N
                     ("cold", changed, "planted", middle), ("warm", changed, "planted", middle),
                     ("changed", changed, "fault_and_touched_kind", middle), ("moved", moved_file, "planted", moved)):
                 if phase == "moved" and serve:  # the same cache as the fresh process's, twice over
-                    for copy in ("cli", "served"):
+                    for copy in ("cli", "served", "default"):
                         shutil.copytree(cache, work / f"cache-{model}-{copy}", symlinks=True)
                 row[phase] = _child("answer", str(trace), target, f"{file}:{function}", str(cache), expected,
                                     str(parallel or ""))
                 print(f"{model} {phase}: {json.dumps(row[phase])}", file=sys.stderr, flush=True)  # so far
             if serve:
-                row["served"] = _moved_by_cli(trace, target, f"{moved_file}:planted", moved, work / f"cache-{model}")
+                row["served"] = _moved_by_cli(trace, target, f"{moved_file}:planted", moved, work / f"cache-{model}",
+                                              f"{changed}:planted", middle)
                 print(f"{model} served: {json.dumps(row['served'])}", file=sys.stderr, flush=True)
             live_file, edited = work / f"live_{model}.py", work / f"edited_{model}.py"
             live_file.write_text(text + LIVE.format(function="planted"))
@@ -347,17 +364,20 @@ def _print(rows: list[dict], target: str, parallel: int | None = None) -> None:
     served = [row for row in rows if "served" in row]
     if served:
         print("\n| model | moved to | moved: fresh process (above) s (x anchor) | `tapml-dbg bisect`, a process of its "
-              "own s (x) | `tapml-dbg bisect` forked by `tapml-dbg serve` s (x) | found |")
-        print("|---|---|---:|---:|---:|---|")
+              "own s (x) | `tapml-dbg bisect` forked by `tapml-dbg serve` s (x) | no setting: the bisect before the "
+              "edit s (x), its server serving after s | no setting: the moved bisect s (x) | found |")
+        print("|---|---|---:|---:|---:|---:|---:|---|")
         for row in served:
-            anchor_s, cli, fork = row["anchor s"], row["served"]["cli"], row["served"]["served"]
-            wrong = [r["culprit"] for r in (cli, fork) if not r["found"]]
-            print(f"| {row['model']} | {row['moved_to']} | {row['moved']['seconds']:.1f} "
-                  f"({row['moved']['seconds'] / anchor_s:.2f}x) | {cli['seconds']:.1f} ({cli['seconds'] / anchor_s:.2f}x) | "
-                  f"{fork['seconds']:.1f} ({fork['seconds'] / anchor_s:.2f}x) | "
-                  f"{'yes' if not wrong else 'NO: ' + ', '.join(map(str, wrong))} |")
+            anchor_s, runs = row["anchor s"], row["served"]
+            first = runs["default first"]
+            wrong = [r["culprit"] for r in runs.values() if not r["found"]]
+            timed = lambda r: f"{r['seconds']:.1f} ({r['seconds'] / anchor_s:.2f}x)"  # noqa: E731
+            print(f"| {row['model']} | {row['moved_to']} | {timed(row['moved'])} | {timed(runs['cli'])} | "
+                  f"{timed(runs['served'])} | {timed(first)}, {first['server serves after s']:.1f} | "
+                  f"{timed(runs['default'])} | {'yes' if not wrong else 'NO: ' + ', '.join(map(str, wrong))} |")
         print("(each from the same copy of the cache the fresh process started from; seconds from the command's "
-              "start to its answer's line)", flush=True)
+              "start to its answer's line; no setting: TAPML_SERVER unset, the first command starts the server "
+              "the second is forked from)", flush=True)
 
 
 def main() -> None:
