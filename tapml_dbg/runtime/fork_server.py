@@ -61,6 +61,7 @@ INTERRUPT = b"\x03"  # the client's Ctrl-C, sent on to the command
 DEFAULT_IDLE_S = 30 * 60.0
 READY_TIMEOUT_S = 300.0  # the server's TVM and torch imports, on a loaded machine
 LOCK_TRIES_S = 2.0  # a server's lock against a client's probe of it (microseconds long)
+SOCKET_PATH_MAX = 107  # sun_path's bytes on Linux, its NUL aside
 PAID_FOR = ("tvm", "torch")  # a command that imported either starts a server for the next ones
 REAL_PYTHON = sys.executable
 
@@ -194,8 +195,9 @@ def start_for_next_commands(argv: list[str], folder: str, env: dict) -> bool:
         return False
     if not argv or argv[0] in NOT_SERVED or not any(name in sys.modules for name in PAID_FOR):
         return False
-    if starting(folder) or serving_pid(folder) is not None:
-        return False
+    if len(os.fsencode(os.path.join(folder, "zygote.ready"))) > SOCKET_PATH_MAX or starting(folder) \
+            or serving_pid(folder) is not None:
+        return False  # a socket's path too long for Unix: every server would fail to bind it
     try:
         os.makedirs(folder, exist_ok=True)
         with open(os.path.join(folder, "log"), "a") as log:
