@@ -215,3 +215,37 @@ def test_a_command_starts_a_server_for_the_next_which_wait_for_it_and_a_reinstal
     finally:
         fork_server.stop(folder)
         assert _until(lambda: not fork_server.starting(folder), 60)
+
+
+def test_a_command_of_another_interpreter_runs_by_itself(monkeypatch):
+    """Another interpreter (a virtual environment's) has other libraries: a fork of the server is not it."""
+    sent = []
+
+    class Connection:  # a client's socket: the request's size, then the request
+        def __init__(self, request: dict):
+            body = json.dumps(request).encode()
+            self.data = len(body).to_bytes(8, "big") + body
+
+        def recvmsg(self, size, _ancillary):
+            return self.recv(size), [], 0, None
+
+        def recv(self, size):
+            chunk, self.data = self.data[:size], self.data[size:]
+            return chunk
+
+        def sendall(self, data):
+            sent.append(json.loads(data))
+
+    class Left(Exception):
+        pass
+
+    def leave(_code):
+        raise Left
+
+    monkeypatch.setattr(fork_server.os, "_exit", leave)
+    monkeypatch.setattr(fork_server.os, "fork", lambda: pytest.fail("forked for another interpreter"))
+    request = fork_server._request("module", "", ["info", "t.h5"], [])
+    for python in ("/elsewhere/venv/bin/python", None):
+        with pytest.raises(Left):
+            fork_server._handle(Connection(request | {"python": python}), dict(os.environ), {})
+        assert sent.pop() == {"fallback": True}

@@ -276,8 +276,14 @@ def client(sock_path: str, mode: str, script: str, args: list[str], chosen: bool
 
 
 def _request(mode: str, script: str, argv: list[str], fds: list[int]) -> dict:
-    """What the server needs to make the command's process: this process's folder and environment."""
-    return {"mode": mode, "script": script, "argv": list(argv), "cwd": os.getcwd(), "env": dict(os.environ), "fds": fds}
+    """What the server needs to make the command's process: this process's folder and environment,
+    and its interpreter (another one, another virtual environment's, is not the server's to fork)."""
+    return {"mode": mode, "script": script, "argv": list(argv), "cwd": os.getcwd(), "env": dict(os.environ), "fds": fds,
+            "python": _interpreter()}
+
+
+def _interpreter() -> str:
+    return sys.executable  # a virtual environment's own path (its sys.prefix is the base's under -S)
 
 
 def _leave_as(status: dict) -> None:
@@ -529,7 +535,8 @@ def _handle(conn: socket.socket, server_env: dict, defaults: dict) -> bool:
     """In the handler: True in the command's process (forked from it), which then becomes the command."""
     size_bytes, fds = _receive(conn, 8)
     request = json.loads(_exactly(conn, int.from_bytes(size_bytes, "big")))
-    if len(fds) != len(request["fds"]) or not compatible(request["env"], server_env, defaults):
+    if len(fds) != len(request["fds"]) or request.get("python") != _interpreter() \
+            or not compatible(request["env"], server_env, defaults):
         conn.sendall(json.dumps({"fallback": True}).encode())
         os._exit(0)
     changed = _installed_anew()
