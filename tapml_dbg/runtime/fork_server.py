@@ -245,10 +245,13 @@ def _wait_for_starting(folder: str) -> bool:
     """A server starting from `folder` waited for (its imports are what this command would make);
     False when none starts, or it stopped or took `READY_TIMEOUT_S`."""
     deadline = time.monotonic() + READY_TIMEOUT_S
-    while starting(folder) and time.monotonic() < deadline:
-        if _ready(folder):
-            return True
-        time.sleep(0.05)
+    try:
+        while starting(folder) and time.monotonic() < deadline:
+            if _ready(folder):
+                return True
+            time.sleep(0.05)
+    except KeyboardInterrupt:  # Ctrl-C while waiting: the command never started
+        sys.exit(130)
     return False
 
 
