@@ -249,3 +249,43 @@ def test_a_command_of_another_interpreter_runs_by_itself(monkeypatch):
         with pytest.raises(Left):
             fork_server._handle(Connection(request | {"python": python}), dict(os.environ), {})
         assert sent.pop() == {"fallback": True}
+
+
+@pytest.mark.parametrize("env, argv, paid, starts", [
+    ({}, ["bisect", "t.h5"], True, True),
+    ({"TAPML_SERVER": "auto"}, ["triage", "t.h5"], True, True),
+    ({"TAPML_SERVER": "1"}, ["bisect", "t.h5"], True, False),  # use one, start none
+    ({"TAPML_SERVER": "0"}, ["bisect", "t.h5"], True, False),
+    ({"CI": "true"}, ["bisect", "t.h5"], True, False),  # a build leaves no server behind
+    ({"CI": "0"}, ["bisect", "t.h5"], True, True),
+    ({}, ["bisect", "t.h5"], False, False),  # it imported neither TVM nor torch: nothing to save
+    ({}, ["replay", "t.h5"], True, False),
+    ({}, ["serve", "--stop"], True, False),
+])
+def test_which_commands_start_a_server_for_the_next(monkeypatch, short_folder, env, argv, paid, starts):
+    spawned = []
+    monkeypatch.setattr(fork_server, "spawn", lambda folder, idle_s, log, environment: spawned.append(environment))
+    monkeypatch.setattr(fork_server, "PAID_FOR", ("json",) if paid else ("a_module_nothing_imported",))
+    assert fork_server.start_for_next_commands(argv, str(short_folder / "serve"), env) is starts
+    assert spawned == ([env] if starts else [])
+
+
+def test_one_server_holds_a_folders_lock_and_a_second_cannot_take_it(short_folder):
+    folder = str(short_folder / "serve")
+    os.makedirs(folder)
+    hold = (f"import sys, time; sys.path.insert(0, {str(Path(fork_server.__file__).parent)!r}); import fork_server; "
+            f"print(fork_server._hold_lock({folder!r}), flush=True); time.sleep(60)")
+    assert not fork_server.starting(folder)
+    first = subprocess.Popen([sys.executable, "-c", hold], stdout=subprocess.PIPE, text=True)
+    try:
+        assert first.stdout.readline().strip() == "True"
+        assert fork_server.starting(folder)
+        assert not fork_server.start_for_next_commands(["bisect", "t.h5"], folder, {})  # one starts already
+        second = subprocess.run([sys.executable, "-c", hold.replace("time.sleep(60)", "pass")], capture_output=True,
+                                text=True, timeout=60)
+        assert second.stdout.strip() == "False", second.stderr
+        assert fork_server.starting(folder)  # a probe does not take it away
+    finally:
+        first.kill()
+        first.wait()
+    assert not fork_server.starting(folder)  # the lock goes with its process
