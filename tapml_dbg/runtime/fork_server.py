@@ -220,8 +220,8 @@ def stop(folder: str, wait_s: float = 30.0) -> int | None:
     except ProcessLookupError:
         return None
     deadline = time.monotonic() + wait_s
-    while os.path.exists(os.path.join(folder, "pid")) and time.monotonic() < deadline:
-        time.sleep(0.05)  # it removes its files as it stops
+    while os.path.exists(os.path.join(folder, "pid")) and starting(folder) and time.monotonic() < deadline:
+        time.sleep(0.05)  # it removes its files as it stops (one stopped while importing dies at once)
     return pid
 
 
