@@ -240,7 +240,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "A fork server for this compile cache (TAPML_CACHE_DIR): every later `tapml-dbg` command "
                          "but `replay` starts as a fork of a process that imported TVM and torch, and is otherwise "
                          "the process it would have been (docs/serve.md). It runs until Ctrl-C, `serve --stop` or "
-                         "--idle minutes without a command; TAPML_SERVER=0 runs a command without it.")
+                         "--idle minutes without a command; TAPML_SERVER=0 runs a command without it. Unless TAPML_SERVER is "
+                         "0 or 1, a command that ran by itself and imported TVM or torch starts one as it leaves.")
     server.add_argument("--idle", type=float, default=fork_server.DEFAULT_IDLE_S / 60, metavar="MIN",
                         help="stop after MIN minutes without a command (default 30; 0: never)")
     server.add_argument("--detach", action="store_true", help="leave it running in the background and return")
