@@ -62,6 +62,7 @@ DEFAULT_IDLE_S = 30 * 60.0
 READY_TIMEOUT_S = 300.0  # the server's TVM and torch imports, on a loaded machine
 LOCK_TRIES_S = 2.0  # a server's lock against a client's probe of it (microseconds long)
 SOCKET_PATH_MAX = 107  # sun_path's bytes on Linux, its NUL aside
+READY_FILES = ("cli.ready", "zygote.ready")  # a server's two sockets are listening
 PAID_FOR = ("tvm", "torch")  # a command that imported either starts a server for the next ones
 REAL_PYTHON = sys.executable
 
@@ -163,9 +164,7 @@ def spawn(folder: str, idle_s: float | None, log=None, env: dict | None = None):
 
     os.makedirs(folder, exist_ok=True)
     write_shims(folder)
-    for name in ("cli.ready", "zygote.ready"):
-        if os.path.exists(os.path.join(folder, name)):
-            os.unlink(os.path.join(folder, name))
+    _remove(folder, READY_FILES)  # a killed server's: `start` waits for the new one's
     return subprocess.Popen(server_command(folder, "--idle", str(idle_s or 0)), stdin=subprocess.DEVNULL,
                             stdout=log, stderr=log, start_new_session=True, cwd=folder, env=env)
 
@@ -183,7 +182,15 @@ def start(folder: str, idle_s: float | None, log=None):
 
 
 def _ready(folder: str) -> bool:
-    return all(os.path.exists(os.path.join(folder, f"{sock}.ready")) for sock in ("cli", "zygote"))
+    return all(os.path.exists(os.path.join(folder, name)) for name in READY_FILES)
+
+
+def _remove(folder: str, names) -> None:
+    for name in names:
+        try:
+            os.unlink(os.path.join(folder, name))
+        except OSError:  # not there
+            pass
 
 
 def start_for_next_commands(argv: list[str], folder: str, env: dict) -> bool:
@@ -370,9 +377,7 @@ def serve(folder: str, parent: int | None, idle_s: float | None, defaults: dict,
     if not _hold_lock(folder):
         _log(f"tapml-dbg serve: a server serves from {folder} already, or is starting")
         sys.exit(3)
-    for name in ("cli.ready", "zygote.ready"):  # a killed server's
-        if os.path.exists(os.path.join(folder, name)):
-            os.unlink(os.path.join(folder, name))
+    _remove(folder, READY_FILES)  # a killed server's (a server started without `spawn`: the test suite's)
     with open(os.path.join(folder, "pid.tmp"), "w") as file:
         file.write(str(os.getpid()))
     os.replace(os.path.join(folder, "pid.tmp"), os.path.join(folder, "pid"))
@@ -392,7 +397,6 @@ def serve(folder: str, parent: int | None, idle_s: float | None, defaults: dict,
         command_imports()
         _forget_tapml_dbg(server_env)
         _INSTALLED.update(_installed_files())
-        _INSTALLED_BY[:] = [server_pid]
         gc.freeze()
         idle = _Idle(idle_s)
         _loop(os.path.join(folder, "cli"), lambda: os.getppid() == server_pid and not idle.over(), server_env,
@@ -412,15 +416,10 @@ def serve(folder: str, parent: int | None, idle_s: float | None, defaults: dict,
             import shutil
 
             shutil.rmtree(folder, ignore_errors=True)
-        for name in ("cli", "zygote", "cli.ready", "zygote.ready", "pid"):
-            try:
-                os.unlink(os.path.join(folder, name))
-            except OSError:
-                pass
+        _remove(folder, ("cli", "zygote", *READY_FILES, "pid"))
 
 
 _INSTALLED: dict[str, tuple] = {}  # in the command server: the files its libraries were imported from
-_INSTALLED_BY: list[int] = []  # ... and the server's pid (the command server's parent)
 
 
 def _installed_files() -> dict[str, tuple]:
@@ -547,7 +546,7 @@ def _handle(conn: socket.socket, server_env: dict, defaults: dict) -> bool:
         conn.sendall(json.dumps({"fallback": True}).encode())
         _log(f"{time.strftime('%H:%M:%S')} stopping: {changed} was installed anew since this server imported it")
         try:
-            os.kill(_INSTALLED_BY[0], signal.SIGTERM)  # the server, which stops its command server
+            os.kill(os.getppid(), signal.SIGTERM)  # the command server: the server stops when it ends
         except OSError:
             pass
         os._exit(0)
