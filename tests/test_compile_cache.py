@@ -287,3 +287,49 @@ def test_the_link_writes_the_bytes_tvms_default_link_writes(clean, tmp_path, mon
     monkeypatch.setenv("CXX", "g++")
     assert compile_cache._link_options(".so") == {}
     assert compile_cache._link_options(".tar") == {}
+
+
+def _random_inputs(unit_json: dict, seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(param["shape"]).astype(param["dtype"]) for param in unit_json["params"]]
+
+
+def test_units_built_together_share_one_library_and_compute_what_each_built_alone_computes(clean, tmp_path):
+    """`build_together`: one build and one link for several units, a key's entry per unit (hard links to
+    one file, each checked as any entry), and each unit's entry gives the bytes its own library gives."""
+    units = {}
+    for op in clean.ops:
+        unit_json, _spec = clean.requests.one_op_unit(op.name)
+        if op.outputs and all(param["dtype"].startswith("float") for param in unit_json["params"]):
+            units.setdefault(compile_cache.unit_id(unit_json, None), unit_json)
+    units = list(units.values())
+    together, alone = tmp_path / "together", tmp_path / "alone"
+    built = compile_cache.build_together(units, "llvm", None, together)
+    assert len(built) == len(units) > 2
+    assert compile_cache.build_together(units, "llvm", None, together) == set()  # all there: nothing to build
+    runner = portable.Runner("llvm")
+    for number, unit_json in enumerate(units):
+        mine = compile_cache.compile_unit(unit_json, "llvm", None, together)
+        own = compile_cache.compile_unit(unit_json, "llvm", None, alone)
+        assert mine.cached and not own.cached and mine.key == own.key and mine.key in built
+        assert mine.path.stat().st_ino == (together / f"{next(iter(built))}.so").stat().st_ino  # one file
+        inputs = _random_inputs(unit_json, number)
+        ours = portable.flatten(runner.invoke(runner.load(mine.path), inputs))
+        theirs = portable.flatten(runner.invoke(runner.load(own.path), inputs))
+        assert [a.tobytes() for a in ours] == [b.tobytes() for b in theirs]
+
+
+def test_a_unit_another_worker_is_building_is_left_out_of_a_build_together(clean, tmp_path):
+    """No waiting for a lock there: the key (and every key of its lock's stripe) is left to its builder."""
+    units = [clean.requests.one_op_unit(op.name)[0] for op in clean.ops if op.outputs]
+    keys = [compile_cache.cache_key(compile_cache._transformed(unit, None).result, parse_target("llvm"))
+            for unit in units]
+    distinct = list(dict.fromkeys(keys))
+    assert len(distinct) >= 4
+    busy = compile_cache.CacheEntry(tmp_path, distinct[0])
+    with busy.locked():  # another worker is building this key
+        built = compile_cache.build_together(units, "llvm", None, tmp_path)
+    striped = {key for key in distinct if compile_cache.CacheEntry(tmp_path, key).lock_path == busy.lock_path}
+    assert built == set(distinct) - striped and not busy.library.exists()
+    assert compile_cache.build_together(units[:1], "llvm", None, tmp_path / "one") == set()  # one alone: not here
+    assert compile_cache.build_together(units, "cuda", None, tmp_path / "gpu") == set()  # host targets only

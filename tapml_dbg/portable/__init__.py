@@ -26,14 +26,14 @@ from .noise import NOISE_RULE, NoiseFigures, noise_figures
 from .repro import (COMPILE_ERROR, DATA_FILE, EXIT_BROKEN, EXIT_OK, EXIT_REPRODUCED, FAIL, FORMAT, FORMAT_VERSION,
                     LIB_PACKAGE, META_FILE, PASS, RUN_ERROR, Data, OpCheck, check_op, describe, load_module,
                     load_transform, op_id, read_meta, repro_main, tvmscript_only)
-from .runner import (DEFAULT_TARGET, ENTRY, TARGET_HINT, Runner, build, connect, device_kind, flatten,
-                     has_device_module, local_device, parse_target, split_host_port, target_label)
+from .runner import (DEFAULT_TARGET, ENTRY, HOST_KINDS, TARGET_HINT, Runner, build, connect, device_kind, flatten,
+                     has_device_module, local_device, parse_target, shared_entry, split_host_port, target_label)
 
 __all__ = [
-    "COMPARE_BLOCK", "COMPARE_RULE", "COMPILE_ERROR", "DATA_FILE", "DEFAULT_FUNC", "ENTRY", "DEFAULT_TARGET", "EXIT_BROKEN", "EXIT_OK",
+    "COMPARE_BLOCK", "COMPARE_RULE", "COMPILE_ERROR", "DATA_FILE", "DEFAULT_FUNC", "ENTRY", "DEFAULT_TARGET", "HOST_KINDS", "EXIT_BROKEN", "EXIT_OK",
     "EXIT_REPRODUCED", "FAIL", "FORMAT", "FORMAT_VERSION", "LIB_PACKAGE", "MESSAGE_LIMIT", "META_FILE", "NOISE_RULE", "NoiseFigures", "PASS",
     "RUN_ERROR", "TARGET_HINT", "Data", "OpCheck", "PortableError", "Runner", "build", "check_op", "compare",
     "connect", "decode_array", "describe", "device_kind", "dtype_name", "encode_array", "flatten", "format_metrics",
     "has_device_module", "load_function", "load_module", "load_transform", "local_device", "noise_figures", "one_line", "op_id",
-    "parse_target", "read_meta", "repro_main", "require_file", "tvmscript_only", "split_host_port", "split_spec", "target_label", "write_npz",
+    "parse_target", "read_meta", "repro_main", "require_file", "shared_entry", "tvmscript_only", "split_host_port", "split_spec", "target_label", "write_npz",
 ]

@@ -136,6 +136,26 @@ def build(mod, target, transform=None):
     return executable
 
 
+def shared_entry(path) -> str:
+    """A unit's entry in a library that several units' files share: named after the unit's own file."""
+    return f"{ENTRY}_{os.path.splitext(os.path.basename(os.fspath(path)))[0]}"
+
+
+def _entry_of(vm, path: str) -> str:
+    """The unit's entry in a loaded library: ENTRY, or in a library several units share (tapml-dbg's
+    compile cache builds small units together) `ENTRY_<file stem>`, the name of the unit's own file."""
+    try:
+        if vm.module.implements_function(ENTRY):
+            return ENTRY
+    except Exception:  # noqa: BLE001 - a module that cannot say (an older RPC server): the usual name
+        return ENTRY
+    named = shared_entry(path)
+    try:
+        return named if vm.module.implements_function(named) else ENTRY
+    except Exception:  # noqa: BLE001
+        return ENTRY
+
+
 def check_device_code(executable, target, kernels: bool) -> None:
     """Raise when a non-host target's kernels produced no device module."""
     if kernels and target.kind.name not in HOST_KINDS and not has_device_module(executable):
@@ -192,6 +212,7 @@ class Runner:
         self.remote = None  # the RPC session, once connected
         self._device = None
         self._loaded: dict[str, object] = {}  # exported library path -> VirtualMachine
+        self._entries: dict[int, str] = {}  # id of a loaded VirtualMachine -> its unit's entry
         self._tmp = None
 
     @property
@@ -230,6 +251,7 @@ class Runner:
         self.remote = None
         self._device = None
         self._loaded.clear()
+        self._entries.clear()
 
     def load(self, compiled, name: str = ENTRY):
         """A VirtualMachine on the device for an executable, or for an exported library's path.
@@ -241,7 +263,9 @@ class Runner:
         if isinstance(compiled, (str, os.PathLike)):
             path = os.fspath(compiled)
             if path not in self._loaded:
-                self._loaded[path] = relax.VirtualMachine(self._load_library(path), self.device())
+                vm = relax.VirtualMachine(self._load_library(path), self.device())
+                self._loaded[path] = vm
+                self._entries[id(vm)] = _entry_of(vm, path)
             return self._loaded[path]
         device = self.device()
         if self.remote is None:
@@ -280,12 +304,13 @@ class Runner:
         import tvm
 
         args = [arg if isinstance(arg, tvm.runtime.Tensor) else self.to_device(arg) for arg in args]
+        entry = self._entries.get(id(vm), ENTRY)
         if self.remote is None:
-            return vm[ENTRY](*args)
+            return vm[entry](*args)
         # over RPC a returned tuple stays on the remote side: use the stateful interface
-        vm.set_input(ENTRY, *args)
-        vm.invoke_stateful(ENTRY)
-        return vm.get_outputs(ENTRY)
+        vm.set_input(entry, *args)
+        vm.invoke_stateful(entry)
+        return vm.get_outputs(entry)
 
     def run(self, vm, arrays: list) -> list[np.ndarray]:
         """The unit's outputs as one flat list of numpy arrays."""

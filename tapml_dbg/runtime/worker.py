@@ -22,11 +22,11 @@ from pathlib import Path
 import psutil
 
 from tapml_dbg.errors import TapmlError, TraceError
-from tapml_dbg.portable import PortableError, Runner, flatten, one_line
+from tapml_dbg.portable import HOST_KINDS, PortableError, Runner, flatten, one_line
 from tapml_dbg.portable.screen import clearly_passes
-from tapml_dbg.runtime.compile_cache import (CacheEntry, CompiledUnit, KeyLedger, compile_only, compile_unit,
-                                             environment_scope, library_key, load_transform, transform_identity,
-                                             unit_id)
+from tapml_dbg.runtime.compile_cache import (TOGETHER_MAX_UNITS, CacheEntry, CompiledUnit, KeyLedger, build_together,
+                                             compile_only, compile_unit, environment_scope, library_key,
+                                             load_transform, transform_identity, unit_id)
 from tapml_dbg.runtime.messages import (BatchRequest, ChainRequest, UnitRequest, UnitResult, UnitStatus, WorkerConfig,
                                        WorkerReply)
 from tapml_dbg.runtime.run_memo import ACCEPTED, SCREENED, UNSCREENED, RunMemo, checkpoint_positions
@@ -37,6 +37,7 @@ from tapml_dbg.trace.recent import RecentOpOutputs
 
 RECORDED_CACHE_BYTES = 64 * 2**20  # recorded op outputs a worker keeps (LRU) for its next units
 READ_AHEAD_BYTES = 256 * 2**20  # params and recorded values a chain's worker reads ahead while it waits
+TOGETHER_LOOKAHEAD_UNITS = 128  # how far a chain looks ahead for units to build together with the one it lacks
 
 
 def worker_main(conn, config: WorkerConfig, log_path: str | None = None) -> None:
@@ -99,6 +100,8 @@ class _WorkerState:
         self.known: dict[str, CompiledUnit] = {}  # `handle`'s
         self.identity: str | None = None
         self.memo: RunMemo | None | bool = False  # False: not opened yet (`_memo`)
+        self.looked_ahead = 0  # the chain's units up to here were considered for building together
+        self.together: set[str] = set()  # keys built together by this worker, not yet reported as compiled
 
     def warm_up(self) -> None:
         """What every worker's first unit pays, paid before it is asked for one (workers start
@@ -113,6 +116,7 @@ class _WorkerState:
     def handle(self, request: UnitRequest | ChainRequest | BatchRequest) -> UnitResult:
         self.known = {}  # unit id -> its library, found in this request (a chain runs a kind of op many times)
         self.identity = None  # the transform's, read once a request
+        self.looked_ahead = 0
         if isinstance(request, (ChainRequest, BatchRequest)):
             return self._chain(request)
         return self._unit(request)
@@ -160,6 +164,8 @@ class _WorkerState:
                     if unit is None:
                         deferred.append(name)
                         continue
+                else:
+                    self._build_together(chain.units, position)
                 reply = self._unit(unit, keep_on_device=True, sync=chain.sync_each)
                 if reply.status == UnitStatus.TRACE_ERROR:  # the trace's own one-line message
                     return reply
@@ -267,6 +273,37 @@ class _WorkerState:
                 if last_read.get(name, -1) >= position}
         memo.save(digest, live)
 
+    def _build_together(self, units: list[UnitRequest], position: int) -> None:
+        """When the unit at `position` is not in the cache, it and the next ones the cache lacks are
+        built into one library (`compile_cache.build_together`: one code generation and one link for
+        up to TOGETHER_MAX_UNITS units), on a local host target; what that leaves out is built one
+        by one as before. Looked at once per stretch of TOGETHER_LOOKAHEAD_UNITS units."""
+        spec = self.config.spec
+        if position < self.looked_ahead or spec.rpc or spec.tracker or units[position].library \
+                or parse_target(spec.target).kind.name not in HOST_KINDS:
+            return
+        try:
+            if not self._compiled(units[position], build=False).elsewhere:
+                return
+            lacking, keys = [], set()
+            end = min(len(units), position + TOGETHER_LOOKAHEAD_UNITS)
+            for later in range(position, end):
+                unit = units[later]
+                compiled = None if unit.library else self._compiled(unit, build=False)
+                if compiled is not None and compiled.elsewhere and compiled.key not in keys:
+                    keys.add(compiled.key)
+                    lacking.append(unit.unit_json)
+                    if len(lacking) >= TOGETHER_MAX_UNITS:
+                        end = later + 1
+                        break
+        except Exception:  # noqa: BLE001 - a unit that cannot be keyed: its own run reports it
+            return
+        self.looked_ahead = end
+        if len(lacking) > 1:
+            meanwhile = self.read_ahead.meanwhile if self.read_ahead is not None else nullcontext
+            with meanwhile():
+                self.together |= build_together(lacking, spec.target, spec.transform, Path(self.config.cache_dir))
+
     def _built_or_none(self, unit: UnitRequest) -> UnitRequest | None:
         """The unit with its library named, when the cache holds it; None when it is not built yet.
         A unit that cannot even be keyed (a broken transform) runs as usual: its run reports it."""
@@ -330,9 +367,12 @@ class _WorkerState:
             return UnitResult(UnitStatus.COMPILE_ERROR, message=str(exc))
         except Exception as exc:
             return UnitResult(UnitStatus.COMPILE_ERROR, message=one_line(exc))
-        # (a unit left to the worker building it is not one this request compiled)
-        done = UnitResult(UnitStatus.OK, cached=compiled.cached or compiled.elsewhere, key=compiled.key,
-                          library=str(compiled.path))
+        # (a unit left to the worker building it is not one this request compiled; one built together
+        # with others is, the first time a request meets it)
+        built_together = compiled.key in self.together
+        self.together.discard(compiled.key)
+        done = UnitResult(UnitStatus.OK, cached=(compiled.cached or compiled.elsewhere) and not built_together,
+                          key=compiled.key, library=str(compiled.path))
         if request.prepare:
             return done
         try:
