@@ -118,22 +118,18 @@ def test_an_interrupted_search_stops_its_compiles_ahead(traces, tmp_path, monkey
 def test_a_sweep_beside_compiles_ahead_still_finds_an_error_that_washes_out(traces, tmp_path, monkeypatch):
     """A real TVM 0.27 divergence that only the isolated sweep sees (the README's fp16 softmax
     under the fixed rule: within the looser propagated tolerance downstream), searched on a cold
-    cache with compile lanes building ahead: the sweep skips the units not built yet and runs them
-    last, and still names the op."""
+    cache with compile lanes building ahead: the sweep follows the chain, which cannot clear the
+    softmax's value by the isolated rule, so the sweep runs it alone and names it; the ops the
+    chain did clear that way are not run alone."""
     monkeypatch.setenv("TAPML_COMPILE_LANES", "2")
     policy = TolerancePolicy(kind=PolicyKind.FIXED)
     with Session.open(traces.get("fp16_memory_attention"), cache_dir=tmp_path / "cache", policy=policy) as session:
-        skipped, counted = [], session.lanes.counted
-
-        def counting(result):
-            skipped.extend(result.deferred)
-            return counted(result)
-
-        session.lanes.counted = counting
         result = session.bisect()
+        verdicts = session.isolated_verdicts
+        below = {i for i in range(9) if session.ops[i].outputs}
+        run_alone = {i for i in verdicts.cache if i < 9} - set(range(9 - 2, 9))  # (the culprit's neighbourhood: shown)
     assert (result.culprit.index, result.culprit.name, result.culprit.verdict) == (9, "_softmax", "isolated")
-    assert skipped  # the sweep did not wait for the compile lanes' builds
-
+    assert below <= verdicts.screened | run_alone and len(run_alone) < len(below)
 
 
 @pytest.mark.parametrize("first_done", ["chain", "sweep"])
@@ -187,3 +183,17 @@ def test_the_culprits_second_run_is_made_while_the_other_half_of_the_search_goes
         assert not session.isolated_verdicts.spare_runs  # the spare run was used
     assert (culprit.name, culprit.verdict) == ("gelu_1", "isolated") and culprit.wrong is not None
     assert culprit.wrong != "nondeterministic" and not runs_explaining
+
+
+def test_the_sweep_runs_alone_only_the_ops_whose_chained_values_the_isolated_screen_cannot_clear(traces, tmp_path):
+    """A fault planted at op 13 of the mlp (fp32 on llvm): every value the chain computes below it clears
+    the isolated screen too, so the sweep that follows the chain runs none of those ops alone (they are
+    settled as cleared, `isolated.ChainLead`); the culprit is still judged alone, twice."""
+    transform = fault_transform(tmp_path, "scale", "gelu_1")
+    with Session.open(traces.get("mlp"), transform=transform, cache_dir=tmp_path / "cache") as session:
+        result = session.bisect()
+        verdicts = session.isolated_verdicts
+        below = {i for i in range(13) if session.ops[i].outputs}
+        assert below and below <= verdicts.screened
+        assert set(verdicts.cache) <= set(range(11, 16))  # the culprit and the neighbourhood shown around it
+    assert (result.culprit.index, result.culprit.name, result.culprit.verdict) == (13, "gelu_1", "isolated")

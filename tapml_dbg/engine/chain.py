@@ -43,9 +43,12 @@ class ChainFinding:
 class ChainSearch:
     """One per-op search over ops [first, last] of a session."""
 
-    def __init__(self, session, first: int, last: int, unscreened: set[str], also_keep: set[str] = frozenset()):
+    def __init__(self, session, first: int, last: int, unscreened: set[str], also_keep: set[str] = frozenset(),
+                 log: tuple | None = None):
         """`unscreened`: the ops only a full verdict may judge (`Verdicts.unscreened`); `also_keep`: ops whose
-        values a run to the end hands back too (`ChainFinding.kept`)."""
+        values a run to the end hands back too (`ChainFinding.kept`); `log`: (a `Runtime.chain_log`, the
+        isolated screen rule): each run's outcomes written there as it goes, each value checked
+        against that rule too (a sweep beside follows it: `isolated.ChainLead`)."""
         self.session = session
         self.also_keep = also_keep
         self.first, self.last = first, last
@@ -54,14 +57,16 @@ class ChainSearch:
         typed = session.verdicts.type_changed_names()
         self.accept, self.unscreened = set(typed), unscreened - typed
         self.screen = session.verdicts.screen_rule(PROPAGATED)
+        self.log = log
         self.timeout = session.lanes.chain_timeout(len(self.indices))
 
     def request(self, runs: int = 0):
         """The next chained run: every op, the ones judged so far accepted; each run collects twice
         the suspects of the one before, so a model of many passing suspects costs O(log N) runs."""
+        logged = {"log": self.log[0].path, "isolated_screen": self.log[1]} if self.log is not None else {}
         return replace(self.session.requests.chain(self.indices, keep=[]), screen=self.screen,
                        accept=frozenset(self.accept), unscreened=frozenset(self.unscreened),
-                       suspects=self._suspects(runs), also_keep=frozenset(self.also_keep))
+                       suspects=self._suspects(runs), also_keep=frozenset(self.also_keep), **logged)
 
     @staticmethod
     def _suspects(runs: int) -> int:

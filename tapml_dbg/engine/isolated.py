@@ -9,6 +9,7 @@ as they are built; a crash is that op's verdict only.
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import Callable
@@ -22,6 +23,7 @@ from tapml_dbg.runtime.messages import UnitRequest, UnitResult, UnitStatus
 
 SWEEP_BATCH = 32  # screened isolated runs per request: one round trip instead of 32 (a search's stop at a suspect)
 KEPT_FAILED_RUNS = 4  # failing ops whose outputs are kept for their second run (Verdicts.explain)
+FOLLOW_POLL_S = 0.02  # how often a sweep that follows a chain looks at the chain's log while it waits
 
 Judge = Callable[[int, str, UnitResult, list], Verdict]  # (index, mode, result, outputs) -> verdict
 Progress = Callable[..., None]
@@ -44,7 +46,8 @@ class SweepPlan:
     units go first and are never cancelled. `bound()`, asked after each result: the highest op still
     wanted, once it is known (None: all of them). `building()`: compile lanes are building units
     ahead; while they do, a batch skips the ops whose units are not built yet instead of waiting for
-    them, and those ops run once everything else has.
+    them, and those ops run once everything else has. `lead`: a chain running beside the sweep
+    (`ChainLead`), which the sweep follows instead of starting every op at once.
     """
 
     screen: ScreenRule | None = None
@@ -54,6 +57,19 @@ class SweepPlan:
     also: tuple[int, ...] = ()
     bound: Callable[[], int | None] | None = None
     building: Callable[[], bool] | None = None
+    lead: "ChainLead | None" = None
+
+
+@dataclass(frozen=True)
+class ChainLead:
+    """A chain that a sweep beside it follows (runtime/chain_log.py): an op is run alone only once the
+    chain has been past it, and not at all when the chain's value of it cleared the isolated screen
+    (the op's kernel, fed the target's own values of its inputs, gave a value that passes the
+    isolated rule, which is what running it alone on the recorded inputs would be asked). `log`: the
+    chain's (`Runtime.chain_log`); `done()`: the chain has ended (what it did not reach is swept)."""
+
+    log: object
+    done: Callable[[], bool]
 
 
 class IsolatedVerdicts:
@@ -136,13 +152,15 @@ class IsolatedVerdicts:
         ops one unit each, so that a crash is one op's verdict.
         """
         screen, unscreened, stop_at_failure = plan.screen, plan.unscreened, plan.stop_at_failure
-        also, bound, compiled, building = plan.also, plan.bound, plan.compiled, plan.building
+        also, bound, compiled, building, lead = plan.also, plan.bound, plan.compiled, plan.building, plan.lead
         first = [i for i in dict.fromkeys(also) if i not in self.cache]
         known = self.screened if screen is not None else set()
         todo = [i for i in dict.fromkeys(indices)
                 if i not in self.cache and i not in known and i not in first and self.ops[i].outputs]
         wanted, swept, finished = set(indices), set(todo), 0
         later: list[int] = []  # ops a batch skipped, their units not built yet
+        following = list(todo) if lead is not None and screen is not None else []  # ops the lead has not passed
+        cut = None  # no op above it is wanted any more
         with self.lanes.dispatch(compiled) as work:
             def submit_batch(batch: list[int], defer: bool = True) -> None:
                 # a sweep that stops at the first failure stops each batch at its first suspect:
@@ -154,15 +172,44 @@ class IsolatedVerdicts:
                 if held:
                     work.submit(held[0], ("batch", tuple(held), request.suspects), request)
 
+            def follow() -> list[int]:
+                """Settle or submit the ops the lead has passed; the ones it has not, to wait for."""
+                nonlocal finished
+                lead.log.refresh()
+                done, reached, cleared = lead.done(), lead.log.reached, lead.log.cleared
+                waiting, run = [], []
+                for index in following:
+                    name = self.ops[index].name
+                    if cut is not None and index > cut:
+                        continue
+                    if not done and name not in reached:
+                        waiting.append(index)
+                    elif name in cleared:  # the chain's value cleared the isolated screen: not run alone
+                        self.screened.add(index)
+                        finished += 1
+                        progress(finished, len(todo), f"isolated sweep op {index} (cleared by the chain)")
+                    else:
+                        run.append(index)
+                for batch in chunks(run, SWEEP_BATCH):
+                    submit_batch(batch)
+                return waiting
+
+            def cancel_above(index: int) -> None:
+                nonlocal cut
+                cut = index if cut is None else min(cut, index)
+                work.cancel_above(index)
+
             for index in first:  # first, and never cancelled
                 self._submit(work, -1, index)
-            if screen is not None:
+            if screen is not None and lead is None:
                 for batch in chunks(todo, SWEEP_BATCH):
                     submit_batch(batch)
-            else:
+            elif screen is None:
                 for index in todo:
                     self._submit(work, index, index)
             while True:
+                if following:
+                    following = follow()
                 for tag, result in work:
                     for index, verdict in self._results(tag, self.lanes.counted(result), work, submit_batch,
                                                         later.append):
@@ -170,15 +217,23 @@ class IsolatedVerdicts:
                             finished += 1
                             progress(finished, len(todo), f"isolated sweep op {index}")
                         if stop_at_failure and verdict is not None and verdict.failed and index in wanted:
-                            work.cancel_above(index)
+                            cancel_above(index)
                     limit = bound() if bound is not None else None
                     if limit is not None:
-                        work.cancel_above(limit)
-                if not later:
+                        cancel_above(limit)
+                if later:
+                    for batch in chunks(sorted(later), SWEEP_BATCH):  # built by now, or waited for
+                        submit_batch(batch, defer=False)
+                    later.clear()
+                    continue
+                limit = bound() if bound is not None else None
+                if limit is not None:
+                    cancel_above(limit)
+                following = [index for index in following if cut is None or index <= cut]
+                if not following:
                     return
-                for batch in chunks(sorted(later), SWEEP_BATCH):  # built by now, or waited for
-                    submit_batch(batch, defer=False)
-                later.clear()
+                if not work.pending:
+                    time.sleep(FOLLOW_POLL_S)
 
     def _results(self, tag, result: UnitResult, work, submit_batch: Callable[[list[int]], None],
                  defer: Callable[[int], None]):

@@ -16,7 +16,10 @@ the object, not on the session:
    the error arrives from upstream (propagated, as seen by the probe that ended at it);
 4. sweep: isolated verdicts of every op below the candidate, so that an op wrong alone by less
    than its propagated bound (or one that washes out before the model's output) is still found
-   (the lowest failing op wins); the screen clears most ops without a verdict;
+   (the lowest failing op wins); the screen clears most ops without a verdict, and an op whose
+   chained value cleared the isolated screen already is not run alone (the chain checks each
+   value against both rules and logs it as it goes; the sweep beside it follows that log:
+   `isolated.ChainLead`);
 5. types: an op whose import declares another dtype or shape than the source computed is a
    divergence of its own (a type verdict), known from the trace without running anything; the
    lowest one below the candidate wins too, even when no value downstream differs;
@@ -46,7 +49,7 @@ from typing import Callable
 from tapml_dbg.engine import fused
 from tapml_dbg.engine.chain import ChainFinding, ChainSearch
 from tapml_dbg.engine.generation import output_name, teacher_forced, trace_generation
-from tapml_dbg.engine.isolated import SweepPlan
+from tapml_dbg.engine.isolated import ChainLead, SweepPlan
 from tapml_dbg.engine.kept import kept_note
 from tapml_dbg.engine.results import BisectResult, Culprit, StepResult
 from tapml_dbg.errors import TraceError
@@ -194,6 +197,8 @@ class Bisection:
         self.spare = None  # (op, result): the chain's first suspect run alone once more beside the sweep
         self.sweeping = False  # the sweep beside the chain is still running
         self.screen = session.verdicts.screen_rule(ISOLATED)  # the sweep's
+        # the chain's outcomes as it goes, which the sweep follows (`ChainLead`)
+        self.chain_log = session.lanes.chain_log() if sweep else None
         self.unscreened = session.verdicts.unscreened()  # ops only a full verdict may judge, in the chain and the sweep
         # a generation's output, handed back by a chain of every op up to it (its tokens need no second run)
         self.output = output_name(session) if trace_generation(session) is not None and self.first == 0 else None
@@ -253,12 +258,14 @@ class Bisection:
             return None
         self.progress(0, None, f"chain ops {self.first}..{self.last}")
         chain = ChainSearch(self.session, self.first, self.last, self.unscreened,
-                            also_keep={self.output} if self.output else set())
+                            also_keep={self.output} if self.output else set(),
+                            log=(self.chain_log, self.screen) if self.chain_log is not None else None)
         # on idle cycles while the chain runs: phase 2's first probes (where the runtime expects them
         # wanted), then the chain's units from its end (the chain builds them from its start: the two meet halfway)
         self.session.lanes.build_ahead_of_search(self._probes_ahead(), chain.units_to_build()[::-1])
         beside = self._chain_beside_sweep(chain) if self.sweep_enabled and self.session.lanes.has_side else None
         self.chain = chain.run(beside)
+        self._chain_cleared()
         self.session.lanes.note_search(chain_found=self.chain.index is not None)
         self.search_trace.probes.extend(self.chain.probes)
         if self.chain.index is not None:
@@ -311,6 +318,7 @@ class Bisection:
         self.session.lanes.chain_found_nothing()  # (a chain that died says nowhere: the fused probes search it)
         if not result.ok:
             return result
+        self._chain_cleared()
         verdicts = self.session.isolated_verdicts
         left = [i for i in self._judged(self.first, self.last + 1)
                 if i not in verdicts.cache and i not in verdicts.screened and self.session.ops[i].outputs]
@@ -345,7 +353,9 @@ class Bisection:
         leaves the others to the end (it does not wait for a build the chain waits for too)."""
         plan = replace(self._sweep_plan, stop_at_failure=True, bound=lambda: self.split - 1 if self.split is not None
                        else (chain.bound(self.chained) if self.chained is not None else None),
-                       building=preparing.is_alive if preparing is not None else None)
+                       building=preparing.is_alive if preparing is not None else None,
+                       lead=ChainLead(self.chain_log, lambda: self.chained is not None or not running.is_alive())
+                       if self.chain_log is not None else None)
         judged = self._judged(self.first, self.last + 1)
         try:
             self.session.isolated_verdicts.fill(judged, plan, self.progress)
@@ -353,6 +363,16 @@ class Bisection:
             self.sweeping = False
         if running.is_alive():  # the chain goes on: the sweep's lane would sit idle until it is done
             self._spare_run_of_lowest_failing(judged)
+
+    def _chain_cleared(self) -> None:
+        """The ops whose chained values cleared the isolated screen, as far as the chain's log says:
+        settled for every sweep of this search (`isolated.ChainLead`)."""
+        if self.chain_log is None:
+            return
+        self.chain_log.refresh()
+        by_name = self.session.by_name
+        self.session.isolated_verdicts.screened.update(by_name[name].index for name in self.chain_log.cleared
+                                                       if name in by_name)
 
     def _spare_run_of_lowest_failing(self, judged: list[int]) -> None:
         """The lowest op the sweep found failing, alone once more on the sweep's lane while the chain

@@ -46,12 +46,26 @@ class ScreenRule:
 
 def clearly_passes(targets: list, sources: list, rule: ScreenRule) -> bool:
     """Whether every output surely passes the full verdict (False: maybe not, judge it)."""
+    return clearly_passes_each(targets, sources, (rule,))[0]
+
+
+def clearly_passes_each(targets: list, sources: list, rules) -> list[bool]:
+    """`clearly_passes` for each of `rules` (a chain's value against its own rule and the isolated
+    one), the value measured once."""
     if len(targets) != len(sources):
-        return False
-    return all(_clear(np.asarray(t), np.asarray(s), rule) for t, s in zip(targets, sources))
+        return [False] * len(rules)
+    passed = [True] * len(rules)
+    for t, s in zip(targets, sources):
+        measured = _measure(np.asarray(t), np.asarray(s))
+        passed = [ok and _passes(measured, rule) for ok, rule in zip(passed, rules)]
+        if not any(passed):
+            break
+    return passed
 
 
-def _clear(target: np.ndarray, source: np.ndarray, rule: ScreenRule) -> bool:
+def _measure(target: np.ndarray, source: np.ndarray):
+    """What the rules look at: True or False when settled whatever the rule, else (d, scale, dtype),
+    or (0.0, None, dtype) for the source's own value."""
     if target.shape != source.shape or target.dtype != source.dtype:
         return False
     if source.size == 0:
@@ -62,8 +76,6 @@ def _clear(target: np.ndarray, source: np.ndarray, rule: ScreenRule) -> bool:
     if kind != "f" and source.dtype.name != "bfloat16":
         return False
     dtype = source.dtype.name
-    if dtype not in rule.fixed:
-        return False
     with np.errstate(all="ignore"):
         t = target.astype(np.float32, copy=False)
         s = source.astype(np.float32, copy=False)
@@ -78,9 +90,17 @@ def _clear(target: np.ndarray, source: np.ndarray, rule: ScreenRule) -> bool:
             return False
         exact = float(np.max(np.abs(t - s)))
         scale = float(np.max(np.abs(s))) * (1 - MARGIN)
-    if exact == 0.0:  # the source's own value: its own error is within the noise floor's bound
+    return (0.0, None, dtype) if exact == 0.0 else (exact * (1 + MARGIN) + TINY, scale, dtype)
+
+
+def _passes(measured, rule: ScreenRule) -> bool:
+    if isinstance(measured, bool):
+        return measured
+    d, scale, dtype = measured
+    if dtype not in rule.fixed:
+        return False
+    if scale is None:  # the source's own value: its own error is within the noise floor's bound
         return not rule.floors or rule.source_factor >= 1.0
-    d = exact * (1 + MARGIN) + TINY
     rtol, atol = rule.fixed[dtype]
     if d > atol + rtol * scale:
         return False

@@ -114,6 +114,7 @@ class Lanes:
         self._ahead_stop = StopFlag()
         self._index: UnitIndex | None = None
         self._counting = threading.Lock()
+        self._chain_logs: list[str] = []  # `Runtime.chain_log`'s files, removed at close
 
     @property
     def compile_lanes(self) -> int:
@@ -310,7 +311,8 @@ class Lanes:
         for worker in workers:
             worker.close()
         self.zygotes.close()
-        try:
-            os.unlink(self.ledger_path)
-        except OSError:
-            pass
+        for path in [self.ledger_path, *self._chain_logs]:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass

@@ -126,6 +126,8 @@ class ChainRequest:
     suspects: int = 1
     sync_each: bool = False  # wait for the device after each unit: a fault is reported by the unit that made it
     also_keep: frozenset[str] = frozenset()  # with `screen`: values returned whatever the screen says (`also_kept`)
+    isolated_screen: ScreenRule | None = None  # with `screen` and `log`: each value checked against this rule too
+    log: str = ""  # with `screen`: the file each unit's outcome is appended to as it runs (runtime/chain_log.py)
 
 
 @dataclass
@@ -148,6 +150,8 @@ class BatchRequest:
     keep: ClassVar[tuple] = ()  # a batch keeps only its suspects' values
     accept: ClassVar[frozenset] = frozenset()
     also_keep: ClassVar[frozenset] = frozenset()
+    isolated_screen: ClassVar[None] = None
+    log: ClassVar[str] = ""
     sync_each: ClassVar[bool] = False  # nothing stays on the device from one unit to the next
 
 

@@ -8,7 +8,9 @@ Two records, in the compile cache's folder under `memo/<trace identity>/`, let a
 - **checkpoints**: a screening chain's live values at a position (the values a later unit reads),
   by a digest of everything before it: each unit's op, key, inputs, and whether it was screened or
   accepted, every screened one having cleared. A later chain whose units up to there have the same
-  digest starts from the latest such checkpoint (`chain-<digest>.npz`, plain arrays, no pickle).
+  digest starts from the latest such checkpoint (`chain-<digest>.npz`, plain arrays, no pickle),
+  which also names the ops before it whose values cleared the isolated screen (`cleared_before`:
+  a bisect's sweep does not run those alone, runtime/chain_log.py).
 And one note for the session's scheduling: whether the last search's chain found its divergence
 (`search-<salt>.json`; `Runtime.build_ahead_of_search`).
 The trace's identity is its file's (path, device, inode, size, modification time): a trace written
@@ -183,15 +185,27 @@ class RunMemo:
             return None
         return values
 
+    def cleared_before(self, digest: str, rule: str) -> list[str] | None:
+        """The ops before checkpoint `digest` whose values cleared the isolated screen `rule` (its repr),
+        as the chain that saved it found; None when it did not say, or said it for another rule."""
+        try:
+            with np.load(self._checkpoint_path(digest), allow_pickle=False) as archive:
+                saved_rule, names = json.loads(bytes(archive["cleared"]).decode())
+        except Exception:  # noqa: BLE001 - none saved, or unreadable: nothing is known
+            return None
+        return [str(name) for name in names] if saved_rule == rule and isinstance(names, list) else None
+
     def start_chain(self) -> None:
         """A new chain: CHAIN_CHECKPOINT_BYTES are its own to save; the trace's oldest checkpoints
         go first if the ones before it left more than TRACE_MEMO_BYTES."""
         self.saved_bytes = 0
         self._prune()
 
-    def save(self, digest: str, values: dict[str, list[np.ndarray]]) -> bool:
+    def save(self, digest: str, values: dict[str, list[np.ndarray]],
+             cleared: tuple[str, list[str]] | None = None) -> bool:
         """Save live values under `digest` (written under a temporary name, renamed into place); False
-        when they are too big for one checkpoint or for what this chain may still save."""
+        when they are too big for one checkpoint or for what this chain may still save. `cleared`:
+        (an isolated screen rule, the ops before it whose values cleared it), for `cleared_before`."""
         size = sum(array.nbytes for arrays in values.values() for array in arrays)
         if size > CHECKPOINT_MAX_BYTES or self.saved_bytes + size > CHAIN_CHECKPOINT_BYTES:
             return False
@@ -205,7 +219,9 @@ class RunMemo:
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             text = np.frombuffer(json.dumps(manifest).encode(), dtype=np.uint8)
-            write_npz(str(temporary), [("manifest", text)] + [(f"v{i}", array) for i, array in enumerate(arrays)])
+            notes = [("cleared", np.frombuffer(json.dumps(list(cleared)).encode(), dtype=np.uint8))] if cleared else []
+            write_npz(str(temporary), [("manifest", text)] + notes
+                      + [(f"v{i}", array) for i, array in enumerate(arrays)])
             os.replace(temporary, path)
         except (OSError, ValueError):
             temporary.unlink(missing_ok=True)

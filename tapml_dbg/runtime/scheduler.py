@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import math
 import os
+import tempfile
 from functools import cached_property
 from pathlib import Path
 from typing import Callable, Generic, Iterable, Iterator, TypeVar
 
 from tapml_dbg.errors import TapmlError
 from tapml_dbg.runtime.background import Background, StopFlag, Stream
+from tapml_dbg.runtime.chain_log import ChainLog
 from tapml_dbg.runtime.compile_cache import DEFAULT_CACHE_DIR, load_transform, transform_identity
 from tapml_dbg.runtime.lanes import MIN_COMPILE_LANES, Lanes
 from tapml_dbg.runtime.messages import ChainRequest, UnitRequest, UnitResult
@@ -77,6 +79,14 @@ class Runtime(Lanes):
         timeout_s)`) run on the side worker while the caller's own work takes the lanes: two cores at
         work where there are two. None where there is no side worker (the caller makes it itself)."""
         return BesideSeries(self, produce, name, weight) if self.has_side else None
+
+    def chain_log(self) -> ChainLog:
+        """A new, empty log for a chain's worker to write its units' outcomes to as it goes (the
+        chain's `log`, runtime/chain_log.py), and its reader: a sweep beside the chain follows it."""
+        handle, path = tempfile.mkstemp(prefix="tapml-chain-", suffix=".txt")
+        os.close(handle)
+        self._chain_logs.append(path)
+        return ChainLog(path)
 
     def chain_timeout(self, units: int) -> float:
         """How long a chain of `units` one-op units may take: the unit timeout once per OPS_PER_TIMEOUT."""

@@ -23,7 +23,8 @@ import psutil
 
 from tapml_dbg.errors import TapmlError, TraceError
 from tapml_dbg.portable import HOST_KINDS, PortableError, Runner, flatten, one_line
-from tapml_dbg.portable.screen import clearly_passes
+from tapml_dbg.portable.screen import clearly_passes, clearly_passes_each
+from tapml_dbg.runtime.chain_log import ChainLogWriter
 from tapml_dbg.runtime.compile_cache import (TOGETHER_MAX_UNITS, CacheEntry, CompiledUnit, KeyLedger, build_together,
                                              compile_only, compile_unit, environment_scope, library_key,
                                              load_transform, transform_identity, unit_id)
@@ -102,6 +103,7 @@ class _WorkerState:
         self.memo: RunMemo | None | bool = False  # False: not opened yet (`_memo`)
         self.looked_ahead = 0  # the chain's units up to here were considered for building together
         self.together: set[str] = set()  # keys built together by this worker, not yet reported as compiled
+        self.isolated_cleared: list[str] = []  # the running chain's ops whose values cleared the isolated screen
 
     def warm_up(self) -> None:
         """What every worker's first unit pays, paid before it is asked for one (workers start
@@ -131,6 +133,8 @@ class _WorkerState:
         checkpoints of its own while every value so far cleared."""
         independent = isinstance(chain, BatchRequest)
         self.chain_values = {}
+        log = ChainLogWriter(chain.log if chain.screen is not None else "")
+        self.isolated_cleared = []
         try:
             self._trace()  # open here: the read-ahead's plan only looks things up in it
             memo = self._memo() if chain.screen is not None else None
@@ -141,6 +145,8 @@ class _WorkerState:
             elif memo is not None:
                 memo.start_chain()
                 start, digest = self._resume(chain, memo, keys)
+                if start and log.fd is not None:
+                    self._log_resumed(chain, memo, digest, start, log)
             self.read_ahead = ReadAhead(partial(self._reads_of, chain, start, set(remembered)), READ_AHEAD_BYTES)
             kept: dict[str, list] = {}
             also_kept: dict[str, list] = {}
@@ -158,7 +164,7 @@ class _WorkerState:
                     keys.append((remembered[name], True))
                     continue
                 if position in checkpoints and position > start and not suspects:
-                    self._save_checkpoint(memo, digest, position, last_read)
+                    self._save_checkpoint(memo, digest, position, last_read, chain.isolated_screen)
                 if independent and chain.defer_unbuilt:
                     unit = self._built_or_none(unit)
                     if unit is None:
@@ -180,7 +186,9 @@ class _WorkerState:
                         digest = memo.step(digest, name, _key_of(reply), unit.inputs, _treated(chain, name))
                 if chain.screen is not None and name not in chain.accept:
                     values = [value.numpy() for value in reply.outputs[0]]
-                    if name in chain.unscreened or not self._clear(name, values, chain.screen):
+                    if name in chain.unscreened or not self._clear(name, values, chain.screen, log,
+                                                                   chain.isolated_screen):
+                        log.write(name, False)
                         suspects.append(name)
                         kept[name] = values
                         upstream[name] = {ref[1]: [value.numpy() for value in self.chain_values[ref[1]]]
@@ -191,6 +199,8 @@ class _WorkerState:
                         memo.add_cleared(memo.unit_digest(name, key, unit.inputs, chain.screen))
                 elif name in wanted:
                     kept[name] = [value.numpy() for value in reply.outputs[0]]
+                if chain.screen is not None and name in chain.accept:  # judged elsewhere: not cleared here
+                    log.write(name, False)
                 if chain.screen is not None and name in chain.also_keep:
                     also_kept[name] = [value.numpy() for value in reply.outputs[0]]
                 for done in last_use.pop(position, ()):  # no later unit reads it: free the device memory
@@ -202,6 +212,7 @@ class _WorkerState:
         except TraceError as exc:  # a corrupt recorded value the screen read: the trace's own message
             return UnitResult(UnitStatus.TRACE_ERROR, message=str(exc))
         finally:
+            log.close()
             self.chain_values = {}
             if self.read_ahead is not None:
                 self.read_ahead.close()
@@ -264,14 +275,27 @@ class _WorkerState:
             return start, digest
         return 0, first
 
-    def _save_checkpoint(self, memo: RunMemo, digest: str, position: int, last_read: dict[str, int]) -> None:
+    def _save_checkpoint(self, memo: RunMemo, digest: str, position: int, last_read: dict[str, int],
+                         isolated_screen) -> None:
         """The values units from `position` on read, saved under the digest of the units before it
-        (once: a chain run again, the tokens phase's, finds it there)."""
+        (once: a chain run again, the tokens phase's, finds it there), with the ops before it whose
+        values cleared the isolated screen when the chain checks that one (`ChainRequest.log`)."""
         if memo.has_checkpoint(digest):
             return
         live = {name: [value.numpy() for value in tensors] for name, tensors in self.chain_values.items()
                 if last_read.get(name, -1) >= position}
-        memo.save(digest, live)
+        cleared = (repr(isolated_screen), list(self.isolated_cleared)) if isolated_screen is not None else None
+        memo.save(digest, live, cleared)
+
+    def _log_resumed(self, chain: ChainRequest, memo: RunMemo, digest: str, start: int, log: ChainLogWriter) -> None:
+        """A chain started from a checkpoint: the units before it, in the log as the chain that saved it
+        found them (not cleared by the isolated screen where it did not say)."""
+        cleared = set(memo.cleared_before(digest, repr(chain.isolated_screen)) or ()) \
+            if chain.isolated_screen is not None else set()
+        for name in chain.names[:start]:
+            log.write(name, name in cleared)
+            if name in cleared:
+                self.isolated_cleared.append(name)
 
     def _build_together(self, units: list[UnitRequest], position: int) -> None:
         """When the unit at `position` is not in the cache, it and the next ones the cache lacks are
@@ -346,13 +370,21 @@ class _WorkerState:
                 return values
         return self.recorded.get(index)
 
-    def _clear(self, name: str, values: list, rule) -> bool:
-        """Whether op `name`'s target values clearly pass against its recorded ones (judge/screen.py)."""
+    def _clear(self, name: str, values: list, rule, log: ChainLogWriter | None = None, isolated=None) -> bool:
+        """Whether op `name`'s target values clearly pass against its recorded ones (judge/screen.py).
+        With a `log` (a chain's): a value that does is logged, cleared when it passes `isolated` too."""
         reader = self._trace()
         index = self.op_index.get(name)
         if index is None or (index not in self.recorded and not reader.has_op(index)):
             return False
-        return clearly_passes(values, self._recorded(index), rule)
+        if log is None or log.fd is None:
+            return clearly_passes(values, self._recorded(index), rule)
+        passed, alone = clearly_passes_each(values, self._recorded(index), (rule, isolated or rule))
+        if passed:
+            log.write(name, alone and isolated is not None)
+            if alone and isolated is not None:
+                self.isolated_cleared.append(name)
+        return passed
 
     def _unit(self, request: UnitRequest, keep_on_device: bool = False, sync: bool = False) -> UnitResult:
         """Compile (or load) and run one unit. `sync`: wait for the device before replying, so that an
