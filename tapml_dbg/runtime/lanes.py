@@ -31,7 +31,7 @@ from tapml_dbg.errors import TargetError, TraceError, UsageError
 from tapml_dbg.runtime.background import Background, StopFlag
 from tapml_dbg.runtime.compile_cache import UnitIndex
 from tapml_dbg.runtime.executor import TargetExecutor
-from tapml_dbg.runtime.messages import ChainRequest, UnitRequest, UnitResult, UnitStatus, WorkerConfig
+from tapml_dbg.runtime.messages import BuildRequest, ChainRequest, UnitRequest, UnitResult, UnitStatus, WorkerConfig
 from tapml_dbg.runtime.pool import Deferred, Dispatch, ExecutorPool, LanePlan, Pipeline, plan_lanes
 from tapml_dbg.runtime.target import TargetSpec
 from tapml_dbg.runtime.zygote import ZygoteSlot
@@ -41,6 +41,7 @@ UNITS_PER_COMPILE_LANE = 48  # a dispatch starts one compile lane per this many 
 MIN_COMPILE_LANES = 2  # ... and none unless it would start this many (one would only move the compiles)
 EARLY_SIDE_MIN_CORES = 4  # cores a machine needs for a search's side worker to start with the session
 AHEAD_NICENESS = 10  # the worker building units ahead takes idle cycles only: what a search waits on comes first
+AHEAD_UNITS_PER_REQUEST = 128  # units a builder ahead sends its worker at a time (built together where they can be)
 
 
 def default_compile_lanes() -> int:
@@ -190,7 +191,8 @@ class Lanes:
 
     def build_ahead(self, requests: list[UnitRequest], niceness: int = AHEAD_NICENESS) -> None:
         """Compile units a later phase may run (a search's fused probes) into the cache, one after
-        another on a worker of their own at a low priority (`niceness`), while the caller goes on:
+        another on a worker of their own at a low priority (`niceness`), AHEAD_UNITS_PER_REQUEST to a
+        request (`BuildRequest`: built together where the target allows), while the caller goes on:
         on a machine whose cores the search leaves idle part of the time (the chain compiles one unit
         after another), the phase then finds them built. A unit another worker is building is left to
         it; a failure is left to the unit's run to report. Where there is no core to spare: nothing.
@@ -207,10 +209,10 @@ class Lanes:
 
         def build() -> None:
             try:
-                for request in requests:
+                for start in range(0, len(requests), AHEAD_UNITS_PER_REQUEST):
                     if stop.is_set():
                         return
-                    result = worker.run(request.prepared(ahead=True))
+                    result = worker.run(BuildRequest(requests[start:start + AHEAD_UNITS_PER_REQUEST]))
                     with self._counting:
                         self.cache.add(result, ahead=True)  # libraries built, no probe of the search
             finally:  # stopped: a worker it started again after the stop's kill is killed too

@@ -156,6 +156,19 @@ class BatchRequest:
 
 
 @dataclass
+class BuildRequest:
+    """Compile units into the cache without running them, several into one library where the target
+    allows (`compile_cache.build_together`): what the builder ahead of a search sends, a few dozen
+    units at a time. A key another worker is building is left to it. The result's `unit_keys`:
+    (key, from the cache) of each unit that has one."""
+
+    units: list[UnitRequest]
+
+    prepare: ClassVar[bool] = True  # nothing runs on the device
+    compile_only: ClassVar[bool] = False
+
+
+@dataclass
 class UnitResult:
     """What a unit run gave."""
 

@@ -28,8 +28,8 @@ from tapml_dbg.runtime.chain_log import ChainLogWriter
 from tapml_dbg.runtime.compile_cache import (TOGETHER_MAX_UNITS, CacheEntry, CompiledUnit, KeyLedger, build_together,
                                              compile_only, compile_unit, environment_scope, library_key,
                                              load_transform, transform_identity, unit_id)
-from tapml_dbg.runtime.messages import (BatchRequest, ChainRequest, UnitRequest, UnitResult, UnitStatus, WorkerConfig,
-                                       WorkerReply)
+from tapml_dbg.runtime.messages import (BatchRequest, BuildRequest, ChainRequest, UnitRequest, UnitResult, UnitStatus,
+                                       WorkerConfig, WorkerReply)
 from tapml_dbg.runtime.run_memo import ACCEPTED, SCREENED, UNSCREENED, RunMemo, checkpoint_positions
 from tapml_dbg.runtime.target import NO_DEVICE_HINT, parse_target
 from tapml_dbg.trace import TraceReader
@@ -121,6 +121,8 @@ class _WorkerState:
         self.looked_ahead = 0
         if isinstance(request, (ChainRequest, BatchRequest)):
             return self._chain(request)
+        if isinstance(request, BuildRequest):
+            return self._build(request)
         return self._unit(request)
 
     def _chain(self, chain: ChainRequest | BatchRequest) -> UnitResult:
@@ -296,6 +298,17 @@ class _WorkerState:
             log.write(name, name in cleared)
             if name in cleared:
                 self.isolated_cleared.append(name)
+
+    def _build(self, request: BuildRequest) -> UnitResult:
+        """A builder's units into the cache: together where they can be, the rest one by one (a key
+        another worker is building is left to it)."""
+        keys = []
+        for position, unit in enumerate(request.units):
+            self._build_together(request.units, position)
+            reply = self._unit(unit.prepared(ahead=True))
+            if reply.key:
+                keys.append((reply.key, reply.cached))
+        return UnitResult(UnitStatus.OK, unit_keys=keys)
 
     def _build_together(self, units: list[UnitRequest], position: int) -> None:
         """When the unit at `position` is not in the cache, it and the next ones the cache lacks are
