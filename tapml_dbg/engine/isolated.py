@@ -173,25 +173,30 @@ class IsolatedVerdicts:
                     work.submit(held[0], ("batch", tuple(held), request.suspects), request)
 
             def follow() -> list[int]:
-                """Settle or submit the ops the lead has passed; the ones it has not, to wait for."""
+                """Settle or submit the ops the lead has passed, SWEEP_BATCH of `todo` at a time (a chunk
+                once the lead has passed all of it: the same requests whatever the timing); the rest wait."""
                 nonlocal finished
                 lead.log.refresh()
                 done, reached, cleared = lead.done(), lead.log.reached, lead.log.cleared
-                waiting, run = [], []
-                for index in following:
-                    name = self.ops[index].name
-                    if cut is not None and index > cut:
-                        continue
-                    if not done and name not in reached:
-                        waiting.append(index)
-                    elif name in cleared:  # the chain's value cleared the isolated screen: not run alone
-                        self.screened.add(index)
-                        finished += 1
-                        progress(finished, len(todo), f"isolated sweep op {index} (cleared by the chain)")
-                    else:
-                        run.append(index)
-                for batch in chunks(run, SWEEP_BATCH):
-                    submit_batch(batch)
+                limit = bound() if bound is not None else None
+                if limit is not None:
+                    cancel_above(limit)
+                waiting = [index for index in following if cut is None or index <= cut]
+                while waiting:
+                    chunk, rest = waiting[:SWEEP_BATCH], waiting[SWEEP_BATCH:]
+                    if not done and any(self.ops[index].name not in reached for index in chunk):
+                        break
+                    run = []
+                    for index in chunk:
+                        if self.ops[index].name in cleared:  # its chained value cleared the isolated screen
+                            self.screened.add(index)
+                            finished += 1
+                            progress(finished, len(todo), f"isolated sweep op {index} (cleared by the chain)")
+                        else:
+                            run.append(index)
+                    if run:
+                        submit_batch(run)
+                    waiting = rest
                 return waiting
 
             def cancel_above(index: int) -> None:

@@ -851,8 +851,8 @@ def _(result: BisectResult, console: Console) -> None:
                   f"({escape(culprit.op)}) in layer [cyan]{escape(layer_text(culprit.layer))}[/]{step_text(culprit.step)}")
     culprit_detail(culprit, console)
     _tokens_line(result.tokens, console)
-    console.print(f"  found on {escape(result.target)} with {result.probes} probes over {result.ops} ops "
-                  f"in {result.seconds:.1f} s")
+    probes = f"{result.probes} probe{'s' if result.probes != 1 else ''}"
+    console.print(f"  found on {escape(result.target)} with {probes} over {result.ops} ops in {result.seconds:.1f} s")
     if result.neighbourhood:  # isolated verdicts only: the search never runs the neighbours propagated
         table = Table(box=None, pad_edge=False, header_style="bold")
         for column in ("", "#", "name", "source op", "layer", "isolated"):
