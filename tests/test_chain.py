@@ -141,6 +141,7 @@ def test_the_culprits_second_run_is_made_while_the_other_half_of_the_search_goes
     and explaining it runs nothing more."""
     import time
 
+    from tapml_dbg.engine import isolated as isolated_module
     from tapml_dbg.engine.isolated import IsolatedVerdicts
     from tapml_dbg.engine.verdicts import Verdicts
     from tapml_dbg.runtime.lanes import Lanes
@@ -174,6 +175,9 @@ def test_the_culprits_second_run_is_made_while_the_other_half_of_the_search_goes
         monkeypatch.setattr(IsolatedVerdicts, "fill", slow_sweep)
     else:
         monkeypatch.setattr(Lanes, "run_beside", slow_chain)
+        # the sweep follows the chain a chunk at a time: small chunks, so that the one holding the fault is
+        # passed (and swept) while the chain goes on collecting suspects, as on a model of many ops
+        monkeypatch.setattr(isolated_module, "SWEEP_BATCH", 4)
     monkeypatch.setattr(Verdicts, "explain", explained)
     monkeypatch.setattr(Lanes, "run", counted_run)
     with Session.open(traces.get("mlp"), transform=fault_transform(tmp_path, "scale", "gelu_1")) as session:
