@@ -333,3 +333,19 @@ def test_a_unit_another_worker_is_building_is_left_out_of_a_build_together(clean
     assert built == set(distinct) - striped and not busy.library.exists()
     assert compile_cache.build_together(units[:1], "llvm", None, tmp_path / "one") == set()  # one alone: not here
     assert compile_cache.build_together(units, "cuda", None, tmp_path / "gpu") == set()  # host targets only
+
+
+def test_a_library_that_fails_to_build_together_leaves_each_unit_to_its_own_build(clean, tmp_path, monkeypatch):
+    """One unit's compile error spoils a library built together: nothing of it is stored (no key points
+    at it), and each unit then builds alone, so the error stays that unit's own."""
+    units = [clean.requests.one_op_unit(op.name)[0] for op in clean.ops if op.outputs][:6]
+
+    def failing(*_args, **_kwargs):
+        raise RuntimeError("a codegen error in one of the units")
+
+    monkeypatch.setattr(compile_cache, "_store_together", failing)
+    assert compile_cache.build_together(units, "llvm", None, tmp_path) == set()
+    assert not list(tmp_path.glob("*.so")) and not list(tmp_path.glob("*.json"))
+    monkeypatch.undo()
+    alone = compile_cache.compile_unit(units[0], "llvm", None, tmp_path)
+    assert not alone.cached and alone.path.is_file()
