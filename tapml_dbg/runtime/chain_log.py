@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import os
 
+from tapml_dbg.runtime.appended import AppendedLines
+
 
 class ChainLogWriter:
     """The worker's side: appended to as the chain goes ("": nothing is written)."""
@@ -38,20 +40,12 @@ class ChainLog:
 
     def __init__(self, path: str):
         self.path = path
-        self._offset = 0
+        self._lines = AppendedLines(path)
         self.reached: set[str] = set()
         self.cleared: set[str] = set()
 
     def refresh(self) -> None:
-        try:
-            with open(self.path, "rb") as handle:
-                handle.seek(self._offset)
-                data = handle.read()
-        except OSError:
-            return
-        complete = data[:data.rfind(b"\n") + 1]
-        self._offset += len(complete)
-        for line in complete.decode(errors="replace").splitlines():
+        for line in self._lines.new():
             name, _space, flag = line.rpartition(" ")
             if name:
                 self.reached.add(name)

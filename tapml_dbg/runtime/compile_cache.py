@@ -38,6 +38,7 @@ from pathlib import Path
 from tapml_dbg import portable, settings
 from tapml_dbg.errors import UsageError
 from tapml_dbg.model.serialize import function_from_json, without_names
+from tapml_dbg.runtime.appended import AppendedLines
 from tapml_dbg.runtime.target import parse_target
 
 DEFAULT_CACHE_DIR = settings.value(settings.CACHE_DIR)
@@ -306,7 +307,7 @@ class KeyLedger:
     def __init__(self, path: str, scope: str = ""):
         self.path = path
         self.scope = scope
-        self._offset = 0
+        self._lines = AppendedLines(path)
         self._keys: dict[tuple[str, str], str] = {}
 
     def add(self, identity: str, unit_id: str, key: str) -> None:
@@ -330,15 +331,7 @@ class KeyLedger:
         return self._keys.get((identity, unit_id))
 
     def _read_new(self) -> None:
-        try:
-            with open(self.path, "rb") as handle:
-                handle.seek(self._offset)
-                data = handle.read()
-        except OSError:
-            return
-        complete = data[:data.rfind(b"\n") + 1]
-        self._offset += len(complete)
-        for line in complete.decode(errors="replace").splitlines():
+        for line in self._lines.new():
             parts = line.split(" ")
             if len(parts) == 3:
                 self._keys.setdefault((parts[0], parts[1]), parts[2])
