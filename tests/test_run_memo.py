@@ -99,6 +99,20 @@ def test_damaged_checkpoints_are_set_aside(traces, tmp_path):
     assert all(not checkpoint.exists() or checkpoint.stat().st_size > 100 for checkpoint in saved)
 
 
+def test_a_checkpoint_says_which_ops_before_it_cleared_the_isolated_screen_under_its_rule(tmp_path):
+    """What a chain resumed from a checkpoint logs for the ops it skips (runtime/chain_log.py): the names
+    saved with it, for the same isolated rule only; nothing is known of a checkpoint saved without them."""
+    trace = tmp_path / "t.h5"
+    trace.write_bytes(b"x")
+    memo = RunMemo.open(str(tmp_path / "cache"), str(trace), TargetSpec())
+    values = {"a": [np.ones(3, np.float32)]}
+    assert memo.save("c" * 32, values, ("rule A", ["add", "gelu"])) and memo.save("n" * 32, values)
+    again = RunMemo.open(str(tmp_path / "cache"), str(trace), TargetSpec())
+    assert again.cleared_before("c" * 32, "rule A") == ["add", "gelu"]
+    assert again.cleared_before("c" * 32, "rule B") is None and again.cleared_before("n" * 32, "rule A") is None
+    assert set(again.load("c" * 32)) == {"a"}  # the values read back as before
+
+
 def test_checkpoint_values_come_back_bit_exact(tmp_path):
     trace = tmp_path / "t.h5"
     trace.write_bytes(b"x")
