@@ -349,3 +349,20 @@ def test_a_library_that_fails_to_build_together_leaves_each_unit_to_its_own_buil
     monkeypatch.undo()
     alone = compile_cache.compile_unit(units[0], "llvm", None, tmp_path)
     assert not alone.cached and alone.path.is_file()
+
+
+
+def test_a_chains_worker_builds_together_only_where_no_compile_lanes_build_side_by_side(mlp, tmp_path):
+    """With compile lanes, a chain's units are built one per lane in parallel: one worker's batch of 32
+    would serialize them. The builder ahead, one worker by nature, is not told otherwise."""
+    from tapml_dbg.runtime.messages import WorkerConfig
+    from tapml_dbg.runtime.target import TargetSpec
+
+    with_lanes = lanes.Lanes(str(mlp), TargetSpec(), str(tmp_path), compile_lanes=2)
+    without = lanes.Lanes(str(mlp), TargetSpec(), str(tmp_path), compile_lanes=0)
+    try:
+        assert not with_lanes.pool.config.together and without.pool.config.together
+        assert WorkerConfig.from_json(with_lanes.pool.config.to_json()).together is False
+    finally:
+        with_lanes.close()
+        without.close()

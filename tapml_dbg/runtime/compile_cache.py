@@ -45,6 +45,11 @@ DEFAULT_CACHE_DIR = settings.value(settings.CACHE_DIR)
 KEY_CHARS = 32
 BUILD_RECIPE = 2  # bump when portable.build's pipeline changes what the library of a key holds
 TOGETHER_MAX_UNITS = 32  # units built into one library at most (the first unit runs once all are built)
+# target kinds whose units are built together: host code. On CUDA the same bytes come out (checked on an H100,
+# 130 units of three models) at a fraction of the compile time, but a GPU unit's device-code check is per
+# unit, and a chain's worker building 32 units in one go serializes what a GPU host's compile lanes build
+# side by side (docs/perf.md "Run U")
+TOGETHER_KINDS = ("llvm", "c")
 LOCK_FOLDER = "locks"
 INDEX_FOLDER = "index"  # UnitIndex files: one per (target, transform file text)
 LOCK_STRIPES = 256  # keys share this many lock files (a key's lock: its first two hex digits)
@@ -102,14 +107,14 @@ def compile_unit(unit_json: dict, target: str, transform: str | None, cache_dir:
 def build_together(unit_jsons: list[dict], target: str, transform: str | None, cache_dir: Path,
                    export_format: str = "so") -> set[str]:
     """Build the units the cache lacks into one library (a key per unit, `portable.shared_entry`
-    naming each one's entry), for a host target; returns the keys it built. Best effort, never
-    raises: a unit whose transformed module is more than its one function, whose key another
+    naming each one's entry), for a TOGETHER_KINDS target; returns the keys it built. Best effort,
+    never raises: a unit whose transformed module is more than its one function, whose key another
     worker is building (its lock is held: no waiting here), or a library that fails to build as a
     whole is left out, and the caller builds it alone as usual (a compile error is then that
     unit's own)."""
     try:
         tvm_target = parse_target(target)
-        if tvm_target.kind.name not in portable.HOST_KINDS:
+        if tvm_target.kind.name not in TOGETHER_KINDS:
             return set()
         wanted: dict[str, tuple[CacheEntry, object]] = {}  # key -> (entry, its function after the transform)
         for unit_json in unit_jsons:

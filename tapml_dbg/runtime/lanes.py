@@ -99,10 +99,11 @@ class Lanes:
         self.zygotes = ZygoteSlot()  # every worker of the session is forked from one TVM import
         handle, self.ledger_path = tempfile.mkstemp(prefix="tapml-keys-", suffix=".txt")  # compile_cache.KeyLedger
         os.close(handle)
-        self.pool = ExecutorPool(WorkerConfig(trace_path=trace_path, spec=spec, cache_dir=cache_dir,
-                                              ledger_path=self.ledger_path),
-                                 lanes=self.plan.lanes, zygotes=self.zygotes)
         count = default_compile_lanes() if compile_lanes is None else compile_lanes
+        # a chain's worker builds the units it lacks together only where no compile lanes build them side by side
+        self.pool = ExecutorPool(WorkerConfig(trace_path=trace_path, spec=spec, cache_dir=cache_dir,
+                                              ledger_path=self.ledger_path, together=count < MIN_COMPILE_LANES),
+                                 lanes=self.plan.lanes, zygotes=self.zygotes)
         host = spec.with_options(rpc=None, tracker=None, key=None)  # compile lanes never open a device
         self.compile_pool = ExecutorPool(WorkerConfig(trace_path=trace_path, spec=host, cache_dir=cache_dir,
                                                       ledger_path=self.ledger_path),
@@ -203,7 +204,7 @@ class Lanes:
             return
         config = self.pool.config
         host = config.spec.with_options(rpc=None, tracker=None, key=None)  # it never opens a device
-        worker = TargetExecutor(replace(config, spec=host, niceness=niceness), self.zygotes)
+        worker = TargetExecutor(replace(config, spec=host, niceness=niceness, together=True), self.zygotes)
         stop = self._ahead_stop = StopFlag()
         self._ahead = worker
 

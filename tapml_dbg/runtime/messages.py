@@ -59,16 +59,17 @@ class WorkerConfig:
     cache_dir: str = ""
     ledger_path: str = ""  # the session's KeyLedger (runtime/compile_cache.py); "": none
     niceness: int = 0  # added to the worker's niceness when it starts (a worker building ahead: idle cycles only)
+    together: bool = True  # a chain or batch builds the units it lacks together (off where compile lanes build them)
 
     def to_json(self) -> str:
         return json.dumps({"trace_path": self.trace_path, "spec": self.spec.to_json(), "cache_dir": self.cache_dir,
-                           "ledger_path": self.ledger_path, "niceness": self.niceness})
+                           "ledger_path": self.ledger_path, "niceness": self.niceness, "together": self.together})
 
     @classmethod
     def from_json(cls, text: str) -> "WorkerConfig":
         data = json.loads(text)
         return cls(data["trace_path"], TargetSpec.from_json(data["spec"]), data["cache_dir"],
-                   data.get("ledger_path", ""), int(data.get("niceness", 0)))
+                   data.get("ledger_path", ""), int(data.get("niceness", 0)), bool(data.get("together", True)))
 
 
 @dataclass

@@ -22,12 +22,12 @@ from pathlib import Path
 import psutil
 
 from tapml_dbg.errors import TapmlError, TraceError
-from tapml_dbg.portable import HOST_KINDS, PortableError, Runner, flatten, one_line
+from tapml_dbg.portable import PortableError, Runner, flatten, one_line
 from tapml_dbg.portable.screen import clearly_passes, clearly_passes_each
 from tapml_dbg.runtime.chain_log import ChainLogWriter
-from tapml_dbg.runtime.compile_cache import (TOGETHER_MAX_UNITS, CacheEntry, CompiledUnit, KeyLedger, build_together,
-                                             compile_only, compile_unit, environment_scope, library_key,
-                                             load_transform, transform_identity, unit_id)
+from tapml_dbg.runtime.compile_cache import (TOGETHER_KINDS, TOGETHER_MAX_UNITS, CacheEntry, CompiledUnit, KeyLedger,
+                                             build_together, compile_only, compile_unit, environment_scope,
+                                             library_key, load_transform, transform_identity, unit_id)
 from tapml_dbg.runtime.messages import (BatchRequest, BuildRequest, ChainRequest, UnitRequest, UnitResult, UnitStatus,
                                        WorkerConfig, WorkerReply)
 from tapml_dbg.runtime.run_memo import ACCEPTED, SCREENED, UNSCREENED, RunMemo, checkpoint_positions
@@ -172,7 +172,7 @@ class _WorkerState:
                     if unit is None:
                         deferred.append(name)
                         continue
-                else:
+                elif self.config.together:
                     self._build_together(chain.units, position)
                 reply = self._unit(unit, keep_on_device=True, sync=chain.sync_each)
                 if reply.status == UnitStatus.TRACE_ERROR:  # the trace's own one-line message
@@ -317,7 +317,7 @@ class _WorkerState:
         by one as before. Looked at once per stretch of TOGETHER_LOOKAHEAD_UNITS units."""
         spec = self.config.spec
         if position < self.looked_ahead or spec.rpc or spec.tracker or units[position].library \
-                or parse_target(spec.target).kind.name not in HOST_KINDS:
+                or parse_target(spec.target).kind.name not in TOGETHER_KINDS:
             return
         try:
             if not self._compiled(units[position], build=False).elsewhere:
