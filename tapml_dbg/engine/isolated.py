@@ -231,11 +231,7 @@ class IsolatedVerdicts:
                         submit_batch(batch, defer=False)
                     later.clear()
                     continue
-                limit = bound() if bound is not None else None
-                if limit is not None:
-                    cancel_above(limit)
-                following = [index for index in following if cut is None or index <= cut]
-                if not following:
+                if not following:  # (`follow` drops the ops above a failure or the bound)
                     return
                 if not work.pending:
                     time.sleep(FOLLOW_POLL_S)

@@ -201,28 +201,30 @@ class CacheEntry:
 
     def store(self, executable) -> None:
         """Export the library, then its record, each under a temporary name renamed into place."""
-        suffix = f".tmp{os.getpid()}"  # executor.py removes a killed worker's `*.tmpPID.*` files
-        library_tmp = self.library.with_suffix(f"{suffix}{self.library.suffix}")
+        library_tmp = self._temporary(self.library)
         executable.export_library(str(library_tmp), **_link_options(self.library.suffix))
-        record = {"size": library_tmp.stat().st_size, "sha256": _file_digest(library_tmp)}
-        meta_tmp = self.meta.with_suffix(f"{suffix}{ENTRY_META_SUFFIX}")
-        meta_tmp.write_text(json.dumps(record))
-        self.meta.unlink(missing_ok=True)  # never a new library under the old record
-        os.replace(library_tmp, self.library)
-        os.replace(meta_tmp, self.meta)
+        self._install(library_tmp, {"size": library_tmp.stat().st_size, "sha256": _file_digest(library_tmp)})
 
     def store_file(self, library: Path, record: dict) -> None:
-        """This key's entry as a hard link to a library built already (with its record), in `store`'s order."""
-        suffix = f".tmp{os.getpid()}"
-        library_tmp = self.library.with_suffix(f"{suffix}{self.library.suffix}")
+        """This key's entry as a hard link to a library built already (with its record), as `store` writes one."""
+        library_tmp = self._temporary(self.library)
         library_tmp.unlink(missing_ok=True)
         try:
             os.link(library, library_tmp)
         except OSError:  # a file system without hard links
             shutil.copyfile(library, library_tmp)
-        meta_tmp = self.meta.with_suffix(f"{suffix}{ENTRY_META_SUFFIX}")
+        self._install(library_tmp, record)
+
+    @staticmethod
+    def _temporary(path: Path) -> Path:
+        """`path` under this process's temporary name (executor.py removes a killed worker's `*.tmpPID.*` files)."""
+        return path.with_suffix(f".tmp{os.getpid()}{path.suffix}")
+
+    def _install(self, library_tmp: Path, record: dict) -> None:
+        """The record written beside it, then both renamed into place, library first."""
+        meta_tmp = self._temporary(self.meta)
         meta_tmp.write_text(json.dumps(record))
-        self.meta.unlink(missing_ok=True)
+        self.meta.unlink(missing_ok=True)  # never a new library under the old record
         os.replace(library_tmp, self.library)
         os.replace(meta_tmp, self.meta)
 

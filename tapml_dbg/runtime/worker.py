@@ -135,7 +135,7 @@ class _WorkerState:
         checkpoints of its own while every value so far cleared."""
         independent = isinstance(chain, BatchRequest)
         self.chain_values = {}
-        log = ChainLogWriter(chain.log if chain.screen is not None else "")
+        log = ChainLogWriter(chain.log if chain.screen is not None and chain.isolated_screen is not None else "")
         self.isolated_cleared = []
         try:
             self._trace()  # open here: the read-ahead's plan only looks things up in it
@@ -292,8 +292,7 @@ class _WorkerState:
     def _log_resumed(self, chain: ChainRequest, memo: RunMemo, digest: str, start: int, log: ChainLogWriter) -> None:
         """A chain started from a checkpoint: the units before it, in the log as the chain that saved it
         found them (not cleared by the isolated screen where it did not say)."""
-        cleared = set(memo.cleared_before(digest, repr(chain.isolated_screen)) or ()) \
-            if chain.isolated_screen is not None else set()
+        cleared = set(memo.cleared_before(digest, repr(chain.isolated_screen)) or ())
         for name in chain.names[:start]:
             log.write(name, name in cleared)
             if name in cleared:
@@ -392,10 +391,10 @@ class _WorkerState:
             return False
         if log is None or log.fd is None:
             return clearly_passes(values, self._recorded(index), rule)
-        passed, alone = clearly_passes_each(values, self._recorded(index), (rule, isolated or rule))
+        passed, alone = clearly_passes_each(values, self._recorded(index), (rule, isolated))
         if passed:
-            log.write(name, alone and isolated is not None)
-            if alone and isolated is not None:
+            log.write(name, alone)
+            if alone:
                 self.isolated_cleared.append(name)
         return passed
 
