@@ -305,7 +305,7 @@ def _final_bindings(returned: dict[str, object]) -> dict[str, Provenance]:
     return result
 
 
-def _relax_op_name(value) -> str:
+def relax_op_name(value) -> str:
     from tvm import relax
 
     if isinstance(value, relax.Call):
@@ -341,7 +341,7 @@ def _build_graph(mod, nodes, emitted, final_of_node) -> tuple[Graph, dict[str, P
         if spec is None:
             raise ModelError(f"input {name} has a dynamic shape; tapml-dbg records static shapes only")
     ops, provenance = _graph_ops(bindings, names, nodes, emitted, final_of_node)
-    outputs = _output_names(main)
+    outputs = output_names(main)
     return Graph(mod=mod, ops=ops, inputs=inputs, params=params, outputs=outputs), provenance, names
 
 
@@ -401,12 +401,12 @@ def _graph_ops(bindings, names: dict[str, str], nodes, emitted: dict[str, str],
         node_name = prov.node if prov else emitted.get(old, "")
         node = nodes.get(node_name)
         specs = flatten_ty(binding.var.ty)
-        inputs_of = _ordered_free_vars(binding.value)
+        inputs_of = ordered_free_vars(binding.value)
         ops.append(OpInfo(
             index=index,
             name=name,
-            op=str(node.target) if node is not None else _relax_op_name(binding.value),
-            relax_op=_relax_op_name(binding.value),
+            op=str(node.target) if node is not None else relax_op_name(binding.value),
+            relax_op=relax_op_name(binding.value),
             layer=layer_of(node) if node is not None else "",
             fx_node=node_name,
             inputs=inputs_of,
@@ -436,7 +436,7 @@ def _replace_main(mod, main):
     return mod
 
 
-def _ordered_free_vars(expr) -> list[str]:
+def ordered_free_vars(expr) -> list[str]:
     from tvm import relax
 
     seen: list[str] = []
@@ -446,7 +446,7 @@ def _ordered_free_vars(expr) -> list[str]:
     return seen
 
 
-def _output_names(main) -> list[str]:
+def output_names(main) -> list[str]:
     from tvm import relax
 
     body = main.body.body

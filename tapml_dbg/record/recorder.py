@@ -161,18 +161,18 @@ def _record_graph(model_spec, out_path, graph: Graph, provenance, program, modul
     input_arrays = {name: to_numpy(t) for (name, _), t in zip(graph.inputs, inputs)}
     param_arrays = _param_arrays(graph, program)
     meta, causal_lm, generation = _trace_meta(model_spec, graph, module, source, seed, plan, phases)
-    header = dict(meta=meta, graph_json=_graph_json(graph), tvmscript=graph.mod.script(),
+    header = dict(meta=meta, graph_json=graph_json_of(graph), tvmscript=graph.mod.script(),
                   ops=ops_json, inputs=input_arrays, params=param_arrays,
                   compression=compression, capture=plan is not None,
                   source_graph=source_graph_json(program, graph, provenance) if source == "torch" else None)
     run_started = time.perf_counter()
     phases["serialize"] = run_started - serialize_started
     runner = LocalRunner(graph.mod["main"], target=source[4:] if source.startswith("tvm:") else "llvm")
-    store = _ValueStore(graph, {**{k: [v] for k, v in input_arrays.items()},
+    store = ValueStore(graph, {**{k: [v] for k, v in input_arrays.items()},
                                 **{k: [v] for k, v in param_arrays.items()}})
     host = HostOps(graph.mod["main"], lambda op: runner.run_ops([op.name], store.values)[0])
     stored = set(plan.stored) if plan is not None else None
-    sink = _TraceSink(lambda: TraceWriter(out_path, **header), background=WRITE_IN_BACKGROUND)
+    sink = TraceSink(lambda: TraceWriter(out_path, **header), background=WRITE_IN_BACKGROUND)
     try:
         values, helpers, host_helpers = _record_ops(graph, provenance, program, inputs, source, runner, store, host,
                                                     sink, stored, progress)
@@ -203,7 +203,7 @@ def _trace_meta(model_spec, graph: Graph, module, source, seed, plan, phases: di
         "model": str(model_spec), "source": source, "seed": seed,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "versions": {"tvm": tvm.__version__, "torch": torch.__version__, "numpy": np.__version__,
-                     "python": platform.python_version(), "tapml_dbg": _own_version()},
+                     "python": platform.python_version(), "tapml_dbg": own_version()},
         "inputs": [name for name, _ in graph.inputs], "params": [name for name, _ in graph.params],
         "outputs": graph.outputs, "num_ops": len(graph.ops), "import_fixes": graph.import_fixes,
     }
@@ -280,7 +280,7 @@ def _finish_trace(writer, module, inputs, last_values, started, run_started, pha
     return record_seconds, eager
 
 
-class _TraceSink:
+class TraceSink:
     """Creates the trace writer and writes ops on a background thread, in submission order.
 
     Stats and HDF5 writes (numpy and HDF5 release the GIL for the heavy parts) then overlap the
@@ -373,7 +373,7 @@ class _TraceSink:
             self.writer.close(complete=False)
 
 
-def _graph_json(graph: Graph) -> str:
+def graph_json_of(graph: Graph) -> str:
     import json
 
     return json.dumps(function_to_json(graph.mod["main"]))
@@ -393,7 +393,7 @@ def _param_arrays(graph: Graph, program) -> dict[str, np.ndarray]:
     return arrays
 
 
-def _own_version() -> str:
+def own_version() -> str:
     try:
         from importlib.metadata import version
 
@@ -402,7 +402,7 @@ def _own_version() -> str:
         return "dev"
 
 
-class _ValueStore:
+class ValueStore:
     """Recorded values still needed by a later op; freed after their last consumer."""
 
     def __init__(self, graph: Graph, initial: dict[str, list[np.ndarray]]):
