@@ -93,6 +93,30 @@ def test_bad_target_and_transform(traces, tmp_path):
     _assert_one_line_error(run_cli("bisect", path, "--transform", str(tmp_path / "missing.py:f")), "not found")
 
 
+@pytest.mark.parametrize("target, needles", [
+    ('{"kind":"llvm","mcpu":"nonsense"}', ("mcpu 'nonsense'", "CPU names, e.g.")),
+    ('{"kind":"llvm","mcpu":"haswel"}', ("mcpu 'haswel'", "e.g. haswell")),  # a typo: the close names
+    ('{"kind":"llvm","mtriple":"nonsense-x"}', ("mtriple 'nonsense-x'",)),
+    ('{"kind":"cuda","arch":"sm_x"}', ("CUDA arch 'sm_x'",)),
+    ('{"kind":"cuda","host":{"kind":"llvm","mcpu":"nonsense"}}', ("mcpu 'nonsense'",)),
+])
+def test_a_target_tvm_would_only_warn_about_is_refused(target, needles):
+    """TVM 0.27 accepts these, logs a warning at compile time and compiles for a generic CPU (or fails
+    per unit): the tool refuses them at once, in one line that says what LLVM does know."""
+    from conftest import ROOT
+
+    trace = str(ROOT / "traces" / "sample_mlp.h5")
+    _assert_one_line_error(run_cli("bisect", trace, "--target", target), "invalid target", *needles)
+
+
+def test_a_target_llvm_knows_is_accepted():
+    from tapml_dbg.portable.runner import parse_target
+
+    for target in ('{"kind":"llvm","mcpu":"haswell"}', '{"kind":"llvm","mtriple":"aarch64-linux-gnu","mcpu":"cortex-a72"}',
+                   '{"kind":"cuda","arch":"sm_90a"}', "llvm"):
+        assert parse_target(target).kind.name in ("llvm", "cuda")
+
+
 def test_missing_op(traces, tmp_path):
     _assert_one_line_error(run_cli("dump", str(traces.get("mlp")), "--op", "no_such_op", "-o", str(tmp_path / "d")),
                            "no op named")

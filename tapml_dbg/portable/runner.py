@@ -6,8 +6,10 @@ same pipeline, apply the same device-code check and label the place the same way
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
+import re
 import shutil
 import tempfile
 import weakref
@@ -19,6 +21,7 @@ from .errors import PortableError, one_line
 
 DEFAULT_TARGET = "llvm"
 TARGET_HINT = "use e.g. llvm, cuda, or '{\"kind\":\"cuda\",\"arch\":\"sm_90\"}'"
+CUDA_ARCH = re.compile(r"sm_\d+[a-z]?")  # sm_80, sm_90a, sm_100f: what nvcc and NVRTC take
 HOST_KINDS = ("llvm", "c")  # target kinds whose code runs on the cpu device
 HOST_MODULE_KINDS = ("llvm", "c", "static_library", "library")  # runtime modules that hold no device code
 NO_DEVICE_HINT = "use --target, or --rpc HOST:PORT for a remote device"
@@ -34,9 +37,41 @@ def parse_target(text: str | None):
 
     text = (text or DEFAULT_TARGET).strip()
     try:
-        return tvm.target.Target(json.loads(text) if text.startswith("{") else text)
+        target = tvm.target.Target(json.loads(text) if text.startswith("{") else text)
     except Exception as exc:
         raise PortableError(f"invalid target {text!r}: {one_line(exc)} ({TARGET_HINT})") from exc
+    for part in (target, target.host):
+        problem = _refused_option(part) if part is not None else None
+        if problem:
+            raise PortableError(f"invalid target {text!r}: {problem}")
+    return target
+
+
+def _refused_option(target) -> str | None:
+    """What TVM would only warn about, then ignore (an llvm `mcpu` or `mtriple` LLVM does not know: TVM
+    logs it and compiles for a generic CPU) or accept and fail on later (a CUDA `arch` such as `sm_x`);
+    None when the target is fine."""
+    attrs, kind = target.attrs, target.kind.name
+    if kind == "cuda" and "arch" in attrs and not CUDA_ARCH.fullmatch(str(attrs["arch"])):
+        return f"CUDA arch {str(attrs['arch'])!r} is not sm_<number> (e.g. sm_80, sm_90a)"
+    if kind != "llvm" or not ({"mcpu", "mtriple"} & set(attrs.keys())):
+        return None
+    import tvm
+    from tvm.target import codegen
+
+    if not hasattr(codegen._ffi_api, "llvm_is_valid_cpu"):  # a TVM built without LLVM: nothing to ask
+        return None
+    triple = str(attrs.get("mtriple") or codegen.llvm_get_system_triple())
+    if "mtriple" in attrs and not codegen.llvm_is_valid_cpu("generic", triple):
+        return f"LLVM does not know the mtriple {triple!r} (e.g. {codegen.llvm_get_system_triple()}, aarch64-linux-gnu)"
+    cpu = str(attrs.get("mcpu", "generic"))
+    if codegen.llvm_is_valid_cpu(cpu, triple):
+        return None
+    known = list(codegen.llvm_get_cpu_archlist(tvm.target.Target({"kind": "llvm", "mtriple": triple})))
+    here = triple == codegen.llvm_get_system_triple() and codegen.llvm_get_system_cpu()
+    close = difflib.get_close_matches(cpu, known, n=3) or ([f"{here} (this machine's)"] if here else known[:3])
+    return (f"LLVM does not know the mcpu {cpu!r} for {triple} (TVM would ignore it and compile for a generic CPU); "
+            f"use one of its {len(known)} CPU names, e.g. {', '.join(close)}")
 
 
 def device_kind(target) -> str:
