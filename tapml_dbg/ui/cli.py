@@ -20,6 +20,8 @@ from tapml_dbg.engine.triage import triage
 from tapml_dbg import settings
 from tapml_dbg.errors import TapmlError, UsageError
 from tapml_dbg.frontend.generation import parse_steps
+from tapml_dbg.frontend.native import defines_native
+from tapml_dbg.record.native import record_native
 from tapml_dbg.record.recorder import record
 from tapml_dbg.repro.carve import carve
 from tapml_dbg.repro.dump import dump_op
@@ -112,7 +114,11 @@ def build_parser() -> argparse.ArgumentParser:
     rec.add_argument("model", metavar="MODEL", help="FILE.py[:FUNC], FUNC() -> (module, inputs)")
     rec.add_argument("-o", "--output", required=True, metavar="TRACE",
                      help="the trace file to write (.h5); its folder must exist")
-    rec.add_argument("--source", default="torch", help="torch (default) or tvm:TARGET")
+    rec.add_argument("--source", default="torch",
+                     help="torch (default) or tvm:TARGET; with tvm:TARGET a file that defines build_tvm() is "
+                          "recorded as a TVM-native model (docs/reference-target.md)")
+    rec.add_argument("--entry", metavar="NAME",
+                     help="a TVM-native model's entry function (default: main, else forward, else the only one)")
     rec.add_argument("--inputs", metavar="FILE.npz", help="real inputs, one array per model input")
     rec.add_argument("--seed", type=int, default=0, help="seed for random weights and inputs")
     rec.add_argument("--compression", choices=["none", "lzf", "gzip"], default="none",
@@ -287,11 +293,23 @@ def _bar(args) -> bool | None:
 
 
 def _record(args, out, err) -> int:
+    compression = None if args.compression == "none" else args.compression
+    native = args.source.startswith("tvm:") and (args.entry is not None or defines_native(args.model))
+    if args.entry is not None and not native:
+        raise UsageError("--entry names the entry function of a TVM-native model: give --source tvm:TARGET and "
+                         "a file that defines build_tvm()")
     with progress("recording", err) as report:
-        result = record(args.model, args.output, source=args.source, inputs_npz=args.inputs, seed=args.seed,
-                        compression=None if args.compression == "none" else args.compression,
-                        progress=report, window=args.window, max_bytes=args.max_bytes,
-                        generate=parse_steps(args.generate) if args.generate is not None else None)
+        if native:  # a TVM-native model: build_tvm() -> (IRModule, args), recorded on the source target
+            if args.generate is not None or args.inputs:
+                raise UsageError("--generate and --inputs are for PyTorch models; a TVM-native model's "
+                                 "build_tvm() returns its own arguments")
+            result = record_native(args.model, args.output, args.source[4:], entry=args.entry, seed=args.seed,
+                                   compression=compression, progress=report, window=args.window,
+                                   max_bytes=args.max_bytes)
+        else:
+            result = record(args.model, args.output, source=args.source, inputs_npz=args.inputs, seed=args.seed,
+                            compression=compression, progress=report, window=args.window, max_bytes=args.max_bytes,
+                            generate=parse_steps(args.generate) if args.generate is not None else None)
     render(result, out)
     trace = args.output
     render(NextCommands([(_command("bisect", trace), "find the first op that diverges on llvm"),
