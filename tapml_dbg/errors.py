@@ -22,5 +22,10 @@ class TargetError(TapmlError):
     """The target cannot be used: bad target string, no device, lost RPC connection."""
 
 
+class TransformError(TapmlError):
+    """The user's `--transform FILE.py:FUNC` raised while the tool applied it (the pass's own line is in
+    the message): a bug of the pass, never reported as the op failing to compile."""
+
+
 class UsageError(TapmlError):
     """A command or argument is wrong; the message gives the usage."""

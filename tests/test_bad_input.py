@@ -117,6 +117,38 @@ def test_a_target_llvm_knows_is_accepted():
         assert parse_target(target).kind.name in ("llvm", "cuda")
 
 
+RAISING_PASS = """\
+from tvm import relax
+
+
+def _check(binding):
+    if binding.var.name == "gelu_1":
+        raise ValueError("this pass does not handle gelu")  # line 6
+
+
+def broken(mod):
+    for _gvar, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            for block in func.body.blocks:
+                for binding in block.bindings:
+                    _check(binding)
+    return mod
+"""
+
+
+@pytest.mark.parametrize("command", ["bisect", "triage"])
+def test_an_exception_in_the_users_pass_is_reported_as_the_pass_failing(tmp_path, command):
+    """Not "the op does not compile for the target": the one line names the pass, its own line (file:line,
+    the statement) and the exception, and the op whose unit it was applied to."""
+    from conftest import ROOT
+
+    (tmp_path / "my_pass.py").write_text(RAISING_PASS)
+    result = run_cli(command, str(ROOT / "traces" / "sample_mlp.h5"), "--transform", f"{tmp_path / 'my_pass.py'}:broken")
+    _assert_one_line_error(result, f"the transform {tmp_path / 'my_pass.py'}:broken raised at {tmp_path / 'my_pass.py'}:6 in _check",
+                           "raise ValueError(", "ValueError: this pass does not handle gelu", "op gelu_1: ")
+    assert "does not compile" not in result.stdout + result.stderr
+
+
 def test_missing_op(traces, tmp_path):
     _assert_one_line_error(run_cli("dump", str(traces.get("mlp")), "--op", "no_such_op", "-o", str(tmp_path / "d")),
                            "no op named")

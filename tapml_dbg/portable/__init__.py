@@ -7,7 +7,7 @@ tapml-dbg or torch installed. Keep it that way: standard library, numpy, tvm (an
 dependency of tvm, for bfloat16/float8 data) only; relative imports among its own modules; tvm
 imported inside functions, so that comparing arrays does not load it.
 
-  errors      PortableError, one_line
+  errors      PortableError, TransformFailed (the user's pass raised), one_line
   codec       arrays <-> npz without pickle (raw bits for bfloat16/float8)
   comparison  the compare rule and its wording
   noise       the noise-floor figures (the engine's default rule), for the judge and repros
@@ -20,8 +20,8 @@ imported inside functions, so that comparing arrays does not load it.
 
 from .codec import decode_array, dtype_name, encode_array, write_npz
 from .comparison import COMPARE_BLOCK, COMPARE_RULE, compare, format_metrics
-from .errors import MESSAGE_LIMIT, PortableError, one_line
-from .loader import DEFAULT_FUNC, load_function, require_file, split_spec
+from .errors import MESSAGE_LIMIT, PortableError, TransformFailed, one_line
+from .loader import DEFAULT_FUNC, apply_transform, load_function, require_file, split_spec
 from .noise import NOISE_RULE, NoiseFigures, noise_figures
 from .repro import (COMPILE_ERROR, DATA_FILE, EXIT_BROKEN, EXIT_OK, EXIT_REPRODUCED, FAIL, FORMAT, FORMAT_VERSION,
                     LIB_PACKAGE, META_FILE, PASS, RUN_ERROR, Data, OpCheck, check_op, describe, load_module,
@@ -32,8 +32,8 @@ from .runner import (DEFAULT_TARGET, ENTRY, HOST_KINDS, TARGET_HINT, Runner, bui
 __all__ = [
     "COMPARE_BLOCK", "COMPARE_RULE", "COMPILE_ERROR", "DATA_FILE", "DEFAULT_FUNC", "ENTRY", "DEFAULT_TARGET", "HOST_KINDS", "EXIT_BROKEN", "EXIT_OK",
     "EXIT_REPRODUCED", "FAIL", "FORMAT", "FORMAT_VERSION", "LIB_PACKAGE", "MESSAGE_LIMIT", "META_FILE", "NOISE_RULE", "NoiseFigures", "PASS",
-    "RUN_ERROR", "TARGET_HINT", "Data", "OpCheck", "PortableError", "Runner", "build", "check_op", "compare",
-    "connect", "decode_array", "describe", "device_kind", "dtype_name", "encode_array", "flatten", "format_metrics",
+    "RUN_ERROR", "TARGET_HINT", "TransformFailed", "Data", "OpCheck", "PortableError", "Runner", "build", "check_op", "compare",
+    "apply_transform", "connect", "decode_array", "describe", "device_kind", "dtype_name", "encode_array", "flatten", "format_metrics",
     "has_device_module", "load_function", "load_module", "load_transform", "local_device", "noise_figures", "one_line", "op_id",
     "parse_target", "read_meta", "repro_main", "require_file", "shared_entry", "tvmscript_only", "split_host_port", "split_spec", "target_label", "write_npz",
 ]

@@ -14,6 +14,11 @@ class PortableError(Exception):
     """The portable runtime cannot do what was asked; the message says what to fix."""
 
 
+class TransformFailed(PortableError):
+    """The user's transform (`--transform FILE.py:FUNC`) raised: a bug of the pass, not a verdict on
+    the op, so never "the op does not compile". The message names the pass's own line."""
+
+
 def one_line(exc: BaseException) -> str:
     """`Type: last non-empty line of the message`, cut to MESSAGE_LIMIT (TVM errors end with the cause).
     Without a message (a bare `assert` inside TVM's schedule rules), where it was raised instead:
@@ -33,3 +38,19 @@ def _raised_at(exc: BaseException) -> str:
     short = "/".join(parts[parts.index("site-packages") + 1:] if "site-packages" in parts else parts[-3:])
     statement = f"`{frame.line.strip()}` " if frame.line else ""
     return f"{statement}at {short}:{frame.lineno} (no message)"
+
+
+def raised_in(exc: BaseException, filename: str) -> str:
+    """`FILE:LINE in FUNC (`statement`)`: the innermost frame of `exc`'s traceback in `filename` (the
+    user's file whose code called what raised), else the innermost frame; "" without a traceback."""
+    import os
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__) if exc.__traceback__ is not None else []
+    wanted = os.path.abspath(filename)
+    own = [frame for frame in frames if os.path.abspath(frame.filename) == wanted]
+    if not (own or frames):
+        return ""
+    frame = (own or frames)[-1]
+    statement = f" (`{frame.line.strip()}`)" if frame.line else ""
+    return f"{frame.filename}:{frame.lineno} in {frame.name}{statement}"

@@ -11,7 +11,7 @@ import importlib.util
 import os
 import sys
 
-from .errors import PortableError
+from .errors import PortableError, TransformFailed, one_line, raised_in
 
 DEFAULT_FUNC = "build"  # FUNC of a bare FILE.py
 SPEC_SEPARATOR = ":"
@@ -68,3 +68,21 @@ def load_function(path: str, func: str, what: str = "file"):
     if not callable(function):
         raise PortableError(f"{path} has no function {func!r} (name it as {path}:FUNC)")
     return function
+
+
+def apply_transform(transform, mod):
+    """`transform(mod)`, the user's pass: an exception raised inside it is the pass's failure
+    (TransformFailed naming the pass and its own line), never the op's compile error; it must return
+    an IRModule."""
+    code = getattr(transform, "__code__", None)
+    name = f"{code.co_filename}:{transform.__name__}" if code is not None else repr(transform)
+    try:
+        result = transform(mod)
+    except Exception as exc:  # noqa: BLE001 - whatever the user's code raises is theirs to see
+        where = raised_in(exc, code.co_filename) if code is not None else ""
+        raise TransformFailed(f"the transform {name} raised" + (f" at {where}" if where else "") +
+                              f": {one_line(exc)} (a bug in the pass, not a compile error of the op: fix the pass "
+                              "and run again)") from exc
+    if result is None or not hasattr(result, "functions_items"):
+        raise TransformFailed(f"the transform {name} must return a tvm.IRModule, got {type(result).__name__}")
+    return result

@@ -20,7 +20,7 @@ import numpy as np
 
 from .codec import decode_array, encode_array, write_npz
 from .comparison import compare, format_metrics
-from .errors import PortableError, one_line
+from .errors import PortableError, TransformFailed, one_line
 from .loader import load_function
 from .noise import noise_figures, ratio_text
 from .runner import DEFAULT_TARGET, Runner
@@ -165,6 +165,8 @@ def check_op(here: str, meta: dict, op: dict, runner: Runner, data: Data) -> OpC
             raise PortableError(f"the transform failed ({one_line(exc)}); it reads environment variables "
                                 f"that are not set: {', '.join(missing)} (README.md lists the values the dump "
                                 "used)") from exc
+        if isinstance(exc, TransformFailed):  # the pass raised: the repro cannot run as asked, no verdict
+            raise
         return OpCheck(op, runner.where, COMPILE_ERROR, message=_reason(exc))
     try:
         vm = runner.load(executable, f"tapml_op_{op['index']}")

@@ -18,6 +18,7 @@ import numpy as np
 
 from .codec import contiguous
 from .errors import PortableError, one_line
+from .loader import apply_transform
 
 DEFAULT_TARGET = "llvm"
 TARGET_HINT = "use e.g. llvm, cuda, or '{\"kind\":\"cuda\",\"arch\":\"sm_90\"}'"
@@ -160,9 +161,7 @@ def build(mod, target, transform=None):
     from tvm import relax
 
     if transform is not None:
-        mod = transform(mod)
-        if mod is None or not hasattr(mod, "functions_items"):
-            raise PortableError(f"the transform must return a tvm.IRModule, got {type(mod).__name__}")
+        mod = apply_transform(transform, mod)
     with target:
         lowered = relax.get_default_pipeline(target)(mod)
     kernels = any(isinstance(func, tvm.tirx.PrimFunc) for _gv, func in lowered.functions_items())

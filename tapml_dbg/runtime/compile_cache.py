@@ -532,7 +532,7 @@ def _transformed(unit_json: dict, transform: str | None) -> _Transformed:
 
     mod = tvm.IRModule({portable.ENTRY: function_from_json(unit_json)})
     user_pass = load_transform(transform)
-    return _Transformed(mod, user_pass(mod) if user_pass is not None else mod)
+    return _Transformed(mod, portable.apply_transform(user_pass, mod) if user_pass is not None else mod)
 
 
 def load_transform(spec: str | None):

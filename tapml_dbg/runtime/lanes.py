@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Protocol
 
 from tapml_dbg import settings
-from tapml_dbg.errors import TargetError, TraceError, UsageError
+from tapml_dbg.errors import TargetError, TraceError, TransformError, UsageError
 from tapml_dbg.runtime.background import Background, StopFlag
 from tapml_dbg.runtime.compile_cache import UnitIndex
 from tapml_dbg.runtime.executor import TargetExecutor
@@ -288,6 +288,8 @@ class Lanes:
             self.cache.add(result)
         if result.status == UnitStatus.TRACE_ERROR:
             raise TraceError(result.message)
+        if result.status == UnitStatus.TRANSFORM_ERROR:  # the user's pass raised: no verdict is evidence
+            raise TransformError(result.message)
         if result.status == UnitStatus.TARGET_LOST:
             # a server may be gone for good: count the tracker's servers again before the next
             # command, so that no lane waits for a lease that never comes

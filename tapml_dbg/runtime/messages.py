@@ -16,7 +16,8 @@ from tapml_dbg.runtime.target import TargetSpec
 
 class UnitStatus(StrEnum):
     """How a unit's compile and run ended (`target-lost`: the RPC connection dropped, no verdict;
-    `trace-error`: a recorded value the unit reads is corrupt or unreadable, no verdict either)."""
+    `trace-error`: a recorded value the unit reads is corrupt or unreadable, no verdict either;
+    `transform-error`: the user's --transform raised on the unit, a bug of the pass, no verdict)."""
 
     OK = "ok"
     COMPILE_ERROR = "compile-error"
@@ -25,6 +26,7 @@ class UnitStatus(StrEnum):
     TIMEOUT = "timeout"
     TARGET_LOST = "target-lost"
     TRACE_ERROR = "trace-error"
+    TRANSFORM_ERROR = "transform-error"
 
 
 # What can poison a worker's context (docs/reliability.md, "Sticky faults"): after one CUDA kernel

@@ -22,7 +22,7 @@ from pathlib import Path
 import psutil
 
 from tapml_dbg.errors import TapmlError, TraceError
-from tapml_dbg.portable import PortableError, Runner, flatten, one_line
+from tapml_dbg.portable import PortableError, Runner, TransformFailed, flatten, one_line
 from tapml_dbg.portable.screen import clearly_passes, clearly_passes_each
 from tapml_dbg.runtime.chain_log import ChainLogWriter
 from tapml_dbg.runtime.compile_cache import (TOGETHER_KINDS, TOGETHER_MAX_UNITS, CacheEntry, CompiledUnit, KeyLedger,
@@ -175,7 +175,7 @@ class _WorkerState:
                 elif self.config.together:
                     self._build_together(chain.units, position)
                 reply = self._unit(unit, keep_on_device=True, sync=chain.sync_each)
-                if reply.status == UnitStatus.TRACE_ERROR:  # the trace's own one-line message
+                if reply.status in (UnitStatus.TRACE_ERROR, UnitStatus.TRANSFORM_ERROR):  # its own one line
                     return reply
                 if not reply.ok:  # what ran before it comes back too
                     return replace(reply, failed_op=name, message=f"op {name}: {reply.message}",
@@ -407,6 +407,9 @@ class _WorkerState:
                 compile_only(request.unit_json, spec.target, spec.transform)  # raises without device code
                 return UnitResult(UnitStatus.OK)
             compiled = self._compiled(request)
+        except TransformFailed as exc:  # the user's pass raised: theirs to fix, not the op's verdict
+            ops = f"op {', '.join(request.outputs)}: " if request.outputs else ""
+            return UnitResult(UnitStatus.TRANSFORM_ERROR, message=f"{ops}{exc}")
         except (TapmlError, PortableError) as exc:
             return UnitResult(UnitStatus.COMPILE_ERROR, message=str(exc))
         except Exception as exc:
