@@ -4,6 +4,7 @@
 # and the workers tapml-dbg starts set their own defaults (settings.PROCESS_DEFAULTS).
 
 __version__ = "0.1.0"
+WEIGHT_FILES_ATTR = "tapml_weight_files"  # where `weights_from` leaves the files (record/weight_refs.py reads it)
 
 
 def open(trace, target: str = "llvm", **options):
@@ -13,3 +14,12 @@ def open(trace, target: str = "llvm", **options):
     from tapml_dbg.api import open as open_trace
 
     return open_trace(trace, target, **options)
+
+
+def weights_from(model, *paths):
+    """Say that `model`'s weights were loaded from these safetensors files (e.g. with your own
+    `model.load_state_dict(safetensors.torch.load_file(path))`), so that `tapml-dbg record` stores each
+    param whose bytes a tensor of the same name in them holds as a reference to the file, not a copy
+    (docs/trace-format.md "Weights by reference"); `from_pretrained` models need nothing. Returns `model`."""
+    setattr(model, WEIGHT_FILES_ATTR, [*getattr(model, WEIGHT_FILES_ATTR, []), *paths])
+    return model

@@ -30,6 +30,8 @@ MEMO = "TAPML_MEMO"
 POISON_PATTERNS = "TAPML_POISON_PATTERNS"
 SERVER = "TAPML_SERVER"
 SIDE_LANE = "TAPML_SIDE_LANE"
+WEIGHTS = "TAPML_WEIGHTS"
+WEIGHT_REFS = "TAPML_WEIGHT_REFS"
 WORKER_GROWTH_MIB = "TAPML_WORKER_GROWTH_MIB"
 WRITE_THREAD = "TAPML_WRITE_THREAD"
 ZYGOTE = "TAPML_ZYGOTE"
@@ -90,6 +92,10 @@ def _host_ops(text: str | None) -> str:
     return text if text is not None else "verify-first"
 
 
+def _folders(text: str | None) -> list[str]:
+    return [os.path.expanduser(folder) for folder in (text or "").split(os.pathsep) if folder.strip()]
+
+
 def _patterns(text: str | None) -> list[str]:
     return [pattern for pattern in (text or "").split("|") if pattern.strip()]
 
@@ -125,6 +131,14 @@ KNOBS: dict[str, Knob] = {knob.name: knob for knob in (
     Knob(SIDE_LANE, "1/0", "1",
          "0: no side worker beside the lanes (a search then runs its chain in lane 0)",
          "by the session, when a search asks for the side worker", _on_unless_0),
+    Knob(WEIGHTS, "folders", "(none)",
+         "where to look, by file name, for the checkpoint files a trace references when they are not where they "
+         "were recorded (a trace moved to another machine; folders split at the path separator, `:`)",
+         "each time a trace's referenced weights are opened", _folders),
+    Knob(WEIGHT_REFS, "1/0", "1",
+         "0: copy every param into the trace, even those loaded from a safetensors checkpoint (a self-contained "
+         "trace); 1: reference those (docs/trace-format.md)",
+         "by the recorder, when it writes the trace", _on_unless_0),
     Knob(WORKER_GROWTH_MIB, "MiB", "512",
          "memory a worker may grow past what it held after its first unit before a fresh one replaces it",
          "when runtime.executor is imported", _mib),

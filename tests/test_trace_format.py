@@ -382,7 +382,7 @@ def test_every_dataset_carries_the_checksum_of_its_bytes(tmp_path):
         for name in names:
             raw = np.ascontiguousarray(f[name][()])
             assert f[name].attrs["crc32"] == zlib.crc32(raw.tobytes()), name
-    assert FORMAT_VERSION == (1, 3)
+    assert FORMAT_VERSION == (1, 4)
 
 
 def test_a_flipped_bit_in_an_op_output_names_the_op(tmp_path):

@@ -75,6 +75,7 @@ class Session:
 
     def _build(self, reader: TraceReader, policy: TolerancePolicy | None) -> None:
         check_setup(self.spec)  # fail early on a bad target string or FILE.py:FUNC
+        reader.require_weights()  # a referenced checkpoint file missing or changed: one line, before any unit runs
         graph = reader.graph()
         self.main = function_from_json(graph)
         self.ops = [OpInfo.from_json(op) for op in reader.ops]

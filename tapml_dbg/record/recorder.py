@@ -41,6 +41,7 @@ from tapml_dbg.model.serialize import function_to_json
 from tapml_dbg.record.heap import use_mmap_for_large_blocks
 from tapml_dbg.record.host_ops import HostOps
 from tapml_dbg.record.tensors import to_numpy
+from tapml_dbg.record.weight_refs import referenced
 from tapml_dbg.runtime.in_process import LocalRunner
 from tapml_dbg.host.source_runner import source_outputs
 from tapml_dbg.trace import TraceWriter
@@ -161,9 +162,10 @@ def _record_graph(model_spec, out_path, graph: Graph, provenance, program, modul
     input_arrays = {name: to_numpy(t) for (name, _), t in zip(graph.inputs, inputs)}
     param_arrays = _param_arrays(graph, program)
     meta, causal_lm, generation = _trace_meta(model_spec, graph, module, source, seed, plan, phases)
-    header = dict(meta=meta, graph_json=graph_json_of(graph), tvmscript=graph.mod.script(),
-                  ops=ops_json, inputs=input_arrays, params=param_arrays,
-                  compression=compression, capture=plan is not None,
+    stored_params, weight_refs = referenced(module, program, param_arrays)  # checkpoint tensors: references (v1.4)
+    header = dict(meta=meta, params=stored_params, weight_refs=weight_refs,
+                  graph_json=graph_json_of(graph), tvmscript=graph.mod.script(),
+                  ops=ops_json, inputs=input_arrays, compression=compression, capture=plan is not None,
                   source_graph=source_graph_json(program, graph, provenance) if source == "torch" else None)
     run_started = time.perf_counter()
     phases["serialize"] = run_started - serialize_started

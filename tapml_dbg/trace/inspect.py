@@ -45,6 +45,7 @@ def trace_info(path: str) -> dict:
             "stock_import": _stock_import(reader),
             "capture": reader.capture,  # None: every op's tensors are stored
             "stats_only_ops": len(stats_only),
+            "weights": _weights(reader),  # None: every param is stored in the trace
             "ops": [{"index": op["index"], "name": op["name"], "op": op["op"], "layer": op.get("layer", ""),
                      "relax_op": op.get("relax_op", ""), "recorded": op["index"] in finished,
                      "stats": op["index"] in finished or op["index"] in stats_only,
@@ -52,6 +53,17 @@ def trace_info(path: str) -> dict:
                      "step": op.get("step")}
                     for op in ops],
         }
+
+
+def _weights(reader: TraceReader) -> dict | None:
+    """The params read from checkpoint files (v1.4) and the files a replay needs: each with where it is
+    now (`found`, None: missing) and whether it still has its recorded size; None when none is referenced."""
+    weights = reader.weight_refs
+    if weights is None:
+        return None
+    return {"params": len(weights.params), "bytes": sum(ref.nbytes for ref in weights.params.values()),
+            "files": [{"path": status.path, "bytes": status.bytes, "params": status.params, "found": status.found,
+                       "same_size": status.same_size} for status in weights.status()]}
 
 
 def _type_changes(reader: TraceReader) -> dict | None:

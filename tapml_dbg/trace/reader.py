@@ -27,8 +27,10 @@ from tapml_dbg.trace import h5safe
 from tapml_dbg.trace import schema as S
 from tapml_dbg.trace import tensor_index
 from tapml_dbg.trace import validate as V
+from tapml_dbg.trace import weight_refs as W
 from tapml_dbg.trace.capture import missing_values_message
 from tapml_dbg.trace.h5safe import FILE_ERRORS
+from tapml_dbg.trace.stats import tensor_stats
 from tapml_dbg.trace.validate import SchemaError
 
 RECORD_AGAIN = "record the model again with `tapml-dbg record`"
@@ -52,6 +54,8 @@ class TraceReader:
         self._fileno: int | None = None
         self._indexed_verified: set[int] = set()  # offsets whose bytes matched their entry's checksum
         self._indexed_ops: dict[int, list | None] = {}  # op index -> its entries, found in place (None: none)
+        self._weights: W.WeightRefs | None | bool = False  # v1.4's referenced params (False: not loaded yet)
+        self._weight_stats: dict[str, dict] = {}
         h5safe.plugin_search.acquire()
         self._plugins_off = True
         try:
@@ -155,13 +159,19 @@ class TraceReader:
 
     @property
     def param_names(self) -> list[str]:
-        return self._guard(f"/{S.GROUP_PARAMS}", lambda: list(self._group(S.GROUP_PARAMS)))
+        """Every param: those stored under /params, then those read from checkpoint files (v1.4)."""
+        stored = self._guard(f"/{S.GROUP_PARAMS}", lambda: list(self._group(S.GROUP_PARAMS)))
+        weights = self.weight_refs
+        return stored if weights is None else stored + [name for name in weights.params if name not in stored]
 
     def input(self, name: str) -> np.ndarray:
         found = self._indexed(S.GROUP_INPUTS, name)
         return found[0] if found is not None else self._tensor(self._named(S.GROUP_INPUTS, name), f"input {name!r}")
 
     def param(self, name: str) -> np.ndarray:
+        weights = self.weight_refs
+        if weights is not None and name in weights.params:  # v1.4: read from its checkpoint, CRC-32 checked
+            return weights.read(name)
         found = self._indexed(S.GROUP_PARAMS, name)
         return found[0] if found is not None else self._tensor(self._named(S.GROUP_PARAMS, name), f"param {name!r}")
 
@@ -169,7 +179,30 @@ class TraceReader:
         return self._stats(self._named(S.GROUP_INPUTS, name), f"input {name!r}")
 
     def param_stats(self, name: str) -> dict:
+        weights = self.weight_refs
+        if weights is not None and name in weights.params:  # computed when asked: recording stays fast
+            if name not in self._weight_stats:
+                self._weight_stats[name] = tensor_stats(weights.read(name))
+            return self._weight_stats[name]
         return self._stats(self._named(S.GROUP_PARAMS, name), f"param {name!r}")
+
+    @property
+    def weight_refs(self) -> W.WeightRefs | None:
+        """The params this trace reads from checkpoint files (v1.4, trace/weight_refs.py); None when it
+        stores every param itself. Opening the trace never opens those files."""
+        if self._weights is False:
+            present = self.version >= S.WEIGHT_REFS_SINCE and self._guard(
+                f"/{S.GROUP_GRAPH}", lambda: S.DS_WEIGHT_REFS.rsplit("/", 1)[1] in self._group(S.GROUP_GRAPH))
+            part = f"/{S.DS_WEIGHT_REFS}"
+            self._weights = W.WeightRefs(*self._guard(part, lambda: W.parse_refs(
+                V.parse_json(self._text(S.DS_WEIGHT_REFS), part), f"{self.path}: {part}"))) if present else None
+        return self._weights
+
+    def require_weights(self) -> None:
+        """Raise the one-line error of a referenced checkpoint file that is missing or changed size (a
+        replay needs them; `info` only lists them)."""
+        if self.weight_refs is not None:
+            self.weight_refs.require()
 
     def _named(self, group: str, name: str) -> h5safe.DatasetRef:
         kind = group[:-1]
@@ -453,6 +486,8 @@ class TraceReader:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+        if self._weights:
+            self._weights.close()
         if self._plugins_off:
             self._plugins_off = False
             h5safe.plugin_search.release()

@@ -15,10 +15,11 @@ import numpy as np
 import h5py
 
 FORMAT_NAME = "tapml-trace"
-FORMAT_VERSION = (1, 3)  # (major, minor): readers refuse a newer major, accept a newer minor
+FORMAT_VERSION = (1, 4)  # (major, minor): readers refuse a newer major, accept a newer minor
 # 1.1 adds capture budgets: ops recorded with stats only (@stats_done, @stats) and meta["capture"]
 # 1.2 adds a checksum (@crc32) on every dataset: each tensor and each text of /graph
 # 1.3 adds /graph/tensor_index on a clean close: where each uncompressed tensor lies (trace/tensor_index.py)
+# 1.4 adds /graph/weight_refs: params read from the safetensors checkpoint they came from (trace/weight_refs.py)
 
 # HDF5 file-format bounds: 1.8-era objects (checksummed metadata, readable by any
 # HDF5 >= 1.8), nothing newer, so a trace written here opens on older h5py builds.
@@ -38,6 +39,8 @@ DS_TVMSCRIPT = "graph/tvmscript"
 DS_OP_TABLE = "graph/op_table"
 DS_TENSOR_INDEX = "graph/tensor_index"  # v1.3, optional: JSON {"inputs"|"params": {name: entry}, "ops": {index: [entry]}}
 TENSOR_INDEX_SINCE = (1, 3)
+DS_WEIGHT_REFS = "graph/weight_refs"  # v1.4, optional: JSON, params stored as references to checkpoint files
+WEIGHT_REFS_SINCE = (1, 4)
 GROUP_INPUTS = "inputs"
 GROUP_PARAMS = "params"
 GROUP_OPS = "ops"

@@ -19,6 +19,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
+import ml_dtypes  # a dependency of tvm: the float types numpy lacks (bfloat16, float8)
 import numpy as np
 
 from tapml_dbg.errors import TraceError
@@ -61,7 +62,10 @@ DTYPES = frozenset(["bool", "uint8", "int8", "int16", "int32", "int64", "float16
                     "float64", "complex64", "complex128", "float8_e4m3fn", "float8_e5m2", "uint16", "uint32",
                     "uint64"])
 CONSTANT_DTYPES = {"bool": "bool", "uint8": "u1", "int8": "i1", "int16": "i2", "int32": "i4", "int64": "i8",
-                   "float16": "f2", "float32": "f4", "float64": "f8"}
+                   "float16": "f2", "float32": "f4", "float64": "f8",
+                   # dtypes numpy lacks (ml_dtypes, a dependency of tvm): their raw bits, as in /ops
+                   "bfloat16": "u2", "float8_e4m3fn": "u1", "float8_e5m2": "u1"}
+RAW_BITS_CONSTANTS = frozenset(["bfloat16", "float8_e4m3fn", "float8_e5m2"])
 MEMORY_FORMATS = frozenset(["contiguous_format", "channels_last", "channels_last_3d", "preserve_format"])
 LAYOUTS = frozenset(["strided"])
 _DEVICE = re.compile(r"^(cpu|cuda|meta|mps|xpu)(:[0-9]{1,4})?$")
@@ -412,7 +416,7 @@ class _Decoder:
         if self.constant_bytes > MAX_CONSTANT_BYTES or len(raw) != count * want.itemsize:
             raise self.fail("a constant's data does not match its shape, or constants are too large")
         array = np.frombuffer(raw, dtype=want).astype(want.newbyteorder("="))
-        return array.reshape(shape)
+        return _from_bits(array, dtype).reshape(shape)
 
     def choice(self, payload, allowed: frozenset, tag: str) -> str:
         if not isinstance(payload, str) or payload not in allowed:
@@ -489,8 +493,16 @@ def encode_constant(array: np.ndarray) -> dict:
     name = array.dtype.name
     if name not in CONSTANT_DTYPES:
         raise ValueError(f"a constant of dtype {name} cannot be stored")
-    data = np.ascontiguousarray(array, dtype=np.dtype(CONSTANT_DTYPES[name]).newbyteorder("<"))
+    stored = np.dtype(CONSTANT_DTYPES[name])
+    if name in RAW_BITS_CONSTANTS:  # bfloat16 / float8 (ml_dtypes): their raw bits
+        array = np.ascontiguousarray(array).view(stored)
+    data = np.ascontiguousarray(array, dtype=stored.newbyteorder("<"))
     return {"dtype": name, "shape": list(array.shape), "data": base64.b64encode(data.tobytes()).decode("ascii")}
+
+
+def _from_bits(array: np.ndarray, dtype: str) -> np.ndarray:
+    """A constant read as its stored dtype, viewed as `dtype` where that is an ml_dtypes float (raw bits)."""
+    return array.view(getattr(ml_dtypes, dtype)) if dtype in RAW_BITS_CONSTANTS else array
 
 
 def refs_of(value) -> list[Ref]:

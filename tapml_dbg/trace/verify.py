@@ -34,6 +34,7 @@ class VerifyReport:
     parts: int = 0  # parts read: header, op table, graph, texts, each tensor with its stats
     datasets: int = 0  # tensors and texts read whole (and checksum-verified when `checksummed`)
     damaged: list[Damage] = field(default_factory=list)
+    weight_files: list[str] = field(default_factory=list)  # v1.4: checkpoint files whose tensors were checked
 
     @property
     def ok(self) -> bool:
@@ -95,10 +96,27 @@ class _Checker:
                 self.check(f"/{path}", lambda name=name: _one(reader.text(name)))
         for name in self.listed(f"/{S.GROUP_INPUTS}", lambda: reader.input_names):
             self.check(f"input {name!r}", lambda name=name: _one(reader.input(name), reader.input_stats(name)))
+        weights = reader.weight_refs if self.check(f"/{S.DS_WEIGHT_REFS}", lambda: _one(reader.weight_refs)) else None
         for name in self.listed(f"/{S.GROUP_PARAMS}", lambda: reader.param_names):
-            self.check(f"param {name!r}", lambda name=name: _one(reader.param(name), reader.param_stats(name)))
+            if weights is None or name not in weights.params:
+                self.check(f"param {name!r}", lambda name=name: _one(reader.param(name), reader.param_stats(name)))
+        if weights is not None:
+            self.weight_files(weights)
         if tables:
             self.ops()
+
+    def weight_files(self, weights) -> None:
+        """Each referenced checkpoint file (v1.4): there, of its recorded size, every referenced tensor's
+        SHA-256 as recorded; one line per file that is not, naming the file and a tensor that changed."""
+        for status in weights.status():
+            self.report.weight_files.append(status.found or status.path)
+            if not status.ok:
+                self.damage(f"checkpoint {status.path}", status.problem())
+                continue
+            names = [name for name, ref in weights.params.items() if weights.files[ref.file].path == status.path]
+            for name in names:
+                if not self.check(f"checkpoint {status.path}", lambda name=name: _one(weights.verify(name))):
+                    break  # one line per file: the first tensor that changed
 
     def ops(self) -> None:
         reader = self.reader

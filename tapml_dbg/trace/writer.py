@@ -16,6 +16,9 @@ output shapes are only known when the op runs.
 Every dataset carries `@crc32` (v1.2), the CRC-32 of the bytes written, computed from the same
 buffer HDF5 writes, so a reader can tell a damaged tensor from a recorded one.
 
+Params given as `weight_refs` (v1.4, trace/weight_refs.py: the JSON of params that stay in the checkpoint
+files they were loaded from) are not in `params`: the trace holds the reference, not a copy.
+
 On a clean close the writer stores where each uncompressed tensor lies (`/graph/tensor_index`, v1.3,
 trace/tensor_index.py), so that a reader reads an op with one positioned read.
 
@@ -69,7 +72,8 @@ class TraceWriter:
 
     def __init__(self, path, *, meta: dict, graph_json: str, tvmscript: str, ops: list[dict],
                  inputs: dict[str, np.ndarray], params: dict[str, np.ndarray],
-                 compression: str | None = None, capture: bool = False, source_graph: str | None = None):
+                 compression: str | None = None, capture: bool = False, source_graph: str | None = None,
+                 weight_refs: str | None = None):
         if compression not in COMPRESSIONS:
             raise ValueError(f"compression must be one of {COMPRESSIONS}, not {compression!r}")
         self.path = os.fspath(path)
@@ -82,6 +86,8 @@ class TraceWriter:
             self._write_header(graph_json, tvmscript, ops, inputs, params)
             if source_graph is not None:  # v1.2: the FX graph as data (trace/source_graph.py)
                 self._write_text(S.DS_SOURCE_GRAPH, source_graph)
+            if weight_refs is not None:  # v1.4: params read from their checkpoint (trace/weight_refs.py)
+                self._write_text(S.DS_WEIGHT_REFS, weight_refs)
             self._file.flush()
         except BaseException:
             self._file.close()

@@ -32,6 +32,7 @@ from tapml_dbg.judge.compare import metrics_text
 from tapml_dbg.judge.verdict import ISOLATED, Status, Verdict
 from tapml_dbg.frontend.causal_lm import CausalLMInfo
 from tapml_dbg.model.generation import GenerationInfo, step_kind
+from tapml_dbg.model.host_only import host_only_text
 from tapml_dbg.record.recorder import RecordResult
 from tapml_dbg.repro.carve import CarveResult
 from tapml_dbg.repro.dump import DumpResult
@@ -131,11 +132,29 @@ class TraceSummary:
     causal_lm: dict | None = None  # trace meta "causal_lm": an unwrapped transformers causal LM, driven as generate()
     generation: dict | None = None  # trace meta "generation": prefill + decode steps (record --generate)
     steps: list | None = None  # its steps (info --json "steps")
+    weights: dict | None = None  # v1.4: params read from checkpoint files, and the files (trace/inspect.py)
+    host_only: list = field(default_factory=list)  # ops TVM cannot import, run on the host (docs/host-only-ops.md)
 
     @classmethod
     def from_info(cls, info: dict) -> TraceSummary:
         names = {f.name for f in fields(cls)}
         return cls(**{key: value for key, value in info.items() if key in names})
+
+
+def weights_rows(weights: dict) -> list[tuple[str, str]]:
+    """`info`'s rows for params read from checkpoint files: how many, and each file a replay needs."""
+    files = weights["files"]
+    rows = [("weights", f"{weights['params']} params ({size_text(weights['bytes'])}) read from {len(files)} checkpoint "
+                        f"file{'s' if len(files) != 1 else ''}, not stored in the trace")]
+    for item in files:
+        if item["found"] is None:
+            state = "MISSING: put it there, or set TAPML_WEIGHTS to the folder that holds it"
+        elif not item["same_size"]:
+            state = f"CHANGED (not {item['bytes']} bytes): restore it or record the model again"
+        else:
+            state = "present" if item["found"] == item["path"] else f"found at {item['found']}"
+        rows.append(("  needs", f"{item['path']} ({size_text(item['bytes'])}, {item['params']} params): {state}"))
+    return rows
 
 
 def type_changes_text(changes: dict) -> str:
@@ -890,6 +909,8 @@ def _(result: TriageResult, console: Console) -> None:
             more = f" and {len(group.inherited) - INHERITED_SHOWN} more" if len(group.inherited) > INHERITED_SHOWN else ""
             console.print(f"   [dim]inherited: {shown}{more}[/]")
     _kept_line(result.kept, console)
+    if result.host_only:
+        print_note(f"on the host only (no verdict, no cause): {host_only_text(result.host_only)}", console)
 
 
 def _kept_line(kept: list[int], console: Console) -> None:
@@ -988,6 +1009,9 @@ def _(result: RecordResult, console: Console) -> None:
         console.print(f"  {escape(result.generation)}, each op tagged with its step")
     console.print(f"  {result.helper_ops} helper ops: {result.host_helpers} on the host (numpy / torch), "
                   f"{result.helper_ops - result.host_helpers} on tvm:llvm")
+    if result.host_only:
+        console.print(f"  {len(result.host_only)} op(s) TVM cannot import, run on the host in every replay: "
+                      f"{escape(host_only_text(result.host_only))}", soft_wrap=True)
     if result.capture:
         console.print(f"  tensors stored for {result.stored_ops} of {result.ops} ops "
                       f"({escape(capture_text(result.capture))}); every op has stats")
@@ -1020,6 +1044,10 @@ def _(result: TraceSummary, console: Console) -> None:
         rows.append(("type changes", type_changes_text(result.type_changes)))
     if result.stock_import:
         rows.append(("stock import", stock_import_text(result.stock_import)))
+    if result.weights:
+        rows.extend(weights_rows(result.weights))
+    if result.host_only:
+        rows.append(("host only", host_only_text(result.host_only) + " (run on the host in every replay)"))
     table = Table(show_header=False, box=None)
     table.add_column("key")
     table.add_column("value", overflow=PROSE)
@@ -1063,8 +1091,10 @@ def _(result: CompileReport, console: Console) -> None:
 def _(result: VerifyReport, console: Console) -> None:
     how = "checksums verified" if result.checksummed else f"structure only: format {result.format or '?'} has no checksums"
     if result.ok:
+        weights = (f"; referenced weights checked against {len(result.weight_files)} checkpoint file(s) by SHA-256"
+                   if result.weight_files else "")
         console.print(f"[green]intact[/]: {escape(result.path)}: {result.parts} parts read, "
-                      f"{result.datasets} tensors and texts ({escape(how)})")
+                      f"{result.datasets} tensors and texts ({escape(how)}){escape(weights)}")
         return
     console.print(f"[bold red]damaged[/]: {escape(result.path)}: {len(result.damaged)} of {result.parts} parts "
                   f"({escape(how)})")

@@ -1,0 +1,299 @@
+"""Weights by reference (v1.4): params read from the safetensors checkpoint they were loaded from.
+
+A model loaded with `from_pretrained` already has its weights on disk; copying them into every trace
+made a 1.1B Llama's trace 9.7 GiB. A param whose bytes equal a checkpoint tensor's is stored as a
+reference instead (`/graph/weight_refs`, a JSON text): the file, the tensor's name, its dtype and
+shape, the SHA-256 and the CRC-32 of its bytes. Replay reads the tensor from the file with one
+positioned read and checks its CRC-32 (as a stored tensor's), `info --verify` its SHA-256.
+
+A checkpoint is untrusted input like a trace: its safetensors header is parsed here as data (JSON,
+bounded, every offset checked against the file), nothing in it unpickled or run. A file that
+moved is looked for by its name in the folders of `TAPML_WEIGHTS`; one missing or changed is a one-line error that
+says what to do.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import struct
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tapml_dbg import settings
+from tapml_dbg.errors import TraceError
+from tapml_dbg.trace import schema as S
+
+FORMAT = "tapml-weight-refs"
+VERSION = 1
+MAX_HEADER_BYTES = 100 * 2**20  # a safetensors header larger than this is refused (the format's own limit)
+# safetensors dtype codes -> trace dtype names
+SAFETENSORS_DTYPES = {
+    "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64", "I32": "int32",
+    "I16": "int16", "I8": "int8", "U64": "uint64", "U32": "uint32", "U16": "uint16", "U8": "uint8",
+    "BOOL": "bool", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
+}
+WHAT_TO_DO = ("put the checkpoint back where it was recorded, or set TAPML_WEIGHTS to the folder that holds it, "
+              "or record the model again")
+
+
+class WeightFileError(TraceError):
+    """A referenced checkpoint file is missing, unreadable or changed since the recording."""
+
+
+@dataclass(frozen=True)
+class TensorSpan:
+    """One tensor of a safetensors file: its trace dtype, shape and byte range in the file."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    begin: int
+    end: int
+
+
+class SafetensorsFile:
+    """A safetensors file's header, parsed and checked as data; tensors read by name with `pread`."""
+
+    def __init__(self, path: str):
+        self.path = path
+        try:
+            self._fd = os.open(path, os.O_RDONLY)
+        except OSError as exc:
+            raise WeightFileError(f"cannot read the checkpoint {path} ({exc.strerror}); {WHAT_TO_DO}") from None
+        try:
+            self.size = os.fstat(self._fd).st_size
+            self.tensors = self._header()
+        except BaseException:
+            self.close()
+            raise
+
+    def _header(self) -> dict[str, TensorSpan]:
+        head = os.pread(self._fd, 8, 0)
+        length = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
+        if not 0 < length <= min(MAX_HEADER_BYTES, self.size - 8):
+            raise self._bad("its header length is out of range")
+        try:
+            header = json.loads(os.pread(self._fd, length, 8).decode("utf-8"))
+        except (UnicodeDecodeError, ValueError, RecursionError):
+            raise self._bad("its header is not JSON") from None
+        if not isinstance(header, dict):
+            raise self._bad("its header is not a JSON object")
+        start = 8 + length
+        return {name: self._span(name, item, start) for name, item in header.items() if name != "__metadata__"}
+
+    def _span(self, name, item, start: int) -> TensorSpan:
+        if not isinstance(item, dict) or item.get("dtype") not in SAFETENSORS_DTYPES:
+            raise self._bad(f"tensor {str(name)[:80]!r} has no dtype this tool reads")
+        shape, offsets = item.get("shape"), item.get("data_offsets")
+        if not (_ints(shape, S.MAX_NDIM, S.MAX_DIM) and _ints(offsets, 2, 2**63) and len(offsets) == 2):
+            raise self._bad(f"tensor {str(name)[:80]!r} has a malformed shape or offsets")
+        dtype = SAFETENSORS_DTYPES[item["dtype"]]
+        begin, end = start + offsets[0], start + offsets[1]
+        if end - begin != math.prod(shape) * S.itemsize(dtype) or end > self.size:
+            raise self._bad(f"tensor {str(name)[:80]!r} does not lie in the file")
+        return TensorSpan(dtype, tuple(shape), begin, end)
+
+    def _bad(self, why: str) -> WeightFileError:
+        return WeightFileError(f"the checkpoint {self.path} is not a safetensors file this tool reads ({why}); "
+                               f"{WHAT_TO_DO}")
+
+    def read_bytes(self, span: TensorSpan) -> np.ndarray:
+        """The tensor's bytes (uint8), read with one positioned read."""
+        buffer = np.empty(span.end - span.begin, np.uint8)
+        if buffer.size and os.preadv(self._fd, [buffer], span.begin) != buffer.size:
+            raise WeightFileError(f"the checkpoint {self.path} is shorter than its header says; {WHAT_TO_DO}")
+        return buffer
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def as_tensor(data: np.ndarray, dtype: str, shape) -> np.ndarray:
+    """A tensor's little-endian bytes (as safetensors stores them) as the trace dtype, bit exact."""
+    stored = S.storage_dtype(dtype).newbyteorder("<")
+    return S.from_stored(data.view(stored).reshape(tuple(shape)), dtype)
+
+
+def digests(data: np.ndarray) -> tuple[str, int]:
+    """The SHA-256 (hex) and CRC-32 of a tensor's bytes."""
+    return hashlib.sha256(data).hexdigest(), S.checksum(data)
+
+
+# ---- the format: /graph/weight_refs -------------------------------------------------------------
+@dataclass(frozen=True)
+class WeightRef:
+    """One referenced param: the file (an index into the files) and the tensor it reads."""
+
+    file: int
+    tensor: str
+    dtype: str
+    shape: tuple[int, ...]
+    sha256: str
+    crc32: int
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * S.itemsize(self.dtype)
+
+    def to_json(self) -> dict:
+        return {"file": self.file, "tensor": self.tensor, "dtype": self.dtype, "shape": list(self.shape),
+                "sha256": self.sha256, "crc32": self.crc32}
+
+
+@dataclass(frozen=True)
+class WeightFile:
+    """A checkpoint file as recorded: its absolute path and size in bytes."""
+
+    path: str
+    bytes: int
+
+    @property
+    def name(self) -> str:
+        return os.path.basename(self.path)
+
+
+def refs_json(files: list[WeightFile], params: dict[str, WeightRef]) -> str:
+    return json.dumps({"format": FORMAT, "version": VERSION,
+                       "files": [{"path": f.path, "bytes": f.bytes} for f in files],
+                       "params": {name: ref.to_json() for name, ref in params.items()}})
+
+
+def parse_refs(data, part: str) -> tuple[list[WeightFile], dict[str, WeightRef]]:
+    """The parsed JSON of /graph/weight_refs, checked: raises a SchemaError-like TraceError on any violation."""
+    if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("version"), int):
+        raise TraceError(f"{part} is not a weight-reference table; record the model again")
+    if data["version"] > VERSION:
+        raise TraceError(f"{part} is of a newer version ({data['version']}); upgrade tapml-dbg")
+    files_json, params_json = data.get("files"), data.get("params")
+    if not isinstance(files_json, list) or not isinstance(params_json, dict):
+        raise TraceError(f"{part} is corrupt (files or params missing); record the model again")
+    files = []
+    for item in files_json:
+        if not (isinstance(item, dict) and isinstance(item.get("path"), str) and _count(item.get("bytes"), 2**63)):
+            raise TraceError(f"{part} is corrupt (a file entry is malformed); record the model again")
+        files.append(WeightFile(item["path"], item["bytes"]))
+    return files, {name: _ref(name, item, len(files), part) for name, item in params_json.items()}
+
+
+def _ref(name: str, item, files: int, part: str) -> WeightRef:
+    ok = (isinstance(item, dict) and _count(item.get("file"), files) and isinstance(item.get("tensor"), str)
+          and item.get("dtype") in S.SUPPORTED_DTYPES and _ints(item.get("shape"), S.MAX_NDIM, S.MAX_DIM)
+          and isinstance(item.get("sha256"), str) and len(item["sha256"]) == 64 and _count(item.get("crc32"), 2**32))
+    if not ok:
+        raise TraceError(f"{part} is corrupt (param {name[:80]!r}'s entry is malformed); record the model again")
+    return WeightRef(item["file"], item["tensor"], item["dtype"], tuple(item["shape"]), item["sha256"], item["crc32"])
+
+
+def _ints(value, length: int, limit: int) -> bool:
+    return isinstance(value, list) and len(value) <= length and all(_count(n, limit) for n in value)
+
+
+def _count(value, limit: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < limit
+
+
+# ---- reading them back --------------------------------------------------------------------------
+@dataclass
+class FileStatus:
+    """Where a referenced file is now: `found` (the path it was found at, None: missing) and whether its
+    size is still the recorded one."""
+
+    path: str
+    bytes: int
+    params: int
+    found: str | None
+    same_size: bool
+
+    @property
+    def ok(self) -> bool:
+        return self.found is not None and self.same_size
+
+    def problem(self) -> str:
+        if self.found is None:
+            return f"the checkpoint {self.path} the trace reads its weights from does not exist; {WHAT_TO_DO}"
+        return (f"the checkpoint {self.found} changed since the recording (it holds {os.path.getsize(self.found)} "
+                f"bytes, not {self.bytes}); {WHAT_TO_DO}")
+
+
+@dataclass
+class WeightRefs:
+    """The referenced params of one open trace; opens their files on first use (one reader's life)."""
+
+    files: list[WeightFile]
+    params: dict[str, WeightRef]
+    _open: dict[int, SafetensorsFile] = field(default_factory=dict)
+    _verified: set[str] = field(default_factory=set)  # params whose CRC-32 matched in this reader
+
+    def status(self) -> list[FileStatus]:
+        counts = [0] * len(self.files)
+        for ref in self.params.values():
+            counts[ref.file] += 1
+        result = []
+        for number, recorded in enumerate(self.files):
+            found = locate(recorded)
+            same = found is not None and os.path.getsize(found) == recorded.bytes
+            result.append(FileStatus(recorded.path, recorded.bytes, counts[number], found, same))
+        return result
+
+    def require(self) -> None:
+        """Raise the one-line error of the first referenced file that is missing or of another size."""
+        for status in self.status():
+            if not status.ok:
+                raise WeightFileError(status.problem())
+
+    def read(self, name: str) -> np.ndarray:
+        """Param `name` from its checkpoint, its CRC-32 checked (once per reader)."""
+        ref = self.params[name]
+        data = self._bytes(name, ref)
+        if name not in self._verified:
+            if S.checksum(data) != ref.crc32:
+                raise self._changed(name, ref)
+            self._verified.add(name)
+        return as_tensor(data, ref.dtype, ref.shape)
+
+    def verify(self, name: str) -> None:
+        """Read param `name` and check its SHA-256 (`info --verify`)."""
+        ref = self.params[name]
+        if hashlib.sha256(self._bytes(name, ref)).hexdigest() != ref.sha256:
+            raise self._changed(name, ref)
+
+    def _bytes(self, name: str, ref: WeightRef) -> np.ndarray:
+        source = self._file(ref.file)
+        span = source.tensors.get(ref.tensor)
+        if span is None or span.dtype != ref.dtype or span.shape != ref.shape:
+            raise self._changed(name, ref, "no longer holds")
+        return source.read_bytes(span)
+
+    def _file(self, number: int) -> SafetensorsFile:
+        if number not in self._open:
+            status = self.status()[number]
+            if not status.ok:
+                raise WeightFileError(status.problem())
+            self._open[number] = SafetensorsFile(status.found)
+        return self._open[number]
+
+    def _changed(self, name: str, ref: WeightRef, how: str = "holds other bytes for") -> WeightFileError:
+        path = self._open[ref.file].path if ref.file in self._open else self.files[ref.file].path
+        return WeightFileError(f"the checkpoint {path} changed since the recording: it {how} tensor "
+                               f"{ref.tensor!r} (param {name!r}); {WHAT_TO_DO}")
+
+    def close(self) -> None:
+        for source in self._open.values():
+            source.close()
+        self._open.clear()
+
+
+def locate(recorded: WeightFile) -> str | None:
+    """Where a referenced file is now: its recorded path, else its name in a folder of TAPML_WEIGHTS."""
+    if os.path.isfile(recorded.path):
+        return recorded.path
+    for folder in settings.value(settings.WEIGHTS):
+        candidate = os.path.join(folder, recorded.name)
+        if os.path.isfile(candidate):
+            return candidate
+    return None
