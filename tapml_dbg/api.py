@@ -26,7 +26,8 @@ from tapml_dbg.engine.migrate import MigrateResult
 from tapml_dbg.engine.mixed import MixedRun, parse_offload
 from tapml_dbg.engine.report import OpPoint, error_points
 from tapml_dbg.engine.results import BisectResult, StepResult
-from tapml_dbg.engine.session import Session
+from tapml_dbg.engine.reference import Reference
+from tapml_dbg.engine.session import Session, open_judged
 from tapml_dbg.engine.triage import TriageResult, triage
 from tapml_dbg.errors import UsageError
 from tapml_dbg.judge.verdict import ISOLATED, PROPAGATED, Mode
@@ -55,9 +56,17 @@ class Replay:
 
     @classmethod
     def from_spec(cls, trace: str | Path, spec: TargetSpec, *, searching: bool = False,
-                  cache_dir: str | Path = DEFAULT_CACHE_DIR) -> "Replay":
-        """What the CLI opens: `searching` starts the worker a bisect's chain runs on too."""
-        return cls(Session.open(trace, spec, cache_dir=cache_dir, start_workers=True, searching=searching))
+                  cache_dir: str | Path = DEFAULT_CACHE_DIR, reference: TargetSpec | None = None,
+                  progress: Progress = _noop) -> "Replay":
+        """What the CLI opens: `searching` starts the worker a bisect's chain runs on too; `reference`: judge
+        the target against that trusted TVM target instead of the recorded source (docs/reference-target.md)."""
+        return cls(open_judged(trace, spec, reference=reference, cache_dir=cache_dir, start_workers=True,
+                               searching=searching, progress=progress))
+
+    @property
+    def reference(self) -> Reference:
+        """What the target is judged against: `kind` "source" or "target", `tvm_wide`, `attribution(op)`."""
+        return self.session.against
 
     def __enter__(self) -> "Replay":
         return self
@@ -175,13 +184,20 @@ def _mode_columns(point: OpPoint, mode: Mode) -> dict:
 
 def open(trace: str | Path, target: str = "llvm", *, transform: str | None = None, rpc: str | None = None,
          tracker: str | None = None, key: str | None = None, timeout: float | None = None,
-         parallel: int | None = None, cache_dir: str | Path = DEFAULT_CACHE_DIR, keep: str | None = None) -> Replay:
+         parallel: int | None = None, cache_dir: str | Path = DEFAULT_CACHE_DIR, keep: str | None = None,
+         reference_target: str | None = None, reference_rpc: str | None = None,
+         reference_transform: str | None = None) -> Replay:
     """Open a trace for replay on `target` (options as the CLI's: `transform="FILE.py:FUNC"`,
     `rpc="HOST:PORT"` or `tracker=` + `key=`; `keep="14,37"`: ops kept on the source, `Replay.keep`).
+    `reference_target="llvm"` (with `reference_rpc=`, `reference_transform=`): judged against that trusted
+    TVM target instead of the recorded source (docs/reference-target.md).
     A bad path, trace, target or selector raises a `TapmlError`."""
     spec = TargetSpec(target=target, rpc=rpc, tracker=tracker, key=key, transform=transform,
                       timeout_s=timeout or DEFAULT_UNIT_TIMEOUT_S, parallel=parallel)
-    replay = Replay.from_spec(trace, spec, cache_dir=cache_dir)
+    reference = None if reference_target is None else TargetSpec(
+        target=reference_target, rpc=reference_rpc, transform=reference_transform,
+        timeout_s=timeout or DEFAULT_UNIT_TIMEOUT_S, parallel=parallel)
+    replay = Replay.from_spec(trace, spec, cache_dir=cache_dir, reference=reference)
     if keep is not None:
         try:
             replay.keep(keep)

@@ -34,6 +34,15 @@ RECORDED_CACHE_BYTES = 256 * 2**20  # recorded op outputs kept for the source ru
 NO_GRAPH_NOTE = ("the trace has no source graph (recorded with --source tvm:TARGET, or by a tapml-dbg "
                  "before trace format v1.2)")
 HELPER_NOTE = "a helper binding the recorder had tvm:llvm compute: no float64 reference on the host"
+TVM_WIDE_NOTE = ("the reference target itself differs from the source here (TVM-wide): judged against the "
+                 "reference target's value by the fixed rule, not against the float64 truth")
+META_REFERENCE = "reference"  # a reference target's derived trace (engine/reference.py): its "tvm_wide" ops
+
+
+def tvm_wide_indices(meta: dict) -> set[int]:
+    """The ops a reference target's derived trace lists as TVM-wide (none in a recorded trace)."""
+    listed = (meta.get(META_REFERENCE) or {}).get("tvm_wide") or []
+    return {int(op["index"]) for op in listed if isinstance(op, dict) and isinstance(op.get("index"), int)}
 
 
 def load_source_graph(reader: TraceReader) -> SourceGraph | None:
@@ -63,6 +72,10 @@ class SourceReference:
         self.stock_meta = reader.meta.get(META_STOCK_IMPORT) or {}  # what the stock import does (or {})
         self.stock_widened: list[TypeChange] = []
         self.type_changes = self._type_changes()
+        # a reference target's trace: its values differ from the source's float64 truth at these ops (and,
+        # propagated, after the first), where that truth would be the reference's noise, not the target's
+        self.tvm_wide = tvm_wide_indices(reader.meta)
+        self.first_wide = min(self.tvm_wide, default=len(ops))
 
     @property
     def available(self) -> bool:
@@ -119,8 +132,8 @@ class SourceReference:
         """Op `index` in float64 from its recorded inputs (and its undefined elements)."""
         op = self.ops[index]
         reference = self._undefined_reference(index)
-        if reference.undefined_op or self.runner is None:
-            reference.note = reference.note or NO_GRAPH_NOTE
+        if reference.undefined_op or self.runner is None or index in self.tvm_wide:
+            reference.note = reference.note or (TVM_WIDE_NOTE if index in self.tvm_wide else NO_GRAPH_NOTE)
             return reference
         try:
             if self.runner.holds(op.name):
@@ -140,8 +153,8 @@ class SourceReference:
     def propagated(self, index: int) -> Reference:
         """Op `index`'s value in the float64 run of the whole model (computed once for every op)."""
         reference = self._undefined_reference(index)
-        if reference.undefined_op or self.runner is None:
-            reference.note = reference.note or NO_GRAPH_NOTE
+        if reference.undefined_op or self.runner is None or index >= self.first_wide:
+            reference.note = reference.note or (NO_GRAPH_NOTE if self.runner is None else TVM_WIDE_NOTE)
             return reference
         full = self.full_run()
         if index in full:

@@ -51,6 +51,7 @@ class Culprit:
     unit: list[tuple[int, str]] = field(default_factory=list)  # a fused culprit's unit: (index, name) in order
     source_location: SourceLocation | None = None  # the user's model line it came from (None: unknown)
     step: int | None = None  # its generation step (0 = the prefill); None outside a generation trace
+    attribution: str | None = None  # under a reference target: "target" (this platform's) or "tvm" (every target's)
 
     @property
     def summary(self) -> str:
@@ -70,7 +71,7 @@ class Culprit:
                 "metrics": self.metrics.to_json() if self.metrics else {}, "message": self.message,
                 "fused": fused,
                 "source_location": self.source_location.to_json() if self.source_location else None,
-                "step": self.step}
+                "step": self.step, "attribution": self.attribution}
 
 
 @dataclass
@@ -86,6 +87,8 @@ class BisectResult:
     notes: list[str] = field(default_factory=list)
     kept: list[int] = field(default_factory=list)  # ops kept on the source: never searched (engine/kept.py)
     tokens: object = None  # engine.generation.TokenReport of a generation trace (teacher-forced); None otherwise
+    reference: dict = field(default_factory=lambda: {"kind": "source", "target": None})  # what it was judged against
+    tvm_wide: list = field(default_factory=list)  # engine.reference.TvmWideOp: the reference target differs here too
 
     @property
     def first_bad_token(self):
@@ -100,7 +103,8 @@ class BisectResult:
                 "search": [{"index": k, "failed": f} for k, f in self.search], "kept": list(self.kept),
                 "notes": self.notes,
                 "first_bad_token": first.first_bad_json() if first is not None else None,
-                "tokens": self.tokens.to_json() if self.tokens is not None else None}
+                "tokens": self.tokens.to_json() if self.tokens is not None else None,
+                "reference": self.reference, "tvm_wide": [op.to_json() for op in self.tvm_wide]}
 
 
 @dataclass

@@ -23,13 +23,14 @@ from tapml_dbg.engine.isolated import IsolatedVerdicts
 from tapml_dbg.engine.kept import parse_kept, with_node_groups
 from tapml_dbg.engine.migrate import MigrateResult, Migration
 from tapml_dbg.engine.mixed import MixedRun, MixedRunner
+from tapml_dbg.engine.reference import RecordedSource, Reference, trusted_target
 from tapml_dbg.engine.references import SourceReference, load_source_graph
 from tapml_dbg.engine.propagation import PropagatedReplay
 from tapml_dbg.engine.requests import RequestBuilder
 from tapml_dbg.engine.results import BisectResult, CompileReport, StepResult
 from tapml_dbg.engine.search import Bisection
 from tapml_dbg.engine.verdicts import Verdicts
-from tapml_dbg.errors import TraceError
+from tapml_dbg.errors import TargetError, TraceError
 from tapml_dbg.judge.compare import TolerancePolicy
 from tapml_dbg.judge.verdict import Verdict
 from tapml_dbg.model.analysis import consumers_of, dead_tuple_fields
@@ -53,12 +54,14 @@ class Session:
 
     def __init__(self, reader: TraceReader, spec: TargetSpec | None = None, *,
                  cache_dir: str | Path = DEFAULT_CACHE_DIR, policy: TolerancePolicy | None = None,
-                 start_workers: bool = False, searching: bool = False):
+                 start_workers: bool = False, searching: bool = False, against: Reference | None = None):
         """`start_workers`: start the target worker processes now, so that they import TVM while
         this process does (what a command that will run units wants: the CLI, the REPL);
         `searching`: a bisect comes first, start the worker its chain runs on too."""
         self.reader = reader
         self.spec = spec or TargetSpec()
+        # what the target is judged against: the recorded values, or a trusted target's (engine/reference.py)
+        self.against = against or RecordedSource(Path(reader.path), str(reader.meta.get("source", "torch")))
         self._torch_import = None  # torch imported in a thread while a search runs (bisect)
         self._transform_identity = transform_identity(self.spec.transform)  # to notice an edited pass
         self._observers: list[weakref.WeakMethod] = []  # told what the session forgot (`observe`)
@@ -224,6 +227,13 @@ class Session:
         result = Bisection(self, sweep, progress).run()
         if edited:
             result.notes.insert(0, edited)
+        return self.attributed(result)
+
+    def attributed(self, result: BisectResult) -> BisectResult:
+        """`result` told what it was judged against: the reference, its TVM-wide ops, whose the culprit is."""
+        result.reference, result.tvm_wide = self.against.to_json(), list(self.against.tvm_wide)
+        if result.culprit is not None:
+            result.culprit.attribution = self.against.attribution(result.culprit.index)
         return result
 
     def warm_up_torch(self) -> None:
@@ -253,3 +263,22 @@ class Session:
     def compile_all(self, progress: Progress = _noop) -> CompileReport:
         """Compile every op for the target without running it; failures become verdicts."""
         return compile_all(self, progress)
+
+
+def open_judged(path: str | Path, spec: TargetSpec, *, reference: TargetSpec | None = None,
+                cache_dir: str | Path = DEFAULT_CACHE_DIR, start_workers: bool = False, searching: bool = False,
+                progress: Progress = _noop) -> Session:
+    """A session on trace `path` judged against its recorded values, or, given `reference`, against the
+    same units on that trusted target (computed once and kept in the cache: engine/reference.py)."""
+    against = None
+    if reference is not None:
+        def open_reference(trace, reference_spec: TargetSpec) -> Session:
+            return Session.open(trace, reference_spec, cache_dir=cache_dir, start_workers=True)
+
+        try:
+            against = trusted_target(path, reference, cache_dir, open_reference, progress)
+        except TargetError as exc:
+            raise TargetError(f"reference target: {exc}") from exc
+        path = against.trace
+    return Session(TraceReader(path), spec, cache_dir=cache_dir, start_workers=start_workers, searching=searching,
+                   against=against)

@@ -180,12 +180,14 @@ def _module_path(param_name: str) -> str:
 
 
 def _layer(reads: list[str], module_of: dict[str, str], layers: dict[str, str]) -> str:
-    """The module of the parameters an op reads, else the deepest common module of the ops it reads."""
-    owned = [module_of[name] for name in reads if name in module_of]
+    """The module of the parameters an op reads, else the layer of the latest op it reads (a weight's
+    transpose and the matmul that reads it share the weight's module)."""
+    owned = [module_of[name] for name in reads if module_of.get(name)]
     if owned:
         return _common(owned)
-    upstream = [layers[name] for name in reads if name in layers and layers[name]]
-    return _common(upstream) if upstream else ""
+    order = {name: position for position, name in enumerate(layers)}
+    upstream = sorted((name for name in reads if name in layers), key=order.__getitem__)
+    return layers[upstream[-1]] if upstream else ""
 
 
 def _common(paths: list[str]) -> str:

@@ -12,7 +12,7 @@ import json
 from dataclasses import asdict, dataclass, replace
 
 from tapml_dbg import portable
-from tapml_dbg.errors import TargetError
+from tapml_dbg.errors import TargetError, UsageError
 from tapml_dbg.portable import DEFAULT_TARGET, target_label  # one default, one wording: shared with repros
 
 DEFAULT_UNIT_TIMEOUT_S = 300.0  # one compile + run; big fused ranges compile for a while
@@ -36,6 +36,18 @@ class TargetSpec:
         return cls(target=args.target, rpc=args.rpc, tracker=args.tracker, key=args.key,
                    transform=args.transform, timeout_s=args.timeout or DEFAULT_UNIT_TIMEOUT_S,
                    parallel=args.parallel)
+
+    @classmethod
+    def reference_from_args(cls, args: argparse.Namespace) -> "TargetSpec | None":
+        """The trusted reference target of a subcommand's `--reference-*` options; None: none given (the
+        target is judged against the recorded source)."""
+        target = getattr(args, "reference_target", None)
+        if target is None:
+            if getattr(args, "reference_rpc", None) or getattr(args, "reference_transform", None):
+                raise UsageError("--reference-rpc and --reference-transform go with --reference-target T")
+            return None
+        return cls(target=target, rpc=args.reference_rpc, transform=args.reference_transform,
+                   timeout_s=args.timeout or DEFAULT_UNIT_TIMEOUT_S, parallel=args.parallel)
 
     @property
     def where(self) -> str:

@@ -83,6 +83,17 @@ def _add_target_options(parser: argparse.ArgumentParser) -> None:
                              "one per free tracker server for --tracker/--key, else 1")
 
 
+def _add_reference_options(parser: argparse.ArgumentParser) -> None:
+    """A trusted TVM target to judge the target against, instead of the recorded source (TapML's way)."""
+    parser.add_argument("--reference-target", metavar="T",
+                        help="judge the target against the same units on this trusted TVM target (computed once "
+                             "and kept), not against the recorded source: a divergence T shares is listed as "
+                             "TVM-wide, never the culprit (docs/reference-target.md)")
+    parser.add_argument("--reference-rpc", metavar="HOST:PORT", help="the reference target over TVM RPC")
+    parser.add_argument("--reference-transform", metavar="FILE.py:FUNC",
+                        help="a pass you trust, applied to the reference target's builds (default: none)")
+
+
 KEEP_HELP = ("ops kept on the source (a known bug, or one assumed fixed): cut out of the target's units, so the "
              "search goes on past them; op selectors as in the REPL (14,37 | cumsum | 30:40 | a layer); "
              "docs/keep.md")
@@ -147,12 +158,14 @@ def build_parser() -> argparse.ArgumentParser:
                          "compare, print, plot, bisect and dump without leaving the session (docs/repl.md).")
     replay.add_argument("trace", metavar="TRACE", help=TRACE_HELP)
     _add_target_options(replay)
+    _add_reference_options(replay)
     replay.add_argument("-c", dest="commands", metavar='"CMD; CMD"', help="run commands and exit")
     replay.add_argument("--script", metavar="FILE", help="run commands from FILE and exit")
 
     bisect = _verb(commands, verbs.BISECT)
     bisect.add_argument("trace", metavar="TRACE", help=TRACE_HELP)
     _add_target_options(bisect)
+    _add_reference_options(bisect)
     bisect.add_argument("--json", action="store_true", help="one JSON object on stdout")
     verbs.BISECT.add_options(bisect)
     bisect.add_argument("--report", metavar="DIR", help="also write the HTML report (as `tapml-dbg report`) to DIR")
@@ -165,6 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
                       "inherited from a cause are folded into it (docs/triage.md).")
     tri.add_argument("trace", metavar="TRACE", help=TRACE_HELP)
     _add_target_options(tri)
+    _add_reference_options(tri)
     tri.add_argument("--json", action="store_true", help="one JSON object on stdout")
     _add_keep_option(tri)
 
@@ -240,6 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "AI Edge Model Explorer (pip install ai-edge-model-explorer), and print the command "
                              "that opens it")
     _add_target_options(report)
+    _add_reference_options(report)
     _add_keep_option(report)
 
     server = _subcommand(commands, "serve", "keep TVM and torch imported: later commands start in a fraction of a second",
@@ -317,7 +332,8 @@ def _record(args, out, err) -> int:
     return 0
 
 
-_TARGET_OPTIONS = ("target", "rpc", "tracker", "key", "transform")  # what a suggested command repeats
+_TARGET_OPTIONS = ("target", "rpc", "tracker", "key", "transform", "reference_target", "reference_rpc",
+                   "reference_transform")  # what a suggested command repeats
 
 
 def _command(subcommand: str, trace: str, *extra: str, args=None) -> str:
@@ -325,8 +341,10 @@ def _command(subcommand: str, trace: str, *extra: str, args=None) -> str:
     parts = ["tapml-dbg", subcommand, trace, *extra]
     for name in _TARGET_OPTIONS if args is not None else ():
         value = getattr(args, name, None)
+        if name.startswith("reference_") and subcommand not in _JUDGED_AGAINST:
+            continue
         if value and not (name == "target" and value == "llvm"):
-            parts += [f"--{name}", str(value)]
+            parts += [f"--{name.replace('_', '-')}", str(value)]
     kept = getattr(args, "keep", None) if args is not None else None
     if kept and subcommand in _KEEPING and "--keep" not in extra:  # the ops the user keeps, kept again
         parts += ["--keep", kept]
@@ -334,6 +352,7 @@ def _command(subcommand: str, trace: str, *extra: str, args=None) -> str:
 
 
 _KEEPING = ("bisect", "run", "migrate", "triage", "report")  # the subcommands that take --keep
+_JUDGED_AGAINST = ("bisect", "triage", "report", "replay")  # the subcommands that take --reference-target
 
 
 def _keep_next(args, indices, then: str) -> tuple[str, str]:
@@ -417,7 +436,8 @@ def _finite(value):
 def _open(args, searching: bool = False) -> Replay:
     """The Python API's replay of a subcommand's trace and target options: one TargetSpec, nothing dropped;
     `--keep OPS` kept on the source (`args.kept`: the ops it resolved to, for the `next:` lines)."""
-    replay = Replay.from_spec(args.trace, TargetSpec.from_args(args), searching=searching)
+    replay = Replay.from_spec(args.trace, TargetSpec.from_args(args), searching=searching,
+                              reference=TargetSpec.reference_from_args(args))
     if getattr(args, "keep", None) is not None:
         try:
             args.kept = replay.keep(args.keep)

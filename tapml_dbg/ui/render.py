@@ -857,11 +857,37 @@ def _(result: TokenReport, console: Console) -> None:
     print_table(console, table)
 
 
+TVM_WIDE_SHOWN = 8  # TVM-wide ops named in a bisect's text; the rest counted (--json lists every one)
+ATTRIBUTION_TEXT = {"target": "this platform's bug: the reference target {ref} agrees with the source here, the "
+                              "target does not",
+                    "tvm": "every TVM target's: the reference target {ref} differs from the source here too"}
+
+
+def _reference_lines(result: BisectResult, console: Console) -> None:
+    """Under a reference target: what the target was judged against, and the TVM-wide ops (one line each)."""
+    reference = result.reference or {}
+    if reference.get("kind") != "target":
+        return
+    ref = escape(str(reference.get("target")))
+    culprit = result.culprit
+    if culprit is not None and culprit.attribution in ATTRIBUTION_TEXT:
+        console.print(f"  attribution: [bold]{culprit.attribution}[/]: {ATTRIBUTION_TEXT[culprit.attribution].format(ref=ref)}")
+    else:
+        console.print(f"  judged against the reference target {ref}, not the recorded source")
+    if result.tvm_wide:
+        shown = ", ".join(f"#{op.index} {escape(op.name)} ({escape(op.op)}, {escape(op.verdict)})"
+                          for op in result.tvm_wide[:TVM_WIDE_SHOWN])
+        more = f" and {len(result.tvm_wide) - TVM_WIDE_SHOWN} more" if len(result.tvm_wide) > TVM_WIDE_SHOWN else ""
+        console.print(f"  TVM-wide ({ref} differs from the source too; every TVM target's, not this platform's): "
+                      f"{shown}{more}")
+
+
 @render.register
 def _(result: BisectResult, console: Console) -> None:
     if not result.diverged:
         console.print(f"[green]no divergence[/]: {result.ops} ops checked on {escape(result.target)} with "
                       f"{result.probes} probes in {result.seconds:.1f} s")
+        _reference_lines(result, console)
         _tokens_line(result.tokens, console)
         _print_notes(result.notes, console)
         return
@@ -869,6 +895,7 @@ def _(result: BisectResult, console: Console) -> None:
     console.print(f"[bold red]first divergent op[/]: #{culprit.index} [bold]{escape(culprit.name)}[/] "
                   f"({escape(culprit.op)}) in layer [cyan]{escape(layer_text(culprit.layer))}[/]{step_text(culprit.step)}")
     culprit_detail(culprit, console)
+    _reference_lines(result, console)
     _tokens_line(result.tokens, console)
     probes = f"{result.probes} probe{'s' if result.probes != 1 else ''}"
     console.print(f"  found on {escape(result.target)} with {probes} over {result.ops} ops in {result.seconds:.1f} s")

@@ -22,7 +22,7 @@ from prompt_toolkit.history import History
 from rich.console import Console
 from rich.markup import escape
 
-from tapml_dbg.engine.session import Session
+from tapml_dbg.engine.session import open_judged
 from tapml_dbg.engine.stops import Debugger, RunResult
 from tapml_dbg import settings
 from tapml_dbg.errors import TapmlError, UsageError
@@ -245,7 +245,7 @@ def run_replay(args) -> int:
     out, err = make_console(sys.stdout), make_console(sys.stderr)
     status = err.status("opening the trace…") if err.is_terminal else contextlib.nullcontext()
     with status:
-        session = Session.open(args.trace, spec, start_workers=True)
+        session = open_judged(args.trace, spec, reference=TargetSpec.reference_from_args(args), start_workers=True)
     launch = {"trace": args.trace}  # the path as typed, for the commands `dump` suggests
     with session:
         repl = Repl(session, out, err, launch=launch)
