@@ -15,6 +15,7 @@ import datetime
 import os
 import platform
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +23,7 @@ import numpy as np
 from tapml_dbg.errors import ModelError, TargetError
 from tapml_dbg.frontend.native import load_native, native_spec
 from tapml_dbg.portable import flatten
+from tapml_dbg.portable.runner import device_kind, parse_target
 from tapml_dbg.record.recorder import (WRITE_IN_BACKGROUND, Progress, RecordResult, TraceSink, ValueStore,
                                        graph_json_of, own_version)
 from tapml_dbg.runtime.in_process import LocalRunner
@@ -29,6 +31,16 @@ from tapml_dbg.trace import TraceWriter
 from tapml_dbg.trace.capture import parse_size, plan_capture
 
 META_NATIVE = "native"  # meta key: {"entry": the module's own name of the entry function, "file": the model file}
+
+
+@dataclass
+class NativeRecordResult(RecordResult):
+    """A TVM-native recording: which entry function, and how far the module's own whole run on the source
+    target is from the op-by-op values (None: it could not run)."""
+
+    entry: str = ""
+    source: str = ""
+    whole_difference: float | None = None
 
 
 def record_native(model_spec: str, out_path: str | Path, target: str, *, entry: str | None = None,
@@ -65,12 +77,13 @@ def record_native(model_spec: str, out_path: str | Path, target: str, *, entry: 
         sink.abort()
         raise
     phases = {"import": run_started - started, "run": time.perf_counter() - run_started}
-    whole_seconds = _finish(writer, graph, model, target, values, phases, time.perf_counter() - started)
+    whole_seconds, difference = _finish(writer, graph, model, target, values, phases, time.perf_counter() - started)
     path = Path(out_path)
-    return RecordResult(path, len(graph.ops), time.perf_counter() - started, whole_seconds, 0, path.stat().st_size,
-                        prepare_seconds=phases["import"], run_seconds=phases["run"],
-                        stored_ops=len(stored) if stored is not None else len(graph.ops),
-                        capture=plan.to_meta() if plan is not None else None, phases=phases)
+    return NativeRecordResult(path, len(graph.ops), time.perf_counter() - started, whole_seconds, 0,
+                              path.stat().st_size, prepare_seconds=phases["import"], run_seconds=phases["run"],
+                              stored_ops=len(stored) if stored is not None else len(graph.ops),
+                              capture=plan.to_meta() if plan is not None else None, phases=phases,
+                              entry=model.entry, source=f"tvm:{target}", whole_difference=difference)
 
 
 def _op_values(runner: LocalRunner, op, values: dict, target: str) -> list[np.ndarray]:
@@ -109,9 +122,9 @@ def _script(mod) -> str:
         return ""
 
 
-def _finish(writer, graph, model, target: str, last_values, phases: dict, seconds: float) -> float:
+def _finish(writer, graph, model, target: str, last_values, phases: dict, seconds: float):
     """The whole module's own run on `target`, timed and compared with the op-by-op values; the trace
-    marked complete. Returns the whole run's seconds (0.0 where it could not run)."""
+    marked complete. Returns the whole run's seconds (0.0 where it could not run) and that difference."""
     try:
         whole, outputs = _whole_run(graph, model, target)
         difference = None
@@ -128,7 +141,7 @@ def _finish(writer, graph, model, target: str, last_values, phases: dict, second
         writer.close(complete=False)
         raise
     writer.close(complete=True)
-    return whole
+    return whole, difference
 
 
 def _whole_run(graph, model, target: str) -> tuple[float, list[np.ndarray] | None]:
@@ -138,8 +151,9 @@ def _whole_run(graph, model, target: str) -> tuple[float, list[np.ndarray] | Non
     from tvm import relax
 
     try:
-        executable = tvm.compile(graph.mod, target)
-        device = tvm.device(tvm.target.Target(target).kind.name)
+        parsed = parse_target(target)
+        executable = tvm.compile(graph.mod, parsed)
+        device = tvm.device(device_kind(parsed))
         vm = relax.VirtualMachine(executable, device)
         args = [tvm.runtime.tensor(a, device) for a in [*model.inputs.values(), *model.params.values()]]
         vm["main"](*args)

@@ -34,6 +34,7 @@ from tapml_dbg.frontend.causal_lm import CausalLMInfo
 from tapml_dbg.model.generation import GenerationInfo, step_kind
 from tapml_dbg.model.host_only import host_only_text
 from tapml_dbg.record.recorder import RecordResult
+from tapml_dbg.record.native import NativeRecordResult
 from tapml_dbg.repro.carve import CarveResult
 from tapml_dbg.repro.dump import DumpResult
 from tapml_dbg.repro.files import human_bytes
@@ -1039,6 +1040,20 @@ def _(result: RecordResult, console: Console) -> None:
     if result.host_only:
         console.print(f"  {len(result.host_only)} op(s) TVM cannot import, run on the host in every replay: "
                       f"{escape(host_only_text(result.host_only))}", soft_wrap=True)
+    if result.capture:
+        console.print(f"  tensors stored for {result.stored_ops} of {result.ops} ops "
+                      f"({escape(capture_text(result.capture))}); every op has stats")
+
+
+@render.register
+def _(result: NativeRecordResult, console: Console) -> None:
+    whole = ("could not run" if result.whole_difference is None else
+             f"{result.whole_difference:.3g} from the op-by-op values ({seconds_text(result.eager_seconds)})")
+    console.print(f"recorded [bold]{result.ops}[/] ops to {escape(str(result.path))} ({size_text(result.file_bytes)}) "
+                  f"in {result.seconds:.2f} s: build_tvm + checks {result.prepare_seconds:.2f} s, run "
+                  f"{result.run_seconds:.2f} s on {escape(result.source)}")
+    console.print(f"  TVM-native: entry function {escape(result.entry)}, each binding an op; the whole module run "
+                  f"once on {escape(result.source[4:])}: {whole}")
     if result.capture:
         console.print(f"  tensors stored for {result.stored_ops} of {result.ops} ops "
                       f"({escape(capture_text(result.capture))}); every op has stats")
