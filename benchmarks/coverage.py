@@ -464,7 +464,12 @@ a `tapml-dbg dump` command). Where a model config avoids it, the zoo does so and
        def forward(self, x):          # x: (4, 8)
            return torch.logsumexp(x, dim=-1)
    ```
-   `TVM 0.27 cannot import aten op(s) aten.amax.default`.
+   `TVM 0.27 has no converter for aten.amax`: since issue 49 such an op records and runs on the host
+   in every replay, listed as a finding (docs/host-only-ops.md); so do the mixture-of-experts layers'
+   `aten.histc` and transformers' `grouped_mm_fallback` custom op (tiny Mixtral and Qwen2-MoE
+   bisect clean on llvm with them on the host, and a fault planted after them is found at its op:
+   tests/test_host_only_ops.py), and a node whose converter raises when the host can run it (their
+   int64 `div(..., rounding_mode="floor")` by a Python int: TVM 0.27 imports an int32 constant).
 4. **`cumsum` over a bool tensor keeps dtype bool**: torch promotes to int64; TVM imports a bool
    `cumsum` that then fails to compile (`Check failed: (t.MatchesCode(DLDataTypeCode::kDLFloat))`,
    a `compile-error` verdict). HF text models build positions or masks this way when no

@@ -24,14 +24,20 @@ The session owns the kept set (`Session.kept`, like the offload set); these are 
     per kept op), and it is what `offload remove` has always fed downstream in the propagated
     replay. A propagated verdict downstream of a kept op therefore says what the target does to
     right values, not what it does to the kept op's error.
+
+Host-only ops (model/host_only.py: ops TVM cannot import, placeholders in the graph) are kept always:
+`Session.kept` holds them whatever `--keep` says, and results list them apart (`host_only`), as
+findings, never among the user's kept ops (docs/host-only-ops.md).
 """
 
 from __future__ import annotations
 
 from tapml_dbg.errors import UsageError
-from tapml_dbg.judge.verdict import Status, WrongClass
+from tapml_dbg.judge.verdict import Mode, Status, Verdict, WrongClass
 from tapml_dbg.model.graph import OpInfo
+from tapml_dbg.model.host_only import HostOnlyOp, host_only_names, host_only_text
 from tapml_dbg.model.select import OpTable
+from tapml_dbg.trace.schema import META_HOST_ONLY
 
 KEEP_NONE = "none"  # `--keep none` / `keep none`: nothing kept
 
@@ -106,3 +112,26 @@ def blocks_target(culprit) -> bool:
     """A culprit (`engine.results.Culprit`) that no unit holding it gets past on the target (it does not
     build or run) or whose type the import changed: what to keep on the source first, to go on."""
     return culprit.verdict in _BLOCKING or culprit.wrong == WrongClass.TYPE
+
+
+def host_only_of(main, ops: list[OpInfo], meta: dict) -> list[HostOnlyOp]:
+    """The trace's host-only ops, from its graph (the placeholders); their reasons from its meta."""
+    names = set(host_only_names(main))
+    reasons = {entry.get("name"): entry.get("reason") for entry in meta.get(META_HOST_ONLY) or []
+               if isinstance(entry, dict)}
+    return [HostOnlyOp(op.index, op.name, op.op, reasons.get(op.name) or "TVM cannot import it")
+            for op in ops if op.name in names]
+
+
+def host_only_note(host_only: list[HostOnlyOp], mixed: bool = False) -> str:
+    """The note a result carries when the model holds ops TVM cannot import (run on the host), with why."""
+    fed = ("re-executed on the host, fed the run's values" if mixed else
+           "their recorded values feed the ops after them")
+    return (f"on the host only, cut out of the target's units ({fed}): "
+            f"{host_only_text([entry.to_json() for entry in host_only])}")
+
+
+def host_only_verdict(host_only: list[HostOnlyOp], index: int, mode: Mode) -> Verdict:
+    """What a host-only op gets instead of a verdict: none (MISSING), with the reason."""
+    entry = next(entry for entry in host_only if entry.index == index)
+    return Verdict(index, entry.name, mode, Status.MISSING, message=f"runs on the host only: {entry.reason}")

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Callable
 
-from tapml_dbg.engine.kept import kept_note
+from tapml_dbg.engine.kept import host_only_note, kept_note
 from tapml_dbg.engine.mixed import MixedRun, MixedRunner, blocks_in
 from tapml_dbg.model.generation import step_ranges
 from tapml_dbg.engine.results import Culprit
@@ -186,8 +186,10 @@ class Migration:
             self.progress(number - 1, len(plan), f"step {number}: {label}")
             result.steps.append(MigrationStep(number, label, offload, new, self.runner.run(offload)))
         self.progress(len(plan), len(plan), "steps done")
-        if self.session.kept:
-            result.notes.append(kept_note(self.session.ops, self.session.kept, mixed=True))
+        if self.session.user_kept:
+            result.notes.append(kept_note(self.session.ops, self.session.user_kept, mixed=True))
+        if self.session.host_only:
+            result.notes.append(host_only_note(self.session.host_only, mixed=True))
         failing = [step for step in result.steps if not step.passed]
         if self.one_at_a_time:
             ranked = sorted(result.steps, key=lambda step: (-step.run.error, step.number))

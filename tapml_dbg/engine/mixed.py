@@ -35,7 +35,7 @@ from typing import Callable
 
 import numpy as np
 
-from tapml_dbg.engine.kept import kept_note
+from tapml_dbg.engine.kept import host_only_note, kept_note
 from tapml_dbg.engine.propagation import TargetRun, own_failure, run_on_target
 from tapml_dbg.errors import TraceError, UsageError
 from tapml_dbg.judge.compare import Metrics
@@ -297,9 +297,11 @@ class MixedRunner:
         on_target = self.placement(set(offload) - kept)
         state = _State()
         result = MixedRun(sorted(on_target), len(self.ops), session.where, [])  # what ran there, helpers moved
-        result.kept = sorted(kept & set(offload))
+        result.kept = sorted(session.user_kept & set(offload))
         if result.kept:
             result.notes.append(kept_note(self.ops, result.kept, mixed=True))
+        if session.host_only_ops & set(offload):  # ops TVM cannot import: on the host whatever the spec
+            result.notes.append(host_only_note(session.host_only, mixed=True))
         chunks = self._chunks(on_target)
         done = 0
         for placed, indices in chunks:

@@ -87,6 +87,7 @@ class BisectResult:
     notes: list[str] = field(default_factory=list)
     kept: list[int] = field(default_factory=list)  # ops kept on the source: never searched (engine/kept.py)
     tokens: object = None  # engine.generation.TokenReport of a generation trace (teacher-forced); None otherwise
+    host_only: list[dict] = field(default_factory=list)  # ops TVM cannot import, run on the host: {"index", "name", "op", "reason"}
     reference: dict = field(default_factory=lambda: {"kind": "source", "target": None})  # what it was judged against
     tvm_wide: list = field(default_factory=list)  # engine.reference.TvmWideOp: the reference target differs here too
 
@@ -101,7 +102,7 @@ class BisectResult:
                 "seconds": round(self.seconds, 3), "target": self.target,
                 "op": self.culprit.to_json() if self.culprit else None,
                 "search": [{"index": k, "failed": f} for k, f in self.search], "kept": list(self.kept),
-                "notes": self.notes,
+                "host_only": list(self.host_only), "notes": self.notes,
                 "first_bad_token": first.first_bad_json() if first is not None else None,
                 "tokens": self.tokens.to_json() if self.tokens is not None else None,
                 "reference": self.reference, "tvm_wide": [op.to_json() for op in self.tvm_wide]}

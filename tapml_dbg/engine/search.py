@@ -50,7 +50,7 @@ from tapml_dbg.engine import fused
 from tapml_dbg.engine.chain import ChainFinding, ChainSearch
 from tapml_dbg.engine.generation import output_name, teacher_forced, trace_generation
 from tapml_dbg.engine.isolated import ChainLead, SweepPlan
-from tapml_dbg.engine.kept import kept_note
+from tapml_dbg.engine.kept import host_only_note, kept_note
 from tapml_dbg.engine.results import BisectResult, Culprit, StepResult
 from tapml_dbg.errors import TraceError
 from tapml_dbg.judge.classify import type_evidence
@@ -179,9 +179,11 @@ class Bisection:
         self.sweep_enabled = sweep
         self.progress = progress
         self.first, self.last, self.notes = self._search_range()
-        self.kept = session.kept  # never a unit nor a verdict of this search (engine/kept.py)
-        if self.kept:
-            self.notes.append(kept_note(session.ops, self.kept))
+        self.kept = session.kept  # never a unit nor a verdict of this search (engine/kept.py), host-only ops too
+        if session.user_kept:
+            self.notes.append(kept_note(session.ops, session.user_kept))
+        if session.host_only:
+            self.notes.append(host_only_note(session.host_only))
         if session.reference.stock_import_note():  # the import-error finding (frontend/stock_import.py)
             self.notes.append(session.reference.stock_import_note())
         self.search_trace = SearchTrace()
@@ -248,7 +250,8 @@ class Bisection:
         return BisectResult(diverged=culprit is not None, ops=len(session.ops), probes=probes,
                             seconds=time.perf_counter() - started, target=session.target, culprit=culprit,
                             neighbourhood=neighbourhood, search=self.search_trace.probes, notes=self.notes,
-                            kept=sorted(self.kept), tokens=tokens)
+                            kept=sorted(session.user_kept), tokens=tokens,
+                            host_only=[entry.to_json() for entry in session.host_only])
 
     # -- phases 1 and 2: search --------------------------------------------------------------
     def search(self) -> int | None:

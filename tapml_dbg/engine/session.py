@@ -20,7 +20,7 @@ import numpy as np
 
 from tapml_dbg.engine.compile_check import compile_all
 from tapml_dbg.engine.isolated import IsolatedVerdicts
-from tapml_dbg.engine.kept import parse_kept, with_node_groups
+from tapml_dbg.engine.kept import host_only_of, host_only_verdict, parse_kept, with_node_groups
 from tapml_dbg.engine.migrate import MigrateResult, Migration
 from tapml_dbg.engine.mixed import MixedRun, MixedRunner
 from tapml_dbg.engine.reference import RecordedSource, Reference, trusted_target
@@ -32,7 +32,7 @@ from tapml_dbg.engine.search import Bisection
 from tapml_dbg.engine.verdicts import Verdicts
 from tapml_dbg.errors import TargetError, TraceError
 from tapml_dbg.judge.compare import TolerancePolicy
-from tapml_dbg.judge.verdict import Verdict
+from tapml_dbg.judge.verdict import ISOLATED, PROPAGATED, Verdict
 from tapml_dbg.model.analysis import consumers_of, dead_tuple_fields
 from tapml_dbg.model.graph import OpInfo
 from tapml_dbg.model.select import OpTable
@@ -96,7 +96,11 @@ class Session:
         self.isolated_verdicts = IsolatedVerdicts(self.ops, self.requests, self.lanes, self.verdicts.judge)
         self.replay = PropagatedReplay(self)
         self._mixed_runner: MixedRunner | None = None
-        self.kept: frozenset[int] = frozenset()  # ops kept on the source (engine/kept.py); `reset` keeps them
+        # ops TVM cannot import, run on the host in every replay: kept always (engine/kept.py)
+        self.host_only = host_only_of(self.main, self.ops, reader.meta)
+        self.host_only_ops = frozenset(entry.index for entry in self.host_only)
+        self.user_kept: frozenset[int] = frozenset()  # the ops the user keeps (`--keep`): what results list as kept
+        self.kept: frozenset[int] = self.host_only_ops  # ops kept on the source (engine/kept.py), host-only ones too; `reset` keeps them
         self.reset()
 
     @classmethod
@@ -168,9 +172,10 @@ class Session:
     def set_kept(self, indices) -> list[int]:
         """Keep these ops on the source (a known bug, or one assumed fixed), with the other bindings of
         their source ops: cut out of the target's units, no verdict named. Replaces the kept set."""
-        self.kept = with_node_groups(self.ops, indices)
+        self.user_kept = with_node_groups(self.ops, indices)
+        self.kept = self.user_kept | self.host_only_ops
         self.replay.forget()
-        return sorted(self.kept)
+        return sorted(self.user_kept)
 
     def keep(self, text: str) -> list[int]:
         """`--keep OPS`, the REPL's `keep OPS`: op selectors (`14,37`, `cumsum`, a layer) or `none`."""
@@ -201,11 +206,15 @@ class Session:
         return self.reader.op_outputs(index)
 
     def isolated(self, index: int) -> Verdict:
-        """The op alone, fed recorded source inputs: is this kernel wrong?"""
+        """The op alone, fed recorded source inputs: is this kernel wrong? (A host-only op: no verdict.)"""
+        if index in self.host_only_ops:
+            return host_only_verdict(self.host_only, index, ISOLATED)
         return self.isolated_verdicts.get(index)
 
     def propagated(self, index: int) -> Verdict:
         """The op fed the target's own upstream values (ops in the offload set run on the target)."""
+        if index in self.host_only_ops:
+            return host_only_verdict(self.host_only, index, PROPAGATED)
         return self.replay.verdict(index)[0]
 
     def step_result(self, index: int, isolated: Verdict | None = None, propagated: Verdict | None = None) -> StepResult:

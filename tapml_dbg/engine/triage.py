@@ -96,6 +96,7 @@ class TriageResult:
     # what TVM's stock import does that no target run shows: its failure outright (`stock_import_group`),
     # listed after the target's causes (in JSON among the groups) and not a cause a `fix` rewrites
     findings: list[CauseGroup] = field(default_factory=list)
+    host_only: list[dict] = field(default_factory=list)  # ops TVM cannot import, run on the host (engine/kept.py)
 
     @property
     def diverged(self) -> bool:
@@ -104,7 +105,7 @@ class TriageResult:
     def to_json(self) -> dict:
         return {"target": self.target, "ops": self.ops, "diverged": self.diverged,
                 "groups": [group.to_json() for group in self.groups + self.findings], "kept": list(self.kept),
-                "seconds": round(self.seconds, 3)}
+                "host_only": list(self.host_only), "seconds": round(self.seconds, 3)}
 
 
 def triage(session, progress: Progress = _noop, points: list[OpPoint] | None = None) -> TriageResult:
@@ -121,6 +122,8 @@ def triage(session, progress: Progress = _noop, points: list[OpPoint] | None = N
     stock = stock_import_group(session.ops, session.reference.stock_meta, type_changed, session.kept)
     if stock is not None:  # a finding of the stock import, not of the target
         result.findings.append(stock)
+    result.kept = sorted(session.user_kept)
+    result.host_only = [entry.to_json() for entry in session.host_only]
     result.seconds = time.perf_counter() - started
     return result
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from tapml_dbg.errors import ModelError
 from tapml_dbg.frontend.fixes import apply_import_fixes
+from tapml_dbg.frontend.host_only import add_placeholders, host_only_ops, note_failed_converter
 from tapml_dbg.frontend.source_location import source_location_of
 from tapml_dbg.frontend.specialize import specialization_of, specialize
 from tapml_dbg.frontend.static_graph import make_static
@@ -146,19 +147,22 @@ def import_program(program) -> tuple[Graph, dict[str, Provenance]]:
     """Import a decomposed ExportedProgram; return the graph and each op's FX provenance.
 
     `graph.emitted` keeps which ops each FX node's converter emitted, in order: what
-    `frontend/stock_import.py` lines the stock importer's bindings up with."""
+    `frontend/stock_import.py` lines the stock importer's bindings up with. A node TVM cannot import
+    (no converter, or one that raises on it) becomes a host-only placeholder when the host can run it
+    (`frontend/host_only.py`), listed in `graph.host_only`."""
+    import tvm
     from tvm import relax
     from tvm.relax.frontend.torch.exported_program_translator import ExportedProgramImporter
 
-    importer = ExportedProgramImporter()
-    fixes = apply_import_fixes(importer)
     nodes = {node.name: node for node in program.graph.nodes}
-    missing = sorted({str(node.target) for node in program.graph.nodes
-                      if node.op == "call_function" and node.target.__name__ not in importer.convert_map})
-    if missing:
-        raise ModelError(f"TVM 0.27 cannot import aten op(s) {', '.join(missing)} "
-                         "(no Relax converter; rewrite that part of the model or add a converter)")
-    run = instrumented_import(importer, program)
+    reasons: dict[str, str] = {}  # FX nodes TVM cannot import, placeholders the host runs: why
+    while True:
+        importer = ExportedProgramImporter()
+        fixes = apply_import_fixes(importer)
+        add_placeholders(importer, program, reasons, tvm.__version__)
+        run = instrumented_import(importer, program)
+        if run.failure is None or not note_failed_converter(run.failure, reasons, tvm.__version__):
+            break
     if run.failure is not None:
         raise ModelError(run.failure.message) from run.failure.cause
 
@@ -171,6 +175,7 @@ def import_program(program) -> tuple[Graph, dict[str, Provenance]]:
     graph, provenance, names = _build_graph(mod, nodes, run.emitted, final_of_node)
     graph.import_fixes = fixes + fixed.fixes + static_fixes
     graph.emitted = {node: [names.get(old) for old in olds] for node, olds in run.order.items()}
+    graph.host_only = host_only_ops(graph, reasons)
     return graph, provenance
 
 

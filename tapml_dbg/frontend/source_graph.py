@@ -97,7 +97,8 @@ def dtype_text(dtype) -> str:
 
 
 def _target_name(node) -> str | None:
-    """`aten.view.default` / `operator.getitem` for targets the reader allows, else None (opaque)."""
+    """`aten.view.default` / `operator.getitem` / an allowlisted custom op for targets the reader allows,
+    else None (opaque)."""
     import operator
 
     import torch
@@ -108,7 +109,7 @@ def _target_name(node) -> str | None:
     if isinstance(target, torch._ops.OpOverload):
         name = str(target)  # "aten.view.default"
         parts = name.split(".")
-        if len(parts) == 3 and parts[0] == "aten" and parts[1] in SG.ALLOWED_ATEN_OPS:
+        if len(parts) == 3 and parts[0] == "aten" and parts[1] in SG.ALLOWED_ATEN_OPS or name in SG.ALLOWED_CUSTOM_OPS:
             return name
     return None
 

@@ -18,6 +18,7 @@ and what copies it), so that nothing undefined is ever judged.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import operator
 from typing import Callable, Iterator
 
@@ -91,11 +92,14 @@ def _flatten(value):
 
 # ---------------------------------------------------------------------------- targets and literals
 def resolve_target(target: str):
-    """The callable of a validated target name: an `OpOverload` of `torch.ops.aten`, or getitem."""
+    """The callable of a validated target name: an `OpOverload` of `torch.ops.aten`, an allowlisted
+    custom op (`SG.ALLOWED_CUSTOM_OPS`), or getitem."""
     import torch
 
     if target == SG.GETITEM:
         return operator.getitem
+    if target in SG.ALLOWED_CUSTOM_OPS:
+        return _custom_op(target)
     parts = target.split(".")
     if len(parts) != 3 or parts[0] != "aten" or parts[1] not in SG.ALLOWED_ATEN_OPS:
         raise SourceRunError(f"{target} is not an allowed source op")
@@ -109,6 +113,23 @@ def resolve_target(target: str):
     if not isinstance(overload, torch._ops.OpOverload):
         raise SourceRunError(f"{target} is not an aten overload")
     return overload
+
+
+def _custom_op(target: str):
+    """An allowlisted custom op's `OpOverload`: its registering module (the allowlist's, never the
+    trace's) imported, then `torch.ops.NAMESPACE.NAME.OVERLOAD` looked up by name."""
+    import torch
+
+    namespace, name, overload = target.split(".")
+    try:
+        importlib.import_module(SG.ALLOWED_CUSTOM_OPS[target])
+        packet = getattr(getattr(torch.ops, namespace), name)
+    except (ImportError, AttributeError, RuntimeError) as exc:
+        raise SourceRunError(f"{target} is not registered here (import {SG.ALLOWED_CUSTOM_OPS[target]} "
+                             f"failed or does not define it: {type(exc).__name__}: {exc})") from exc
+    if not isinstance(packet, torch._ops.OpOverloadPacket) or overload not in packet.overloads():
+        raise SourceRunError(f"torch {torch.__version__} has no overload {target}")
+    return getattr(packet, overload)
 
 
 def _torch_name(value: SG.TorchName, promote: bool):

@@ -98,3 +98,4 @@ class Graph:
     stock: object = None  # frontend.stock_import.StockImport: what TVM's stock importer does (None: not compared)
     # FX node -> the ops its converter emitted, in order (None: one the graph no longer holds); set by the import
     emitted: dict[str, list[str | None]] = field(default_factory=dict)
+    host_only: list = field(default_factory=list)  # model.host_only.HostOnlyOp: ops TVM cannot import, run on the host

@@ -20,6 +20,7 @@ import threading
 import numpy as np
 
 from tapml_dbg.errors import TraceError
+from tapml_dbg.model.host_only import is_host_only_call, placeholder
 
 SCHEMA = "tapml-relax-graph/1"
 ALLOWED_ATTRS_PREFIX = "relax.attrs."  # a trace may only rebuild op attributes, no other TVM object
@@ -125,6 +126,8 @@ def _check_ops_exist(data: dict) -> None:
             stack.extend(expr["args"])
         elif "tuple" in expr:
             stack.extend(expr["tuple"])
+        elif "host_only" in expr:
+            stack.extend(expr["host_only"])
         elif "get_item" in expr:
             stack.append(expr["get_item"])
     for name in sorted(names):
@@ -197,6 +200,16 @@ def _check_expr(expr, defined: set[str], where: str, depth: int) -> None:
             for name, value in _dict(attrs.get("fields"), f"{where}.attrs.fields").items():
                 _check_value(value, f"{where}.attrs.{name[:40]}", depth + 1)
         for k, ty in enumerate(_list(expr.get("ty_args", []), f"{where}.ty_args")):
+            _check_type(ty, f"{where}.ty_args[{k}]", depth + 1)
+    elif "host_only" in expr:
+        for k, arg in enumerate(_list(expr["host_only"], f"{where}.host_only")):
+            _check_expr(arg, defined, f"{where}.host_only[{k}]", depth + 1)
+        types = _list(expr.get("ty_args"), f"{where}.ty_args")
+        if not types:
+            raise GraphFormatError(f"{where}: a host-only op declares no output type")
+        for k, ty in enumerate(types):
+            if "tuple" in _dict(ty, f"{where}.ty_args[{k}]"):
+                raise GraphFormatError(f"{where}.ty_args[{k}]: a host-only op's outputs are tensors")
             _check_type(ty, f"{where}.ty_args[{k}]", depth + 1)
     elif "tuple" in expr:
         for k, field in enumerate(_list(expr["tuple"], f"{where}.tuple")):
@@ -361,6 +374,9 @@ def _expr_to_json(expr) -> dict:
 
     if isinstance(expr, relax.Var):
         return {"var": expr.name}
+    if isinstance(expr, relax.Call) and is_host_only_call(expr):  # its own kind: no function name stored
+        return {"host_only": [_expr_to_json(a) for a in expr.args[1].fields],
+                "ty_args": [_type_to_json(t) for t in expr.ty_args]}
     if isinstance(expr, relax.Call):
         if not hasattr(expr.op, "name") or isinstance(expr.op, relax.GlobalVar):
             raise ValueError(f"cannot serialize a call to {expr.op}")
@@ -398,6 +414,9 @@ def _expr_from_json(data: dict, env: dict):
         args = [_expr_from_json(a, env) for a in data["args"]]
         ty_args = [_type_from_json(t) for t in data.get("ty_args", [])]
         return relax.Call(tvm.ir.Op.get(data["call"]), args, attrs, ty_args)  # `_check_ops_exist` vouched
+    if "host_only" in data:  # model/host_only.py: the placeholder's function is our constant
+        return placeholder([_expr_from_json(a, env) for a in data["host_only"]],
+                           [_type_from_json(t) for t in data["ty_args"]])
     if "tuple" in data:
         return relax.Tuple([_expr_from_json(f, env) for f in data["tuple"]])
     if "get_item" in data:

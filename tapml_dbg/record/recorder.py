@@ -46,7 +46,8 @@ from tapml_dbg.runtime.in_process import LocalRunner
 from tapml_dbg.host.source_runner import source_outputs
 from tapml_dbg.trace import TraceWriter
 from tapml_dbg.trace.capture import parse_size, plan_capture
-from tapml_dbg.trace.schema import HELPER_NOTE, HOST_NOTE, META_CAUSAL_LM, META_GENERATION, META_STOCK_IMPORT, TYPE_NOTE_PREFIX
+from tapml_dbg.trace.schema import (HELPER_NOTE, HOST_NOTE, META_CAUSAL_LM, META_GENERATION, META_HOST_ONLY,
+                                   META_STOCK_IMPORT, TYPE_NOTE_PREFIX)
 
 DEFAULT_SEED = 0
 WRITE_QUEUE_BYTES = 128 * 2**20  # values handed to the writer thread but not yet written
@@ -75,6 +76,7 @@ class RecordResult:
     phases: dict = field(default_factory=dict)  # seconds per phase, as in the trace's meta
     causal_lm: str | None = None  # "causal LM: Qwen2ForCausalLM, logits of 8 positions, ...": how it was driven
     generation: str | None = None  # "generation: ..., a prefill of 8 positions + 16 decode steps ...": --generate
+    host_only: list[dict] = field(default_factory=list)  # ops TVM cannot import, run on the host: {"index", "name", "op", "reason"}
 
     @property
     def overhead_ratio(self) -> float | None:
@@ -162,7 +164,8 @@ def _record_graph(model_spec, out_path, graph: Graph, provenance, program, modul
     input_arrays = {name: to_numpy(t) for (name, _), t in zip(graph.inputs, inputs)}
     param_arrays = _param_arrays(graph, program)
     meta, causal_lm, generation = _trace_meta(model_spec, graph, module, source, seed, plan, phases)
-    header = dict(meta=meta, **referenced(module, program, param_arrays),  # checkpoint tensors: references (v1.4)
+    stored_params, weight_refs = referenced(module, program, param_arrays)  # checkpoint tensors: references (v1.4)
+    header = dict(meta=meta, params=stored_params, weight_refs=weight_refs,
                   graph_json=graph_json_of(graph), tvmscript=graph.mod.script(),
                   ops=ops_json, inputs=input_arrays, compression=compression, capture=plan is not None,
                   source_graph=source_graph_json(program, graph, provenance) if source == "torch" else None)
@@ -191,7 +194,8 @@ def _record_graph(model_spec, out_path, graph: Graph, provenance, program, modul
                         stored_ops=len(stored) if stored is not None else len(graph.ops),
                         capture=plan.to_meta() if plan is not None else None, phases=phases,
                         causal_lm=causal_lm.text if causal_lm is not None else None,
-                        generation=generation.text if generation is not None else None)
+                        generation=generation.text if generation is not None else None,
+                        host_only=[entry.to_json() for entry in graph.host_only])
 
 
 def _trace_meta(model_spec, graph: Graph, module, source, seed, plan, phases: dict):
@@ -211,6 +215,8 @@ def _trace_meta(model_spec, graph: Graph, module, source, seed, plan, phases: di
     if graph.stock is not None:  # what TVM's stock importer does differently (frontend/stock_import.py)
         meta[META_STOCK_IMPORT] = graph.stock.to_meta()
         phases["stock_import"] = graph.stock.seconds  # part of "import"
+    if graph.host_only:  # ops TVM cannot import: run on the host in every replay (frontend/host_only.py)
+        meta[META_HOST_ONLY] = [entry.to_json() for entry in graph.host_only]
     if plan is not None:
         meta["capture"] = plan.to_meta()
     causal_lm = causal_lm_of(module)  # None unless an unwrapped causal LM was driven as generate() runs it

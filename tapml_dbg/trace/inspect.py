@@ -6,7 +6,7 @@ from tapml_dbg.model.select import OpTable
 from tapml_dbg.trace.capture import op_bytes
 from tapml_dbg.trace.reader import TraceReader
 from tapml_dbg.model.graph import OpInfo
-from tapml_dbg.trace.schema import META_CAUSAL_LM, META_GENERATION, META_STOCK_IMPORT
+from tapml_dbg.trace.schema import META_CAUSAL_LM, META_GENERATION, META_HOST_ONLY, META_STOCK_IMPORT
 from tapml_dbg.trace.source_graph import parse_source_graph, stock_type_changes
 
 
@@ -43,6 +43,7 @@ def trace_info(path: str) -> dict:
             "source_graph": reader.source_graph_json is not None,
             "type_changes": _type_changes(reader),
             "stock_import": _stock_import(reader),
+            "host_only": meta.get(META_HOST_ONLY) or [],  # ops TVM cannot import, run on the host in every replay
             "capture": reader.capture,  # None: every op's tensors are stored
             "stats_only_ops": len(stats_only),
             "weights": _weights(reader),  # None: every param is stored in the trace

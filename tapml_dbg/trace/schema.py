@@ -41,7 +41,6 @@ DS_TENSOR_INDEX = "graph/tensor_index"  # v1.3, optional: JSON {"inputs"|"params
 TENSOR_INDEX_SINCE = (1, 3)
 DS_WEIGHT_REFS = "graph/weight_refs"  # v1.4, optional: JSON, params stored as references to checkpoint files
 WEIGHT_REFS_SINCE = (1, 4)
-DS_WEIGHT_VIEWS = "graph/weight_views"  # v1.4, optional, on a clean close: ops whose value is a referenced param transposed
 GROUP_INPUTS = "inputs"
 GROUP_PARAMS = "params"
 GROUP_OPS = "ops"
@@ -72,6 +71,10 @@ META_CAPTURE = "capture"
 # one-line error when it fails outright (an import-error finding), "reason" the converter's own part of it
 META_STOCK_IMPORT = "stock_import"
 STOCK_ERROR_MAX_CHARS = 1000  # an import error is one line, cut to this length
+# meta key of the ops TVM cannot import, run on the host in every replay (docs/host-only-ops.md):
+# [{"index": int, "name": op name, "op": source op, "reason": one line}]; absent: none
+META_HOST_ONLY = "host_only"
+HOST_ONLY_REASON_MAX_CHARS = 200
 # meta key saying the model was an unwrapped transformers causal LM, driven as generate() runs a prefill
 # ({"class", "batch", "positions", "mask", "position_ids"}; absent: the model ran as build() returned it)
 META_CAUSAL_LM = "causal_lm"

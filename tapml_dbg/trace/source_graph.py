@@ -41,7 +41,7 @@ _native_batch_norm_legit _native_batch_norm_legit_no_training _pdist_forward _so
 acosh add addmm alias amax amin any arange argmax argmin as_strided asin asinh atan atan2 atanh
 avg_pool2d avg_pool3d bitwise_and bitwise_not bitwise_or bitwise_xor bmm cat ceil clamp clone col2im
 constant_pad_nd convolution copy cos cosh cumsum diagonal div elu embedding empty empty_strided eq erf
-exp expand expm1 fill flip floor fmod full full_like gather ge gelu grid_sampler_2d gt hardtanh index
+exp expand expm1 fill flip floor fmod full full_like gather ge gelu grid_sampler_2d gt hardtanh histc index
 index_put index_select isinf isnan le leaky_relu log log10 log1p log2 logical_and logical_not logical_or
 logical_xor lt masked_scatter max max_pool2d_with_indices max_pool3d_with_indices maximum mean min
 minimum mm mul native_dropout native_group_norm native_layer_norm ne neg nonzero permute pow prod rand
@@ -53,7 +53,11 @@ _assert_tensor_metadata _unsafe_view lift_fresh_copy detach t empty_like new_emp
 zeros zeros_like ones ones_like new_zeros new_ones new_full reshape contiguous unbind split
 """.split())
 GETITEM = "operator.getitem"  # tuple indexing, the one non-aten target the recorder emits
-ALLOWED_TARGETS_TEXT = "torch.ops.aten overloads of core ATen ops, and operator.getitem"
+# custom ops (torch.library) a model's export may hold, each with the module whose import registers
+# it: the host runs them (docs/host-only-ops.md), resolved by name on torch.ops, never evaluated
+ALLOWED_CUSTOM_OPS = {"transformers.grouped_mm_fallback.default": "transformers.integrations.moe"}
+ALLOWED_TARGETS_TEXT = ("torch.ops.aten overloads of core ATen ops, operator.getitem, and the custom ops "
+                        + ", ".join(sorted(ALLOWED_CUSTOM_OPS)))
 _KEYWORD = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 _ATEN_TARGET = re.compile(r"^aten\.([A-Za-z_][A-Za-z0-9_]*)\.([A-Za-z_][A-Za-z0-9_]*)$")
 
@@ -334,7 +338,7 @@ class _Decoder:
     def check_target(self, node: str, target) -> None:
         if not isinstance(target, str) or len(target) > MAX_NAME_CHARS:
             raise self.fail(f"node {node!r} has a bad target")
-        if target == GETITEM:
+        if target == GETITEM or target in ALLOWED_CUSTOM_OPS:
             return
         match = _ATEN_TARGET.match(target)
         if match is None:

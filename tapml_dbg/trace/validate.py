@@ -127,6 +127,7 @@ _META_FIELDS = {
     S.META_STOCK_IMPORT: lambda v, p, w: _optional(_stock_import, v, p, w),
     S.META_CAUSAL_LM: lambda v, p, w: _optional(_causal_lm, v, p, w),
     S.META_GENERATION: lambda v, p, w: _optional(_generation, v, p, w),
+    S.META_HOST_ONLY: lambda v, p, w: _optional(_host_only, v, p, w),
     "inputs": _str_list,
     "params": _str_list,
     "outputs": _str_list,
@@ -283,6 +284,22 @@ def _stock_import(value, part: str, where: str) -> dict:
                                     "printable characters")
         found[key] = text
     return found
+
+
+def _host_only(value, part: str, where: str) -> list:
+    """Meta `host_only` (schema.META_HOST_ONLY): one object per op TVM cannot import, its reason one line."""
+    _want(isinstance(value, list), part, where, "a list", value)
+    for k, item in enumerate(value):
+        here = f"{where}[{k}]"
+        _want(isinstance(item, dict), part, here, 'an object {"index", "name", "op", "reason"}', item)
+        _int(item.get("index"), part, f"{here}'s 'index'")
+        _name(item.get("name"), part, f"{here}'s 'name'")
+        for key in ("op", "reason"):
+            text = _str(item.get(key), part, f"{here}'s {key!r}")
+            if len(text) > S.HOST_ONLY_REASON_MAX_CHARS or _SOURCE_UNPRINTABLE.search(text):
+                raise SchemaError(part, f"{here}'s {key!r} is not one line of at most "
+                                        f"{S.HOST_ONLY_REASON_MAX_CHARS} printable characters")
+    return list(value)
 
 
 def _causal_lm(value, part: str, where: str) -> dict:

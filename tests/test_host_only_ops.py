@@ -1,0 +1,133 @@
+"""Ops TVM cannot import stay on the source (docs/host-only-ops.md): a transformers mixture-of-experts
+model records with `aten.histc` and transformers' `grouped_mm_fallback` custom op (no TVM 0.27
+converter) and its int64 floor division (a TVM 0.27 converter that raises) as host-only placeholders;
+every replay keeps them on the source, lists them as findings, and debugs everything else as usual."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, fault_transform, run_cli
+from tapml_dbg.errors import TraceError
+from tapml_dbg.model.serialize import function_from_json, function_to_json
+
+MOE = ROOT / "tests" / "models" / "moe.py"
+HISTC = "TVM 0.27 has no converter for aten.histc"
+GROUPED_MM = "TVM 0.27 has no converter for transformers.grouped_mm_fallback"
+FLOOR_DIVIDE = "TVM 0.27's converter for aten.div.Tensor_mode fails: TypeError: Binary operators must have the same"
+
+
+def _record(folder: Path, func: str) -> tuple[Path, str]:
+    path = folder / f"{func}.h5"
+    result = run_cli("record", f"{MOE}:{func}", "-o", str(path))
+    assert result.returncode == 0, result.stderr
+    return path, result.stdout
+
+
+@pytest.fixture(scope="module")
+def mixtral(tmp_path_factory):
+    return _record(tmp_path_factory.mktemp("moe"), "build")
+
+
+@pytest.fixture(scope="module")
+def qwen2_moe(tmp_path_factory):
+    return _record(tmp_path_factory.mktemp("moe"), "build_qwen2_moe")
+
+
+def _host_only(entries: list[dict]) -> dict[str, str]:
+    return {entry["name"]: entry["reason"] for entry in entries}
+
+
+def test_a_mixtral_records_with_its_unimportable_ops_on_the_host(mixtral):
+    path, printed = mixtral
+    assert HISTC in printed and GROUPED_MM in printed
+    info = json.loads(run_cli("info", str(path), "--json").stdout)
+    found = _host_only(info["host_only"])
+    assert found["histc"] == HISTC
+    assert found["grouped_mm_fallback"] == found["grouped_mm_fallback_1"] == GROUPED_MM
+    assert found["div_1"].startswith(FLOOR_DIVIDE)
+    ops = {op["name"]: op for op in info["ops"]}
+    assert ops["histc"]["op"] == "aten.histc.default" and ops["histc"]["relax_op"] == "relax.call_dps_packed"
+    assert ops["grouped_mm_fallback"]["op"] == "transformers.grouped_mm_fallback.default"
+    assert "host only" in run_cli("info", str(path)).stdout
+
+
+def test_a_mixtral_bisects_clean_and_names_its_host_only_ops(mixtral):
+    path, _ = mixtral
+    result = run_cli("bisect", str(path), "--json")
+    assert result.returncode == 0, result.stderr
+    found = json.loads(result.stdout)
+    assert not found["diverged"], found["op"]
+    assert _host_only(found["host_only"])["histc"] == HISTC
+    assert found["kept"] == []  # kept by the tool, not by the user
+    assert any(HISTC in note for note in found["notes"])
+
+
+def test_a_fault_planted_after_the_host_only_ops_is_found_at_its_op(mixtral, tmp_path):
+    """`mul_14` reads `grouped_mm_fallback_1` (host-only): the chain goes past the host-only ops on
+    their recorded values and names the planted op."""
+    path, _ = mixtral
+    transform = fault_transform(tmp_path, "scale", "mul_14", scale=1.5)
+    result = run_cli("bisect", str(path), "--transform", transform, "--json")
+    assert result.returncode == 0, result.stderr
+    found = json.loads(result.stdout)
+    assert found["diverged"] and found["op"]["name"] == "mul_14" and found["op"]["verdict"] == "isolated"
+
+
+def test_a_mixed_run_reexecutes_the_host_only_ops_on_the_host(mixtral, tmp_path):
+    """`run --offload all`: histc, the custom op and the division run on the host (torch, the custom op
+    looked up by name), fed the target's values, and the output agrees; a fault planted before the
+    custom op reaches the output through it."""
+    path, _ = mixtral
+    clean = json.loads(run_cli("run", str(path), "--offload", "all", "--json").stdout)
+    assert clean["passed"] and not clean["failure"], clean
+    assert any(GROUPED_MM in note for note in clean["notes"])
+    transform = fault_transform(tmp_path, "scale", "mul_13", scale=3.0)
+    planted = json.loads(run_cli("run", str(path), "--offload", "all", "--transform", transform, "--json").stdout)
+    assert not planted["passed"]
+
+
+def test_triage_lists_the_host_only_ops_as_findings_not_causes(mixtral, tmp_path):
+    path, _ = mixtral
+    transform = fault_transform(tmp_path, "scale", "mul_14", scale=1.5)
+    result = run_cli("triage", str(path), "--transform", transform, "--json")
+    assert result.returncode == 0, result.stderr
+    found = json.loads(result.stdout)
+    assert _host_only(found["host_only"])["grouped_mm_fallback"] == GROUPED_MM
+    assert [group["ops"][0]["name"] for group in found["groups"]] == ["mul_14"]
+    text = run_cli("triage", str(path), "--transform", transform).stdout
+    assert "on the host only" in text and HISTC in text
+
+
+def test_a_qwen2_moe_records_and_a_planted_fault_is_found(qwen2_moe, tmp_path):
+    path, printed = qwen2_moe
+    assert HISTC in printed and GROUPED_MM in printed
+    clean = json.loads(run_cli("bisect", str(path), "--json").stdout)
+    assert not clean["diverged"], clean["op"]
+    assert set(_host_only(clean["host_only"])) == {"div", "histc", "grouped_mm_fallback", "grouped_mm_fallback_1"}
+    transform = fault_transform(tmp_path, "scale", "sum_1", scale=1.5)
+    found = json.loads(run_cli("bisect", str(path), "--transform", transform, "--json").stdout)
+    assert found["diverged"] and found["op"]["name"] == "sum_1"
+
+
+def test_the_placeholder_round_trips_and_names_no_function():
+    """The stored graph holds the placeholder as its own kind (no function name in the file); a stored
+    call of `relax.call_dps_packed` is refused as before."""
+    from tvm import relax
+
+    from tapml_dbg.model.host_only import host_only_names, placeholder
+
+    x = relax.Var("x", relax.TensorType([4, 3], "float32"))
+    builder = relax.BlockBuilder()
+    with builder.function("main", [x], attrs={"num_input": 1}, pure=True):
+        y = builder.emit(placeholder([x], [relax.TensorType([4], "float32")]), "histc")
+        builder.emit_func_output(builder.emit(relax.op.add(y, y), "add"))
+    data = function_to_json(builder.get()["main"])
+    assert "tapml_dbg" not in json.dumps(data)
+    assert host_only_names(function_from_json(data)) == ["histc"]
+    data["bindings"][0]["value"] = {"call": "relax.call_dps_packed", "args": [], "attrs": None, "ty_args": []}
+    with pytest.raises(TraceError, match="not an operator a trace may use"):
+        function_from_json(data)
