@@ -164,8 +164,7 @@ def _record_graph(model_spec, out_path, graph: Graph, provenance, program, modul
     input_arrays = {name: to_numpy(t) for (name, _), t in zip(graph.inputs, inputs)}
     param_arrays = _param_arrays(graph, program)
     meta, causal_lm, generation = _trace_meta(model_spec, graph, module, source, seed, plan, phases)
-    stored_params, weight_refs = referenced(module, program, param_arrays)  # checkpoint tensors: references (v1.4)
-    header = dict(meta=meta, params=stored_params, weight_refs=weight_refs,
+    header = dict(meta=meta, **referenced(module, program, param_arrays),  # checkpoint tensors: references (v1.4)
                   graph_json=graph_json_of(graph), tvmscript=graph.mod.script(),
                   ops=ops_json, inputs=input_arrays, compression=compression, capture=plan is not None,
                   source_graph=source_graph_json(program, graph, provenance) if source == "torch" else None)

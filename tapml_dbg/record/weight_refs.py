@@ -82,14 +82,17 @@ def _cached_files(model_id: str) -> list[str]:
     return []
 
 
-def referenced(module, program, params: dict[str, np.ndarray]):
-    """(the params to store, the JSON of /graph/weight_refs or None) for a recording of `module` exported
-    as `program` (TAPML_WEIGHT_REFS=0: every param stored)."""
+def referenced(module, program, params: dict[str, np.ndarray]) -> dict:
+    """The trace writer's `params`, `weight_refs` and `weight_views` for a recording of `module` exported as
+    `program`: the params to store, the JSON of the referenced ones (or None) and the referenced ones'
+    values (TAPML_WEIGHT_REFS=0: every param stored)."""
     if not settings.value(settings.WEIGHT_REFS):
-        return params, None
+        return {"params": params, "weight_refs": None, "weight_views": None}
     targets = {spec.arg.name: spec.target for spec in program.graph_signature.input_specs
                if isinstance(getattr(spec, "target", None), str)}
-    return split_params(params, targets, checkpoint_files(module))
+    stored, refs = split_params(params, targets, checkpoint_files(module))
+    return {"params": stored, "weight_refs": refs,
+            "weight_views": {name: value for name, value in params.items() if name not in stored} or None}
 
 
 def split_params(params: dict[str, np.ndarray], targets: dict[str, str], files: list[str]):

@@ -56,6 +56,7 @@ class TraceReader:
         self._indexed_ops: dict[int, list | None] = {}  # op index -> its entries, found in place (None: none)
         self._weights: W.WeightRefs | None | bool = False  # v1.4's referenced params (False: not loaded yet)
         self._weight_stats: dict[str, dict] = {}
+        self._views: dict[int, tuple] | None = None  # v1.4: ops whose value is a referenced param transposed
         h5safe.plugin_search.acquire()
         self._plugins_off = True
         try:
@@ -198,6 +199,20 @@ class TraceReader:
                 V.parse_json(self._text(S.DS_WEIGHT_REFS), part), f"{self.path}: {part}"))) if present else None
         return self._weights
 
+    def weight_views(self) -> dict[int, tuple[str, tuple[int, ...]]]:
+        """Ops whose value is a referenced param transposed (v1.4, a complete trace): {index: (param, axes)}."""
+        if self._views is None:
+            self._views = {}
+            weights = self.weight_refs
+            present = weights is not None and self.complete and self._guard(
+                f"/{S.GROUP_GRAPH}", lambda: S.DS_WEIGHT_VIEWS.rsplit("/", 1)[1] in self._group(S.GROUP_GRAPH))
+            if present:
+                part = f"/{S.DS_WEIGHT_VIEWS}"
+                self._views = self._guard(part, lambda: W.parse_views(
+                    V.parse_json(self._text(S.DS_WEIGHT_VIEWS), part), len(self.ops), weights.params,
+                    f"{self.path}: {part}"))
+        return self._views
+
     def require_weights(self) -> None:
         """Raise the one-line error of a referenced checkpoint file that is missing or changed size (a
         replay needs them; `info` only lists them)."""
@@ -219,7 +234,8 @@ class TraceReader:
     def has_op(self, index: int) -> bool:
         """True only when op `index`'s outputs were completely written (its `done` marker, or its
         entry in the tensor index, written after every marker, its datasets where it says)."""
-        if isinstance(index, (int, np.integer)) and self._indexed_op(int(index)) is not None:
+        if isinstance(index, (int, np.integer)) and (self._indexed_op(int(index)) is not None
+                                                     or int(index) in self.weight_views()):
             return True
         return self._marker_of(index, S.ATTR_DONE)
 
@@ -295,6 +311,9 @@ class TraceReader:
         return f"op {index} ({name}) has no recorded values (the recording stopped before it; record again)"
 
     def op_outputs(self, index: int) -> list[np.ndarray]:
+        view = self.weight_views().get(int(index))
+        if view is not None:  # v1.4: a referenced param transposed, made from the checkpoint's tensor
+            return [np.ascontiguousarray(self.param(view[0]).transpose(view[1]))]
         items = self._indexed_op(int(index))
         found = self._read_indexed(items) if items is not None else None
         if found is not None:
@@ -362,6 +381,8 @@ class TraceReader:
         return arrays
 
     def op_stats(self, index: int) -> list[dict]:
+        if int(index) in self.weight_views():
+            return [tensor_stats(value) for value in self.op_outputs(index)]
         if not self.has_op(index) and self.stats_only(index):
             part = f"op {index}'s stats"
 
@@ -428,8 +449,9 @@ class TraceReader:
 
     def tensor_bytes(self) -> int:
         """Raw (uncompressed) bytes of all stored tensors: inputs, params, finished ops (each once)."""
+        stored_params = self._guard(f"/{S.GROUP_PARAMS}", lambda: list(self._group(S.GROUP_PARAMS)))  # not referenced ones
         datasets = [self._named(g, n) for g in (S.GROUP_INPUTS, S.GROUP_PARAMS)
-                    for n in (self.input_names if g == S.GROUP_INPUTS else self.param_names)]
+                    for n in (self.input_names if g == S.GROUP_INPUTS else stored_params)]
         for index in self.finished_ops():
             datasets.extend(self._op_datasets(index))
 

@@ -41,6 +41,7 @@ DS_TENSOR_INDEX = "graph/tensor_index"  # v1.3, optional: JSON {"inputs"|"params
 TENSOR_INDEX_SINCE = (1, 3)
 DS_WEIGHT_REFS = "graph/weight_refs"  # v1.4, optional: JSON, params stored as references to checkpoint files
 WEIGHT_REFS_SINCE = (1, 4)
+DS_WEIGHT_VIEWS = "graph/weight_views"  # v1.4, optional, on a clean close: ops whose value is a referenced param transposed
 GROUP_INPUTS = "inputs"
 GROUP_PARAMS = "params"
 GROUP_OPS = "ops"

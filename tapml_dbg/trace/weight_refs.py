@@ -15,6 +15,7 @@ says what to do.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -297,3 +298,42 @@ def locate(recorded: WeightFile) -> str | None:
         if os.path.isfile(candidate):
             return candidate
     return None
+
+
+# ---- weight views: op values that are a referenced param, transposed ------------------------------
+# A linear layer decomposes into `permute(weight)` then `mm`: the permute's recorded value is the weight
+# again, as large. An op that only transposes a referenced param is stored as that view (written on a
+# clean close as /graph/weight_views: {"<op index>": {"param": name, "axes": [int]}}), not as a copy.
+PERMUTE_OPS = frozenset({"relax.permute_dims"})
+MAX_VIEW_NDIM = 4  # permutations tried (by shape first): 4! at most
+
+
+def view_of(op: dict, outputs: list, params: dict[str, np.ndarray]) -> dict | None:
+    """{"param", "axes"} when op's one output is exactly a referenced param transposed, else None."""
+    inputs = op.get("inputs") or []
+    if op.get("relax_op") not in PERMUTE_OPS or len(outputs) != 1 or len(inputs) != 1 or inputs[0] not in params:
+        return None
+    param, value = params[inputs[0]], np.asarray(outputs[0])
+    if param.ndim != value.ndim or param.ndim > MAX_VIEW_NDIM or param.dtype != value.dtype or value.size == 0:
+        return None
+    for axes in itertools.permutations(range(param.ndim)):
+        view = param.transpose(axes)
+        if view.shape == value.shape and np.array_equal(S.storage_view(S.normalized(view))[0],
+                                                        S.storage_view(S.normalized(value))[0]):
+            return {"param": inputs[0], "axes": list(axes)}
+    return None
+
+
+def parse_views(data, ops: int, params: dict[str, WeightRef], part: str) -> dict[int, tuple[str, tuple[int, ...]]]:
+    """The parsed JSON of /graph/weight_views, checked against the op table's size and the referenced params."""
+    if not isinstance(data, dict):
+        raise TraceError(f"{part} is corrupt (not a JSON object); record the model again")
+    views = {}
+    for key, item in data.items():
+        ok = (isinstance(key, str) and key.isdigit() and int(key) < ops and isinstance(item, dict)
+              and item.get("param") in params and isinstance(item.get("axes"), list)
+              and sorted(item["axes"]) == list(range(len(params[item["param"]].shape))))
+        if not ok:
+            raise TraceError(f"{part} is corrupt (op {str(key)[:20]}'s entry is malformed); record the model again")
+        views[int(key)] = (item["param"], tuple(item["axes"]))
+    return views

@@ -17,7 +17,9 @@ Every dataset carries `@crc32` (v1.2), the CRC-32 of the bytes written, computed
 buffer HDF5 writes, so a reader can tell a damaged tensor from a recorded one.
 
 Params given as `weight_refs` (v1.4, trace/weight_refs.py: the JSON of params that stay in the checkpoint
-files they were loaded from) are not in `params`: the trace holds the reference, not a copy.
+files they were loaded from) are not in `params`: the trace holds the reference, not a copy. An op whose
+value is one of them transposed (`weight_views`: their values) is kept as that view (`/graph/weight_views`
+on a clean close), not written.
 
 On a clean close the writer stores where each uncompressed tensor lies (`/graph/tensor_index`, v1.3,
 trace/tensor_index.py), so that a reader reads an op with one positioned read.
@@ -38,6 +40,7 @@ import numpy as np
 from tapml_dbg.trace import schema as S
 from tapml_dbg.trace import tensor_index
 from tapml_dbg.trace.stats import tensor_stats
+from tapml_dbg.trace.weight_refs import view_of
 
 COMPRESSIONS = (None, "lzf", "gzip")
 META_MIN_CAPACITY = 1024  # bytes reserved for the meta JSON, so set_meta rewrites in place
@@ -73,7 +76,7 @@ class TraceWriter:
     def __init__(self, path, *, meta: dict, graph_json: str, tvmscript: str, ops: list[dict],
                  inputs: dict[str, np.ndarray], params: dict[str, np.ndarray],
                  compression: str | None = None, capture: bool = False, source_graph: str | None = None,
-                 weight_refs: str | None = None):
+                 weight_refs: str | None = None, weight_views: dict[str, np.ndarray] | None = None):
         if compression not in COMPRESSIONS:
             raise ValueError(f"compression must be one of {COMPRESSIONS}, not {compression!r}")
         self.path = os.fspath(path)
@@ -81,6 +84,9 @@ class TraceWriter:
         self.capture = capture
         self._meta = dict(meta)
         self._index = tensor_index.new()  # written on a clean close
+        self._ops = ops
+        self._view_params = weight_views or {}  # the referenced params' own values (trace/weight_refs.py)
+        self._views: dict[str, dict] = {}  # op index -> the referenced param it transposes (written on close)
         self._file = h5py.File(self.path, "w", libver=S.LIBVER)
         try:
             self._write_header(graph_json, tvmscript, ops, inputs, params)
@@ -164,6 +170,11 @@ class TraceWriter:
         /ops group, which a kill could corrupt (seen in kill tests: the reader then segfaulted).
         """
         group = self._unwritten_group(index)
+        view = view_of(self._ops[int(index)], outputs, self._view_params) if self._view_params else None
+        if view is not None:  # a referenced weight transposed: kept as that view (`done` stays 0 for older readers)
+            group.attrs[S.ATTR_NOTE] = S.encode_str(note)
+            self._views[str(int(index))] = view
+            return
         # convert everything first so a bad dtype fails before anything is written
         arrays = [S.normalized(value) for value in outputs]
         for name in list(group):  # leftovers of an earlier write_op that raised
@@ -225,6 +236,8 @@ class TraceWriter:
         try:
             if complete:
                 self._write_text(S.DS_TENSOR_INDEX, json.dumps(self._index, separators=(",", ":")))
+                if self._views:
+                    self._write_text(S.DS_WEIGHT_VIEWS, json.dumps(self._views, separators=(",", ":")))
                 self._file.flush()
                 self._file.attrs.modify(S.ATTR_COMPLETE, np.uint8(1))
         finally:

@@ -1,0 +1,156 @@
+"""Weights by reference (trace v1.4): a `from_pretrained` safetensors checkpoint stays on disk.
+
+A tiny Llama is saved with `save_pretrained` and loaded back with `from_pretrained`; its trace holds
+references to the checkpoint's tensors (file, name, SHA-256, CRC-32), not copies. Replay reads them
+from the file; `info --verify` names a checkpoint that changed; a missing one is a one-line error;
+models with random or modified weights are copied as before.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from conftest import fault_transform, run_cli
+from tapml_dbg.engine.session import Session
+from tapml_dbg.record.recorder import record
+from tapml_dbg.trace import TraceReader
+from tapml_dbg.trace.inspect import trace_info
+from tapml_dbg.trace.verify import verify_trace
+from tapml_dbg.trace.weight_refs import WeightFileError
+
+CONFIG = dict(num_hidden_layers=2, hidden_size=256, intermediate_size=1024, num_attention_heads=4, num_key_value_heads=2,
+              vocab_size=2048, attn_implementation="eager")
+SEQ = 6
+
+
+def _model_file(folder, body: str) -> str:
+    path = folder / f"model_{abs(hash(body)) % 10**8}.py"
+    path.write_text(f"""import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+
+def build():
+    torch.manual_seed(0)
+{body}
+    return model.eval(), (torch.randint(0, 2048, (1, {SEQ})),)
+""")
+    return str(path)
+
+
+def _from_pretrained(folder, checkpoint, then: str = "") -> str:
+    return _model_file(folder, f"    model = LlamaForCausalLM.from_pretrained({str(checkpoint)!r}, "
+                               f"attn_implementation='eager')\n{then}")
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """A tiny Llama saved with save_pretrained (model.safetensors, 12 MB) and its trace recorded from
+    `from_pretrained` (weights referenced)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    folder = tmp_path_factory.mktemp("weight_refs")
+    torch.manual_seed(1)
+    LlamaForCausalLM(LlamaConfig(**CONFIG)).save_pretrained(folder / "ckpt")
+    trace = folder / "referenced.h5"
+    record(_from_pretrained(folder, folder / "ckpt"), trace)
+    return folder, folder / "ckpt" / "model.safetensors", trace
+
+
+def _referenced(trace) -> dict:
+    with TraceReader(trace) as reader:
+        return dict(reader.weight_refs.params) if reader.weight_refs is not None else {}
+
+
+def test_a_pretrained_checkpoint_is_referenced_not_copied(checkpoint):
+    from safetensors import safe_open
+
+    _, weights, trace = checkpoint
+    assert os.path.getsize(trace) < os.path.getsize(weights) / 5  # the trace holds activations, not weights
+    with TraceReader(trace) as reader, safe_open(str(weights), framework="numpy") as source:
+        refs = reader.weight_refs.params
+        assert reader.version == (1, 4) and len(refs) == len(reader.param_names) == len(reader.meta["params"])
+        for name in reader.param_names:  # read back from the checkpoint, bit for bit
+            assert np.array_equal(reader.param(name), source.get_tensor(refs[name].tensor)), name
+        assert reader.tensor_bytes() < sum(ref.nbytes for ref in refs.values()) / 2
+    info = trace_info(trace)["weights"]
+    assert info["params"] == len(refs) and info["files"][0]["path"] == str(weights)
+    assert info["files"][0]["found"] == str(weights)
+
+
+def test_bisect_reads_the_referenced_weights(checkpoint, tmp_path):
+    _, _, trace = checkpoint
+    with Session.open(trace) as session:
+        clean = session.bisect()
+    assert not clean.diverged, clean.culprit
+    refs = _referenced(trace)
+    with TraceReader(trace) as reader:  # a fault at the first op that reads a referenced weight
+        target = next(op for op in reader.ops if set(op["inputs"]) & set(refs) and op["op"] != "aten.embedding.default"
+                      and op["outputs"][0]["dtype"] == "float32")
+    with Session.open(trace, transform=fault_transform(tmp_path, "scale", target["name"])) as session:
+        found = session.bisect(sweep=False)
+    assert found.diverged and (found.culprit.index, found.culprit.name) == (target["index"], target["name"])
+
+
+def test_verify_names_a_changed_checkpoint(checkpoint):
+    _, weights, trace = checkpoint
+    assert verify_trace(trace).ok and verify_trace(trace).weight_files == [str(weights)]
+    original = weights.read_bytes()
+    try:
+        data = bytearray(original)
+        data[-5] ^= 0x10  # a bit of the last tensor's bytes
+        weights.write_bytes(bytes(data))
+        report = verify_trace(trace)
+        assert not report.ok and len(report.damaged) == 1
+        message = report.damaged[0].message
+        assert message.startswith(f"the checkpoint {weights} changed since the recording: it holds other bytes for "
+                                  "tensor '") and "record the model again" in message
+        with TraceReader(trace) as reader:  # replay reads it: the same line, not a wrong value
+            changed = next(name for name, ref in reader.weight_refs.params.items()
+                           if f"tensor {ref.tensor!r} " in message)
+            with pytest.raises(WeightFileError, match="changed since the recording"):
+                reader.param(changed)
+    finally:
+        weights.write_bytes(original)
+    assert verify_trace(trace).ok
+
+
+def test_a_missing_checkpoint_is_one_clear_line_and_can_be_found_elsewhere(checkpoint, tmp_path, monkeypatch):
+    folder, weights, trace = checkpoint
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    shutil.move(weights, moved / weights.name)
+    try:
+        info = run_cli("info", str(trace))
+        assert info.returncode == 0 and f"{weights} (" in info.stdout and "MISSING" in info.stdout
+        replay = run_cli("bisect", str(trace))
+        assert replay.returncode != 0
+        assert replay.stderr.strip().splitlines() == [
+            f"error: the checkpoint {weights} the trace reads its weights from does not exist; put the checkpoint "
+            "back where it was recorded, or set TAPML_WEIGHTS to the folder that holds it, or record the model again"]
+        assert "does not exist" in verify_trace(trace).damaged[0].message
+        monkeypatch.setenv("TAPML_WEIGHTS", str(moved))  # the trace moved to another machine: found by name
+        assert trace_info(trace)["weights"]["files"][0]["found"] == str(moved / weights.name)
+        assert verify_trace(trace).ok
+    finally:
+        shutil.move(moved / weights.name, weights)
+
+
+def test_random_and_modified_weights_are_copied(checkpoint):
+    folder, _, _ = checkpoint
+    random = folder / "random.h5"
+    record(_model_file(folder, f"    model = LlamaForCausalLM(LlamaConfig(**{CONFIG!r}))"), random)
+    with TraceReader(random) as reader:
+        assert reader.weight_refs is None and reader.version == (1, 4)
+    modified = folder / "modified.h5"  # one weight changed after loading: that one is copied, the rest referenced
+    record(_from_pretrained(folder, folder / "ckpt", "    with torch.no_grad():\n"
+                                                    "        model.model.norm.weight.mul_(2)\n"), modified)
+    refs = _referenced(modified)
+    with TraceReader(modified) as reader:
+        stored = [name for name in reader.param_names if name not in refs]
+        assert stored == ["p_model_norm_weight"] and len(refs) == len(reader.param_names) - 1
+        assert np.all(reader.param("p_model_norm_weight") == 2)
