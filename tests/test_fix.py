@@ -73,6 +73,36 @@ def test_a_model_with_several_causes_gets_casts_and_an_unfixed_one_with_why(trac
     module = _load_fix(tmp_path / "fix" / "fix.py")
     assert "mul_16" not in module.REWRITES, "a candidate that does not verify is not written"
     assert "Not fixed" in (tmp_path / "fix" / "README.md").read_text()
+    # the fixes hold together: the whole model with fix.py runs through, and triage with it lists none of them
+    assert not found["output_after"]["failure"], found["output_after"]
+    assert {"cumsum", "index_2", "index_3"} <= set(fixed)
+    assert module.fix.retyped == {"cumsum": "int64", "index_2": "int64", "index_3": "int64"}
+    with tapml_dbg.open(trace, transform=f"{tmp_path / 'fix' / 'fix.py'}:fix") as replay:
+        left = {op.name for group in replay.triage().groups for op in group.ops}
+        run = replay.session.run_mixed(list(range(len(replay.ops))), verdicts=True)
+    assert left == {"mul_16"}, left
+    assert not run.failure, run.failure
+
+
+def test_a_rewrite_that_passes_alone_but_stops_the_whole_model_is_not_fixed(traces, tmp_path, monkeypatch):
+    """Without the retyped parameters, the int64 cumsum reaches units compiled for the declared bool:
+    each cast passes alone, the whole model stops at #35 index_2; those groups are then unfixed, saying
+    where the model stopped, and no op listed as fixed is one the whole-model run with fix.py stops at."""
+    import tapml_dbg.engine.fix as fix_module
+
+    monkeypatch.setattr(fix_module, "retyped_outputs", lambda session, rewrites: {})
+    trace = traces.get("qwen2_several_bugs")
+    with tapml_dbg.open(trace) as replay:
+        result = replay.fix(tmp_path / "fix")
+    unfixed = {op.name: op for op in result.unfixed}
+    assert {"cumsum", "index_2", "index_3"} <= set(unfixed), unfixed
+    assert "passes alone, but the whole-model run with it stops at #35 index_2" in unfixed["index_2"].why
+    module = _load_fix(tmp_path / "fix" / "fix.py")
+    assert not {"cumsum", "index_2", "index_3"} & set(module.REWRITES), module.REWRITES
+    with tapml_dbg.open(trace, transform=f"{tmp_path / 'fix' / 'fix.py'}:fix") as replay:
+        run = replay.session.run_mixed(list(range(len(replay.ops))), verdicts=True)
+    stops = fix_module.stopped_at(run)
+    assert stops is not None and stops not in {op.index for op in result.fixed}, (stops, result.fixed)
 
 
 POW_MODEL = '''

@@ -316,12 +316,32 @@ def _why_none(session: Session, group: CauseGroup, failed_run: bool, low: bool) 
 
 
 # ---------------------------------------------------------------------------- the transform text
-def transform_text(rewrites: list[Rewrite], trace: str = "", target: str = "") -> str:
-    """The self-contained `fix.py`: the template's code with `REWRITES` set."""
+def transform_text(rewrites: list[Rewrite], trace: str = "", target: str = "",
+                   retyped: dict[str, tuple[str, str]] | None = None) -> str:
+    """The self-contained `fix.py`: the template's code with `REWRITES` and `RETYPED` set; FUNC's
+    `retyped` tells replay which recorded values to feed in the rewritten dtype (`transform_retyped`)."""
     header = (f"# written by `tapml-dbg fix` for {Path(trace).name or 'a trace'} on {target or 'its target'}; "
               f"README.md beside it says what each rewrite does and what it was verified against\n")
     entries = "\n".join(rewrite.entry() for rewrite in sorted(rewrites, key=lambda r: r.index))
-    return header + TEMPLATE.read_text() + f"\n\nREWRITES = {{\n{entries}\n}}\n"
+    types = "".join(f"    {name!r}: {pair!r},\n" for name, pair in sorted((retyped or {}).items()))
+    return (header + TEMPLATE.read_text() + f"\n\nREWRITES = {{\n{entries}\n}}\n"
+            f"RETYPED = {{\n{types}}}\n"
+            f"{FUNC}.retyped = {{name: dtype for name, (_declared, dtype) in RETYPED.items()}}\n")
+
+
+def retyped_outputs(session: Session, rewrites: list[Rewrite]) -> dict[str, tuple[str, str]]:
+    """The rewritten ops whose one output a cast takes from the declared dtype to the source's:
+    name -> (declared, source dtype), what the units reading them must take (`RETYPED`)."""
+    found = {}
+    for rewrite in rewrites:
+        options = dict(rewrite.options)
+        if rewrite.kind != "cast" or len(session.ops[rewrite.index].outputs) != 1:
+            continue
+        for change in session.reference.type_changes.get(rewrite.index, []):
+            if (change.output == 0 and not change.stock and change.declared.dtype == options.get("from")
+                    and change.source.dtype == options.get("to")):
+                found[rewrite.name] = (change.declared.dtype, change.source.dtype)
+    return found
 
 
 def helpers(session: Session, index: int) -> list:
@@ -362,7 +382,8 @@ def composed_text(fix_path: str | Path, transform: str) -> str:
             f"_FIX = _load({str(Path(fix_path).resolve())!r}, 'tapml_fix')\n"
             f"_TRANSFORM = getattr(_load({str(Path(user_path).resolve())!r}, 'tapml_fix_user'), {user_func!r})\n\n\n"
             "def fix(mod):\n"
-            "    return _TRANSFORM(_FIX.fix(mod))\n")
+            "    return _TRANSFORM(_FIX.fix(mod))\n\n\n"
+            "fix.retyped = getattr(_FIX.fix, 'retyped', {})  # what replay feeds in the rewritten dtype\n")
 
 
 def _rewrites(session: Session, group: CauseGroup, candidate: Candidate) -> list[Rewrite]:
@@ -395,7 +416,8 @@ class _Verifier:
             return known
         self.count += 1
         path = self.folder / f"candidate{self.count}.py"
-        path.write_text(transform_text(rewrites, str(self.session.reader.path), self.session.where))
+        path.write_text(transform_text(rewrites, str(self.session.reader.path), self.session.where,
+                                       retyped_outputs(self.session, rewrites)))
         if self.session.spec.transform:  # the user's pass runs after the fix, as in their pipeline
             composed = self.folder / f"candidate{self.count}_then_transform.py"
             composed.write_text(composed_text(path, self.session.spec.transform))
@@ -455,9 +477,9 @@ def fix(session: Session, folder: str | Path, progress: Progress = _noop,
                     unfixed_why[number] = (f"{candidate.how}: does not verify: op #{worst.index} {after.text()}"
                                            + _constant_note(session, worst.index, candidate))
         final_rewrites = _accepted_rewrites(session, triaged, accepted)
-        final = verifier.trial(final_rewrites, []) if final_rewrites or last is not None else None
-        if final is None:
-            final = _Trial([], {}, before_run)
+        final = verifier.trial(final_rewrites, []) if final_rewrites or last is not None else _Trial([], {}, before_run)
+        final = _hold_together(session, verifier, triaged, accepted, unfixed_why, tried, final)
+        final_rewrites = final.rewrites
         extra: list[Rewrite] = []
         if not final.run.passed and any(c.kind == "float32" for c, _ in accepted.values()):
             extra, final = _pin_more(session, verifier, final_rewrites, final)
@@ -468,8 +490,39 @@ def fix(session: Session, folder: str | Path, progress: Progress = _noop,
                        OutputFigure.of(final.run), verified_with=session.spec.transform or "", sessions=sessions,
                        groups=len(triaged.groups))
     result.seconds = time.perf_counter() - started
-    write_fix(result, final_rewrites + extra)
+    write_fix(result, final_rewrites + extra, retyped_outputs(session, final_rewrites + extra))
     return result
+
+
+def stopped_at(run) -> int | None:
+    """The op at which a whole-model run stopped (its unit failed to build or run), or None."""
+    failed = [index for index, verdict in run.verdicts.items() if verdict.status in FAILED_RUNS]
+    return min(failed) if run.failure and failed else None
+
+
+def _hold_together(session: Session, verifier: _Verifier, triaged: TriageResult, accepted: dict,
+                   unfixed_why: dict, tried: dict, final: _Trial) -> _Trial:
+    """The accepted rewrites verified as a whole: while the whole-model run with them stops at an op
+    that a rewrite touches (the op itself, or one whose value it reads), the groups of those rewrites
+    are taken out (`unfixed`, saying where the model stopped) and the rest verified again."""
+    while True:
+        index = stopped_at(final.run)
+        if index is None:
+            return final
+        op = session.ops[index]
+        near = {index} | {session.by_name[name].index for name in op.inputs if name in session.by_name}
+        breaking = [number for number, (candidate, _) in accepted.items()
+                    if any(r.index in near for r in _rewrites(session, triaged.groups[number], candidate))]
+        if not breaking:  # it stops at a cause no rewrite touches (unfixed): not the composition's doing
+            return final
+        verdict = final.run.verdicts[index]
+        message = " ".join((verdict.message or "").split())[:FAILURE_CHARS]
+        for number in breaking:
+            candidate, _ = accepted.pop(number)
+            tried[number].append(f"{candidate.kind}: passes alone, the whole model stops at #{index}")
+            unfixed_why[number] = (f"{candidate.how}: passes alone, but the whole-model run with it stops at "
+                                   f"#{index} {op.name} ({verdict.status}: {message}), so it is not written")
+        final = verifier.trial(_accepted_rewrites(session, triaged, accepted), [])
 
 
 def _passes(verdict: Verdict | None) -> bool:
@@ -556,10 +609,10 @@ def _pinned_by_output_search(session, extra: list[Rewrite], final: _Trial) -> li
 
 
 # ---------------------------------------------------------------------------- the files
-def write_fix(result: FixResult, rewrites: list[Rewrite]) -> None:
+def write_fix(result: FixResult, rewrites: list[Rewrite], retyped: dict[str, tuple[str, str]] | None = None) -> None:
     folder = Path(result.folder)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / TRANSFORM_FILE).write_text(transform_text(rewrites, result.trace, result.target))
+    (folder / TRANSFORM_FILE).write_text(transform_text(rewrites, result.trace, result.target, retyped))
     if result.verified_with:
         (folder / COMPOSED_FILE).write_text(composed_text(folder / TRANSFORM_FILE, result.verified_with))
     (folder / README_FILE).write_text(readme_text(result))

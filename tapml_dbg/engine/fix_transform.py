@@ -12,7 +12,10 @@ Kinds:
 - "float32": the op computed in float32: its float16/bfloat16 operands cast to float32, its result
   cast back to the dtype it had (the consumers are unchanged);
 - "cast": operands of dtype options["from"] cast to options["to"] (the dtype the source computed),
-  the op's own dtype attribute too; the result keeps the source's dtype;
+  the op's own dtype attribute too; the result keeps the source's dtype. Its consumers take that
+  dtype too: in the whole model Relax infers it, and in a function that receives the op's value as a
+  parameter (a unit tapml-dbg compiles per op) the parameter named in `RETYPED` is retyped, so the
+  rewrites hold together wherever the model is cut;
 - "bool-as": bool operands cast to options["to"] (an integer type the target compiles);
 - "pow": `power(x, 2.0 | 3.0)` as `x * x` / `x * x * x`;
 - "wrap-index": a `take` at a negative constant index read at the index plus the axis' extent;
@@ -28,6 +31,7 @@ LOW_PRECISION = ("float16", "bfloat16")
 WIDE = "float32"
 
 REWRITES: dict = {}  # binding name -> (kind, options): filled in by `tapml-dbg fix`
+RETYPED: dict = {}  # binding name -> (declared dtype, the dtype its rewrite gives): filled in by `tapml-dbg fix`
 
 
 def _dtype(expr):
@@ -140,6 +144,23 @@ def _schedule(mod):
     return mod
 
 
+def _retyped_params(rewriter, func):
+    """`func` with each parameter named in RETYPED (a value a retyping rewrite computes, received from
+    outside) in the dtype that rewrite gives, so that the function takes what the rewritten op returns."""
+    params = []
+    for param in func.params:
+        declared, new = RETYPED.get(param.name, (None, None))
+        ty = param.ty
+        if declared is not None and isinstance(ty, relax.TensorType) and ty.dtype == declared:
+            retyped = relax.Var(param.name, relax.TensorType(ty.shape, new))
+            rewriter.set_var_remap(param, retyped)
+            param = retyped
+        params.append(param)
+    if all(new.same_as(old) for new, old in zip(params, func.params)):
+        return func
+    return relax.Function(params, func.body, None, func.is_pure, func.attrs, func.span)
+
+
 def fix(mod: tvm.IRModule) -> tvm.IRModule:
     """`mod` with every binding named in REWRITES rewritten (a binding of another name is left as it is)."""
     if not REWRITES:
@@ -160,6 +181,6 @@ def fix(mod: tvm.IRModule) -> tvm.IRModule:
     rewriter = Rewriter(mod)
     for gvar, func in mod.functions_items():
         if isinstance(func, relax.Function):
-            rewriter.builder_.update_func(gvar, rewriter.visit_expr(func))
+            rewriter.builder_.update_func(gvar, rewriter.visit_expr(_retyped_params(rewriter, func)))
     result = rewriter.builder_.get()
     return _schedule(result) if _TO_SCHEDULE else result

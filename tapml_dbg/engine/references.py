@@ -117,15 +117,27 @@ class SourceReference:
         why = first_sentence(self.stock_meta.get("reason") or error)  # `info` holds the whole message
         return f"TVM's stock import fails{where}: {why} (tapml-dbg's {fixes} workaround imports it)"
 
-    def replay_casts(self) -> dict[tuple[str, int], TensorSpec]:
+    def replay_casts(self, retyped: dict[str, str] | None = None) -> dict[tuple[str, int], TensorSpec]:
         """(op name, output) -> the declared spec a recorded value must be cast to before it feeds the target.
 
         Only for traces that store the source's own value (a source graph); older traces stored it cast.
+        `retyped`: ops whose output the transform gives in another dtype (`transform_retyped`): their
+        consumers take that dtype, so the value is cast to it (not at all when it is the source's).
         """
         if self.graph is None:
             return {}
-        return {(change.op, change.output): change.declared for changes in self.type_changes.values()
-                for change in changes if not change.stock}  # a stock type is not what the target runs
+        retyped = retyped or {}
+        casts = {}
+        for changes in self.type_changes.values():
+            for change in changes:
+                if change.stock:  # a stock type is not what the target runs
+                    continue
+                spec = change.declared
+                if change.op in retyped and change.output == 0:
+                    spec = TensorSpec(spec.shape, retyped[change.op])
+                if spec != change.source:
+                    casts[(change.op, change.output)] = spec
+        return casts
 
     # -- references -------------------------------------------------------------------------------
     def isolated(self, index: int) -> Reference:

@@ -41,6 +41,11 @@ class RequestBuilder:
         self._cast_values: dict[tuple[str, int], np.ndarray] = {}
         self._one_op: dict[str, tuple[dict, UnitSpec]] = {}  # op name -> its one-op unit (json, spec)
 
+    def set_casts(self, casts: dict[tuple[str, int], TensorSpec]) -> None:
+        """New casts (an edited transform retypes other ops), the values cast before forgotten."""
+        self.casts = dict(casts)
+        self._cast_values.clear()
+
     # -- what the trace holds --------------------------------------------------------------
     def missing(self, index: int) -> str | None:
         """Why op `index` has no isolated verdict in this trace (it or an input has no values), or None."""

@@ -38,7 +38,7 @@ from tapml_dbg.model.graph import OpInfo
 from tapml_dbg.model.select import OpTable
 from tapml_dbg.model.serialize import function_from_json
 from tapml_dbg.runtime.scheduler import (DEFAULT_CACHE_DIR, Runtime, check_setup, transform_identity,
-                                         warm_up_torch)
+                                         transform_retyped, warm_up_torch)
 from tapml_dbg.runtime.target import TargetSpec
 from tapml_dbg.trace import TraceReader
 
@@ -89,7 +89,8 @@ class Session:
         self.policy = policy or TolerancePolicy()
         # the live source reference: float64 references, undefined values, type changes (engine/references.py)
         self.reference = SourceReference(reader, self.ops, self.main, load_source_graph(reader))
-        self.requests = RequestBuilder(reader, self.main, self.ops, self.reference.replay_casts(), graph)
+        self.requests = RequestBuilder(reader, self.main, self.ops,
+                                       self.reference.replay_casts(transform_retyped(self.spec)), graph)
         self.recorded, self.input_names, self.param_names = (self.requests.recorded, self.requests.input_names,
                                                              self.requests.param_names)
         self.verdicts = Verdicts(self)
@@ -155,6 +156,7 @@ class Session:
         if identity == self._transform_identity:
             return ""
         self._transform_identity = identity
+        self.requests.set_casts(self.reference.replay_casts(transform_retyped(self.spec)))  # what it retypes
         self.isolated_verdicts.clear()
         self.replay.forget()
         self.lanes.forget_index()

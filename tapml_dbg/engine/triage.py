@@ -117,7 +117,10 @@ def triage(session, progress: Progress = _noop, points: list[OpPoint] | None = N
     failing = [p for p in points if p.isolated is not None and p.isolated.status == Status.FAIL]
     for point in failing[:EXPLAINED_OPS]:
         point.isolated = session.verdicts.explain(point.isolated)
-    type_changed = {index: session.reference.type_changes[index] for index in session.verdicts.type_changed_ops()}
+    # a type change the target no longer computes in (its op passes in the source's type: a transform retyped it)
+    resolved = {p.index for p in points if p.isolated is not None and p.isolated.status == Status.PASS}
+    type_changed = {index: session.reference.type_changes[index] for index in session.verdicts.type_changed_ops()
+                    if index not in resolved}
     result = group_causes(session.where, session.ops, points, type_changed, session.kept)
     stock = stock_import_group(session.ops, session.reference.stock_meta, type_changed, session.kept)
     if stock is not None:  # a finding of the stock import, not of the target

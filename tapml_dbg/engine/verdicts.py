@@ -18,6 +18,7 @@ from tapml_dbg.judge.classify import Evidence, Facts
 from tapml_dbg.judge.judge import failed_run, judge_outputs
 from tapml_dbg.judge.screen import ScreenRule, rule_for
 from tapml_dbg.judge.verdict import ISOLATED, PROPAGATED, Mode, Status, Verdict, WrongClass
+from tapml_dbg.portable.codec import dtype_name
 from tapml_dbg.runtime.messages import UnitResult
 from tapml_dbg.trace.schema import CAST_NOTE_PREFIX
 
@@ -26,6 +27,16 @@ Progress = Callable[..., None]
 
 def _noop(*_args, **_kwargs) -> None:
     return None
+
+
+def _still_changed(change, outputs: list[np.ndarray] | None) -> bool:
+    """The target still computes `change`'s output in the declared type: true unless its value came
+    back in the source's dtype and shape (a transform, e.g. `fix`'s cast, retyped the op). A stock
+    import's change is a finding whatever the target gives (the target runs the recorded import)."""
+    if change.stock or outputs is None or change.output >= len(outputs) or outputs[change.output] is None:
+        return True
+    value = np.asarray(outputs[change.output])
+    return dtype_name(value) != change.source.dtype or tuple(value.shape) != tuple(change.source.shape)
 
 
 class Verdicts:
@@ -65,7 +76,7 @@ class Verdicts:
         reference = self.reference.isolated(index) if mode == ISOLATED else self.reference.propagated(index)
         if fed_by_target is None:
             fed_by_target = set(self.session.replay.values) if mode == PROPAGATED else set()
-        facts = Facts(self.reference.type_changes.get(index, []),
+        facts = Facts([c for c in self.reference.type_changes.get(index, []) if _still_changed(c, outputs)],
                       self.requests.cast_inputs(index, fed_by_target, self.dead_fields))
 
         def evidence() -> Evidence:

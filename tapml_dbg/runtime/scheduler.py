@@ -30,7 +30,8 @@ from tapml_dbg.runtime.run_memo import RunMemo
 from tapml_dbg.runtime.target import TargetSpec, parse_target
 from tapml_dbg.runtime.tvm_import import import_tvm_without_torch, warm_up_torch
 
-__all__ = ["DEFAULT_CACHE_DIR", "Background", "Runtime", "check_setup", "transform_identity", "warm_up_torch"]
+__all__ = ["DEFAULT_CACHE_DIR", "Background", "Runtime", "check_setup", "transform_identity", "transform_retyped",
+           "warm_up_torch"]
 
 T = TypeVar("T")
 OPS_PER_TIMEOUT = 100  # a chain may take the unit timeout once per this many ops
@@ -45,6 +46,14 @@ def check_setup(spec: TargetSpec) -> None:
     import_tvm_without_torch()
     parse_target(spec.target)
     load_transform(spec.transform)
+
+
+def transform_retyped(spec: TargetSpec) -> dict[str, str]:
+    """The bindings whose output dtype the user's transform changes, as its FUNC says (`FUNC.retyped`,
+    binding name -> dtype: what `tapml-dbg fix`'s casts set): replay feeds their recorded values in
+    that dtype, since the units reading them take it (docs/fix.md)."""
+    retyped = getattr(load_transform(spec.transform), "retyped", None)
+    return {str(name): str(dtype) for name, dtype in dict(retyped).items()} if isinstance(retyped, dict) else {}
 
 
 class Runtime(Lanes):
