@@ -54,7 +54,9 @@ def native_spec(spec: str) -> str:
 
 
 def load_native(spec: str, entry: str | None = None) -> NativeModel:
-    """Call the file's `build_tvm()` and turn its module into the graph: one line per mistake."""
+    """Call the file's `build_tvm()` (FILE.py alone means FILE.py:build_tvm) and turn its module into the
+    graph: one line per mistake."""
+    spec = native_spec(spec)
     build = load_python_function(spec)
     try:
         result = build()
