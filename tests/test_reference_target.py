@@ -1,0 +1,69 @@
+"""A trusted TVM target as the reference (`--reference-target`): a real TVM-wide bug (SELU's scale on
+llvm) is listed, never the culprit; a planted fault is this platform's (`target`); the reference's values
+are computed once and kept."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import tapml_dbg
+from conftest import fault_transform, run_cli
+from tapml_dbg.errors import TargetError
+
+SELU = "selu_mlp"  # examples/selu_mlp.py: TVM 0.27's SELU (aten.elu with SELU's constants) is wrong on llvm
+
+
+@pytest.fixture(scope="module")
+def selu_trace(traces):
+    return traces.get(SELU)
+
+
+def _bisect(*args) -> dict:
+    result = run_cli("bisect", *map(str, args), "--json")
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_a_tvm_wide_bug_is_listed_not_the_culprit(selu_trace):
+    against_source = _bisect(selu_trace)
+    assert against_source["op"]["name"] == "elu" and against_source["op"]["verdict"] == "isolated"
+    assert against_source["reference"] == {"kind": "source", "target": None} and against_source["tvm_wide"] == []
+    assert against_source["op"]["attribution"] is None
+    against_llvm = _bisect(selu_trace, "--reference-target", "llvm")
+    assert against_llvm["diverged"] is False
+    assert against_llvm["reference"] == {"kind": "target", "target": "llvm"}
+    assert against_llvm["tvm_wide"] == [{"index": against_source["op"]["index"], "name": "elu",
+                                         "op": "aten.elu.default", "verdict": "isolated"}]
+    text = run_cli("bisect", str(selu_trace), "--reference-target", "llvm").stdout
+    assert "no divergence" in text and "TVM-wide" in text and "#8 elu (aten.elu.default, isolated)" in text
+
+
+@pytest.mark.parametrize("op, attribution", [("addmm_2", "target"), ("elu", "tvm")])
+def test_planted_fault_under_a_reference_target_is_attributed(selu_trace, tmp_path, op, attribution):
+    found = _bisect(selu_trace, "--reference-target", "llvm", "--transform", fault_transform(tmp_path, "scale", op))
+    assert found["op"]["name"] == op and found["op"]["verdict"] == "isolated"
+    assert found["op"]["attribution"] == attribution  # elu: llvm itself differs from the source there too
+    assert [wide["name"] for wide in found["tvm_wide"]] == ["elu"]
+
+
+def test_reference_values_are_computed_once_and_kept(selu_trace, tmp_path):
+    cache = tmp_path / "cache"
+    with tapml_dbg.open(selu_trace, reference_target="llvm", cache_dir=cache) as replay:
+        first = replay.reference
+        assert first.kind == "target" and not first.cached and first.trace.exists()
+        assert replay.bisect().to_json()["tvm_wide"][0]["name"] == "elu"
+    with tapml_dbg.open(selu_trace, reference_target="llvm", cache_dir=cache) as replay:
+        again = replay.reference
+        assert again.cached and again.trace == first.trace and again.tvm_wide == first.tvm_wide
+        assert replay.compare("elu").isolated.passed  # the target agrees with the reference target at elu
+
+
+def test_bad_reference_options_get_one_line(selu_trace, tmp_path):
+    with pytest.raises(TargetError, match="reference target"):
+        tapml_dbg.open(selu_trace, reference_target="nonsense-target", cache_dir=tmp_path)
+    result = run_cli("bisect", str(selu_trace), "--reference-rpc", "127.0.0.1:9")
+    assert result.returncode == 1 and "--reference-target" in result.stderr and "Traceback" not in result.stderr
+    result = run_cli("bisect", str(selu_trace), "--reference-target", "nonsense-target")
+    assert result.returncode == 1 and "reference target" in result.stderr and "Traceback" not in result.stderr
