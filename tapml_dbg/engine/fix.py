@@ -153,9 +153,10 @@ class OutputFigure:
     def of(run) -> "OutputFigure":
         return OutputFigure(run.passed, run.error, len(run.failing_ops()) if run.verdicts else None, run.failure)
 
-    def text(self) -> str:
+    def text(self, chars: int | None = FAILURE_CHARS) -> str:
+        """`pass rel=...`, or `FAIL rel=inf (why)` with why cut to `chars` (None: whole)."""
         verdict = "pass" if self.passed else "FAIL"
-        failure = self.failure if len(self.failure) <= FAILURE_CHARS else self.failure[:FAILURE_CHARS - 1] + "…"
+        failure = self.failure if chars is None or len(self.failure) <= chars else self.failure[:chars - 1] + "…"
         return f"{verdict} rel={self.error:.3g}" + (f" ({failure})" if failure else "")
 
     def to_json(self) -> dict:
@@ -269,6 +270,10 @@ def candidates(session: Session, group: CauseGroup) -> tuple[list[Candidate], st
     low = any(dtype in LOW_PRECISION for dtype in dtypes + out_dtypes)
     failed_run = first.verdict in {str(status) for status in FAILED_RUNS}
     found: list[Candidate] = []
+    if failed_run and low:  # TVM 0.27 builds no bf16 layer_norm or power on llvm: the op in float32 builds
+        found.append(Candidate("float32", (), f"computed in float32 (the target does not build it in "
+                                              f"{_low_dtype(dtypes + out_dtypes)}: operands cast to float32, the "
+                                              "result cast back)"))
     exponent = _pow_exponent(value)
     if exponent in POW_EXPONENTS:
         found.append(Candidate("pow", (), f"pow(x, {exponent:g}) as {' * '.join(['x'] * int(exponent))} "
@@ -296,6 +301,10 @@ def candidates(session: Session, group: CauseGroup) -> tuple[list[Candidate], st
     if found:
         return found, ""
     return [], _why_none(session, group, failed_run, low)
+
+
+def _low_dtype(dtypes: list[str]) -> str:
+    return next(dtype for dtype in dtypes if dtype in LOW_PRECISION)
 
 
 def _why_none(session: Session, group: CauseGroup, failed_run: bool, low: bool) -> str:
