@@ -154,3 +154,26 @@ def test_random_and_modified_weights_are_copied(checkpoint):
         stored = [name for name in reader.param_names if name not in refs]
         assert stored == ["p_model_norm_weight"] and len(refs) == len(reader.param_names) - 1
         assert np.all(reader.param("p_model_norm_weight") == 2)
+
+
+def test_a_users_own_load_state_dict_opts_in_with_weights_from(tmp_path):
+    model = tmp_path / "own.py"
+    model.write_text(f"""import safetensors.torch
+import torch
+import tapml_dbg
+
+
+def build():
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))
+    safetensors.torch.save_file(net.state_dict(), {str(tmp_path / "own.safetensors")!r})
+    fresh = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))
+    fresh.load_state_dict(safetensors.torch.load_file({str(tmp_path / "own.safetensors")!r}))
+    return tapml_dbg.weights_from(fresh, {str(tmp_path / "own.safetensors")!r}).eval(), (torch.randn(2, 64),)
+""")
+    record(f"{model}:build", tmp_path / "own.h5")
+    with TraceReader(tmp_path / "own.h5") as reader:
+        assert sorted(ref.tensor for ref in reader.weight_refs.params.values()) == ["0.bias", "0.weight", "2.bias",
+                                                                                 "2.weight"]
+        assert reader.weight_views()  # the linears' transposed weights are views of them, not copies
+    assert verify_trace(tmp_path / "own.h5").ok
