@@ -37,7 +37,8 @@ from tapml_dbg.runtime.compile_cache import DEFAULT_CACHE_DIR
 from tapml_dbg.runtime.target import DEFAULT_UNIT_TIMEOUT_S, TargetSpec
 
 Progress = Callable[..., None]
-TABLE_COLUMNS = ("index", "name", "op", "layer", "step", "file", "line", "code", "dtype", "isolated", "isolated_error",
+TABLE_COLUMNS = ("index", "name", "op", "layer", "step", "file", "line", "code", "library", "user_file", "user_line",
+                 "dtype", "isolated", "isolated_error",
                  "isolated_tolerance", "propagated", "propagated_error", "propagated_tolerance", "class", "evidence")
 NULLABLE_INT = "Int64"  # pandas' integer dtype with a missing value: `step` stays an int, <NA> outside a generation
 
@@ -166,11 +167,13 @@ class Replay:
 
 def _row(point: OpPoint, op: OpInfo) -> dict:
     wrong, evidence = point.wrong()
-    where = op.source_location  # the user's line the op comes from (None: no frame in the user's files)
+    where = op.source_location  # the user's or a library's line the op comes from (None: neither)
+    mine = (where.user if where.library else where) if where else None  # the user's own frame
     row = {"index": point.index, "name": point.name, "op": point.op, "layer": op.layer, "step": op.step,
            "file": where.file if where else None, "line": where.line if where else None,
-           "code": where.code if where else None, "dtype": point.dtype, "class": wrong or None,
-           "evidence": evidence or None}
+           "code": where.code if where else None, "library": where.library if where else None,
+           "user_file": mine.file if mine else None, "user_line": mine.line if mine else None,
+           "dtype": point.dtype, "class": wrong or None, "evidence": evidence or None}
     for mode in (ISOLATED, PROPAGATED):
         row.update(_mode_columns(point, mode))
     return row

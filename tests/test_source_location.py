@@ -1,8 +1,9 @@
-"""Source locations: every op knows the user's file, line and code line it comes from.
+"""Source locations: every op knows the file, line and code line it comes from.
 
 The rule (frontend/source_location.py): the innermost frame of the op's FX node stack trace that is in
-the user's files; None when there is none. Recorded into the trace with the code line, shown by bisect
-(and its --json), the REPL's compare and show, the report's culprit card and the repro READMEs.
+the user's files or in a library's model code (transformers' modeling_llama.py, with the user's frame
+above it); None when there is none. Recorded into the trace with the code line, shown by bisect (and its
+--json), the REPL's compare and show, the report's culprit card, `table()` and the repro READMEs.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from conftest import EXAMPLES, ROOT, fresh, run_cli
+from conftest import EXAMPLES, ROOT, fault_transform, fresh, run_cli
 from tapml_dbg.api import Replay
 from tapml_dbg.engine.results import BisectResult, Culprit, StepResult
 from tapml_dbg.engine.session import Session
@@ -89,7 +90,7 @@ def test_an_op_without_a_user_frame_has_none():
     assert source_location_of(node(frame(tapml_own, 1, "x"))) is None
 
 
-def test_a_library_model_used_directly_has_no_source_locations():
+def test_a_torch_module_used_directly_has_no_source_locations():
     """Every frame of torch.nn.Linear's ops is torch's: None, rather than a line of torch's own."""
     from tapml_dbg.frontend.importer import export_program, import_program
 
@@ -97,6 +98,91 @@ def test_a_library_model_used_directly_has_no_source_locations():
         program = export_program(torch.nn.Linear(4, 3).eval(), (torch.randn(2, 4),))
     graph, _ = import_program(program)
     assert graph.ops and all(op.source_location is None for op in graph.ops)
+
+
+def test_a_library_frame_names_the_library_line_and_the_users_call_above_it(tmp_path):
+    """transformers' forward is the innermost frame that is not torch's: its line, relative to the folder
+    the package is installed in, with the user's innermost frame above it (`user`); torch's own frame
+    below it (nn.Linear's F.linear) is never the line."""
+    import transformers.models.llama.modeling_llama as modeling
+
+    model = tmp_path / "model.py"
+    model.write_text("def forward(self, ids):\n    return self.lm(ids).logits  # the user's call\n")
+    line = next(k for k, text in enumerate(Path(modeling.__file__).read_text().splitlines(), 1) if "self.q_proj(" in text)
+    stack = frame(model, 2, "stale") + frame(modeling.__file__, line, "stale", "forward") + \
+        frame(LIBRARY_FILE, 134, "return F.linear(input, self.weight, self.bias)")
+    location = source_location_of(node(stack), cwd=tmp_path)
+    code = Path(modeling.__file__).read_text().splitlines()[line - 1].strip()
+    assert location == SourceLocation("transformers/models/llama/modeling_llama.py", line, code, "transformers",
+                                      SourceLocation("model.py", 2, "return self.lm(ids).logits  # the user's call"))
+    assert location.to_json()["user"] == {"file": "model.py", "line": 2, "code": location.user.code}
+    assert SourceLocation.from_json(location.to_json()) == location
+    bare = source_location_of(node(frame(modeling.__file__, line, "stale") + frame(LIBRARY_FILE, 134, "x")))
+    assert bare.library == "transformers" and bare.user is None and bare.to_json()["user"] is None
+    assert validate_op_table([{"index": 0, "name": "a", "source_location": location.to_json()}])[0][
+        "source_location"] == location.to_json()
+
+
+# ------------------------------------------------------------------ transformers models, recorded
+MODELING_LLAMA = "transformers/models/llama/modeling_llama.py"
+
+
+def modeling_line(line: int) -> str:
+    """Line `line` of the installed transformers' modeling_llama.py, as a location stores it."""
+    import transformers.models.llama.modeling_llama as modeling
+
+    return Path(modeling.__file__).read_text().splitlines()[line - 1].strip()
+
+
+def test_a_planted_fault_in_a_transformers_llama_names_its_modeling_llama_line(tmp_path):
+    """A bare LlamaForCausalLM (no frame of the user's at all): the fault planted at the first RMSNorm's
+    rsqrt is named at modeling_llama.py's `torch.rsqrt` line, in bisect's --json, its text and table()."""
+    trace = tmp_path / "llama.h5"
+    recorded = run_cli("record", f"{EXAMPLES / 'tiny_llama.py'}:causal_lm", "-o", str(trace))
+    assert recorded.returncode == 0, recorded.stderr
+    with Session.open(trace, transform=fault_transform(tmp_path, "scale", "rsqrt")) as session:
+        # every op of the model has its line (none had one before); the positions tapml-dbg computes from
+        # the attention mask (frontend/causal_lm.py, no layer) have none: no frame of the user's or a library's
+        assert all(op.source_location is not None for op in session.ops if op.fx_node and op.layer)
+        replay = Replay(session)
+        result = replay.bisect()
+        assert result.diverged and result.culprit.name == "rsqrt"
+        where = result.to_json()["op"]["source_location"]
+        assert (where["file"], where["library"], where["user"]) == (MODELING_LLAMA, "transformers", None)
+        assert "torch.rsqrt(" in where["code"] and where["code"] == modeling_line(where["line"])
+        assert printed(result).splitlines()[1] == f"  at {MODELING_LLAMA}:{where['line']}  {where['code']}"
+        row = next(row for row in replay.rows() if row["name"] == "rsqrt")
+        assert (row["file"], row["line"], row["code"], row["library"]) == (MODELING_LLAMA, where["line"],
+                                                                          where["code"], "transformers")
+        assert row["user_file"] is None and row["isolated"] == "fail"
+
+
+def test_a_wrapped_transformers_llama_names_the_library_line_and_the_users_call(traces):
+    """examples/tiny_llama.py's LlamaLogits calls LlamaForCausalLM.forward from the user's file: each op
+    names modeling_llama.py's line and, under it, the user's line 16 (`return super().forward(...)`)."""
+    with Session.open(traces.get("tiny_llama")) as session:
+        op = next(op for op in session.ops if op.op == "aten.rsqrt.default")
+        where = op.source_location
+        assert (where.file, where.library) == (MODELING_LLAMA, "transformers") and "torch.rsqrt(" in where.code
+        assert where.code == modeling_line(where.line)
+        assert where.user == SourceLocation(shown(EXAMPLES / "tiny_llama.py"), 16, "return super().forward(input_ids="
+                                            "input_ids, attention_mask=attention_mask, use_cache=False).logits")
+        located = Culprit(op.index, op.name, op.op, op.layer, "isolated", _metrics(), "", source_location=where)
+        result = BisectResult(True, 5, 3, 0.5, "llvm", located, [])
+        assert printed(result).splitlines()[1:3] == [f"  at {MODELING_LLAMA}:{where.line}  {where.code}",
+                                                     f"    called from {where.user}  {where.user.code}"]
+
+
+def test_the_report_card_and_a_repro_readme_show_a_library_line_and_the_users_call():
+    from tapml_dbg.repro.files import markdown_location
+    from tapml_dbg.ui.report.html import _location_rows
+
+    where = SourceLocation(MODELING_LLAMA, 66, "x = y | z", "transformers", SourceLocation("m.py", 3, "out = lm(ids)"))
+    assert _location_rows(where) == [("library line", f"<code>{MODELING_LLAMA}:66</code> <code>x = y | z</code>"),
+                                     ("model line", "<code>m.py:3</code> <code>out = lm(ids)</code>")]
+    assert _location_rows(SourceLocation("m.py", 3, "y")) == [("model line", "<code>m.py:3</code> <code>y</code>")]
+    assert markdown_location(where.to_json()) == (f"`{MODELING_LLAMA}:66` `x = y \\| z` called from `m.py:3` "
+                                                  "`out = lm(ids)`")
 
 
 # ------------------------------------------------------------------ the README example, recorded

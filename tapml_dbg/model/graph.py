@@ -26,21 +26,36 @@ class TensorSpec:
 
 @dataclass(frozen=True)
 class SourceLocation:
-    """Where in the user's model file an op comes from: the file (relative to the directory `record`
-    ran in when under it, else absolute), the 1-based line, and that line's code as read at record time."""
+    """Where an op comes from: the 1-based line of a file and that line's code as read at record time.
+
+    In the user's own file (`library` None): the file relative to the directory `record` ran in when
+    under it, else absolute. In a library's (`library`, e.g. "transformers": a model used from it, whose
+    line is in `modeling_llama.py`): the file relative to the folder the package is installed in
+    (`transformers/models/llama/modeling_llama.py`), and `user` the user's innermost frame above it
+    (None: the model was used straight from the library)."""
 
     file: str
     line: int
     code: str
+    library: str | None = None  # the installed package the file belongs to; None: the user's own file
+    user: "SourceLocation | None" = None  # under a library line: the user's innermost frame that called it
 
     def to_json(self) -> dict:
-        return {"file": self.file, "line": self.line, "code": self.code}
+        """A user's line as `{"file", "line", "code"}`; a library's adds `"library"` and `"user"` (its
+        user's frame in the same form, or null)."""
+        data = {"file": self.file, "line": self.line, "code": self.code}
+        if self.library is not None:
+            data.update(library=self.library, user=self.user.to_json() if self.user else None)
+        return data
 
     @staticmethod
     def from_json(data: dict | None) -> "SourceLocation | None":
         if data is None:
             return None
-        return SourceLocation(str(data["file"]), int(data["line"]), str(data.get("code", "")))
+        library = data.get("library")
+        return SourceLocation(str(data["file"]), int(data["line"]), str(data.get("code", "")),
+                              str(library) if library is not None else None,
+                              SourceLocation.from_json(data.get("user")) if library is not None else None)
 
     def __str__(self) -> str:  # what the CLI, the REPL, the report and the READMEs show: `file:line`
         return f"{self.file}:{self.line}"
@@ -59,7 +74,7 @@ class OpInfo:
     inputs: list[str] = field(default_factory=list)  # free variable names, in order
     outputs: list[TensorSpec] = field(default_factory=list)  # flattened when a tuple
     is_tuple: bool = False
-    source_location: SourceLocation | None = None  # None: no frame of the user's files (see frontend/source_location.py)
+    source_location: SourceLocation | None = None  # None: no frame of the user's or a library's files (frontend/source_location.py)
     # (output, spec) where TVM's stock importer declares another type than `outputs` (an import fix
     # changed it; see frontend/stock_import.py); [] when they agree, and in traces before it existed
     stock_outputs: list[tuple[int, TensorSpec]] = field(default_factory=list)

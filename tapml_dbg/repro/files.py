@@ -160,13 +160,18 @@ def human_bytes(count: float) -> str:
 
 
 def markdown_location(location: dict | None) -> str:
-    """An op's model line in a README (a table cell too): `` `file:line` `code` ``; "" when unknown."""
+    """An op's model line in a README (a table cell too): `` `file:line` `code` ``; a library's line
+    followed by `called from` and the user's line above it; "" when unknown."""
     if not location:
         return ""
+    cell = " called from ".join(_markdown_line(where) for where in (location, location.get("user")) if where)
+    return cell.replace("|", "\\|")  # a `|` in the code would end the table cell
+
+
+def _markdown_line(location: dict) -> str:
     code = location.get("code", "")
     span = f"`` {code} ``" if "`" in code else f"`{code}`"
-    cell = f"`{location['file']}:{location['line']}`" + (f" {span}" if code else "")
-    return cell.replace("|", "\\|")  # a `|` in the code would end the table cell
+    return f"`{location['file']}:{location['line']}`" + (f" {span}" if code else "")
 
 
 def safe_name(name: str) -> str:

@@ -131,7 +131,9 @@ OP_OPTIONAL_FIELDS = {"op": "", "relax_op": "", "layer": "", "fx_node": "", "inp
 OP_NAME_PATTERN = r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,255}"
 OP_TEXT_PATTERN = r"[^\x00-\x1f\x7f-\x9f\"'\\\u2028\u2029\u202a-\u202e\u2066-\u2069]{0,256}"
 # An op's "source_location" (null, or {"file": str, "line": int >= 1, "code": str}): the user's model line
-# it came from. Code holds quotes and backslashes, so its texts may too; never a control, line-break or
+# it came from; or a library's line (transformers' modeling_llama.py) with "library": the package's name
+# and "user": the user's innermost frame above it in the same form, or null. Code holds quotes and
+# backslashes, so its texts may too; never a control, line-break or
 # bidi character (every renderer escapes the rest), and at most these many characters.
 SOURCE_UNPRINTABLE = r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]"
 SOURCE_FILE_MAX_CHARS = 4096

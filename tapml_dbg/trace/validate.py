@@ -243,8 +243,10 @@ def validate_op_table(value) -> list[dict]:
     return ops
 
 
-def _source_location(value, part: str, where: str) -> dict:
-    """`{"file", "line", "code"}`: texts of one line each (quotes allowed: code has them), a line >= 1."""
+def _source_location(value, part: str, where: str, nested: bool = False) -> dict:
+    """`{"file", "line", "code"}`: texts of one line each (quotes allowed: code has them), a line >= 1;
+    a library's line adds `"library"` (a package name) and `"user"` (null, or the user's frame in the
+    same form, without a `library` of its own)."""
     _want(isinstance(value, dict), part, where, 'an object {"file", "line", "code"}', value)
     location = {"file": value.get("file"), "line": value.get("line"), "code": value.get("code", "")}
     for key, limit in (("file", S.SOURCE_FILE_MAX_CHARS), ("code", S.SOURCE_CODE_MAX_CHARS)):
@@ -253,6 +255,10 @@ def _source_location(value, part: str, where: str) -> dict:
             raise SchemaError(part, f"{where}'s {key!r} is {text[:40]!r}: not one line of at most {limit} "
                                     "printable characters")
     _int(location["line"], part, f"{where}'s 'line'", low=1)
+    if value.get("library") is not None and not nested:
+        location["library"] = _name(value["library"], part, f"{where}'s 'library'")
+        location["user"] = _optional(lambda v, p, w: _source_location(v, p, w, nested=True), value.get("user"),
+                                     part, f"{where}'s 'user'")
     return location
 
 

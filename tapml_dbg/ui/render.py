@@ -201,10 +201,13 @@ def op_label(op) -> str:
 
 
 def print_source_location(location, console: Console, indent: str = "  ") -> None:
-    """`  at examples/model.py:21  weights = torch.softmax(...)` under an op's first line; nothing when unknown."""
-    if location is not None:
-        console.print(f"{indent}at [cyan]{escape(str(location))}[/]  {escape(location.code)}", soft_wrap=True,
-                      highlight=False)
+    """`  at examples/model.py:21  weights = torch.softmax(...)` under an op's first line; a library's line
+    (`at transformers/models/llama/modeling_llama.py:258  ...`) is followed by the user's frame that called
+    it (`  called from examples/model.py:16  ...`); nothing when unknown."""
+    for word, where in (("at", location), ("  called from", location.user if location is not None else None)):
+        if where is not None:
+            console.print(f"{indent}{word} [cyan]{escape(str(where))}[/]  {escape(where.code)}", soft_wrap=True,
+                          highlight=False)
 
 
 def verdict_cell(verdict: Verdict | None, said: str = "") -> str:

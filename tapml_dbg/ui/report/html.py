@@ -175,9 +175,7 @@ def _culprit_card(report: ErrorReport, dump_command: str, replay_command: str) -
     rows = [("op", f"#{culprit.index} <b>{_e(culprit.name)}</b>"), ("source op", f"<code>{_e(culprit.op)}</code>"),
             ("layer", f"<code>{_e(culprit.layer or TOP)}</code>"), ("verdict", _e(culprit.verdict)),
             *([("diagnosis", _e(culprit.diagnosis))] if culprit.diagnosis else []), ("found by", _e(found))]
-    location = culprit.source_location
-    if location is not None:  # the user's model line it came from, under the op
-        rows.insert(1, ("model line", f"<code>{_e(str(location))}</code> <code>{_e(location.code)}</code>"))
+    rows[1:1] = _location_rows(culprit.source_location)  # the line it came from, under the op
     if kind:
         rows.append(("class", _e(kind) + (f" <span class=\"note\">({_e(evidence)})</span>" if evidence else "")))
     if culprit.message:
@@ -198,6 +196,17 @@ def _culprit_card(report: ErrorReport, dump_command: str, replay_command: str) -
     return "".join(text)
 
 
+def _location_rows(location) -> list[tuple[str, str]]:
+    """The culprit card's `model line` (the user's); a library's line as `library line`, the user's call
+    above it as `model line`."""
+    rows = []
+    for label, where in (("library line" if location is not None and location.library else "model line", location),
+                         ("model line", location.user if location is not None else None)):
+        if where is not None:
+            rows.append((label, f"<code>{_e(str(where))}</code> <code>{_e(where.code)}</code>"))
+    return rows
+
+
 def _causes(report: ErrorReport, commands: dict[int, str]) -> str:
     """`triage`'s answer: every divergence of the model, one row per cause, inherited failures folded in."""
     causes = report.causes
@@ -207,7 +216,8 @@ def _causes(report: ErrorReport, commands: dict[int, str]) -> str:
     for number, group in enumerate(causes.groups + causes.findings, 1):  # findings: TVM's stock import
         ops = ", ".join(f"#{op.index} {_e(op.name)} ({_e(op.verdict)})" for op in group.ops)
         where = group.first.source_location
-        line = f"<br><code>{_e(str(where))}</code> <code>{_e(where.code)}</code>" if where else ""
+        line = "".join(f"<br>{called}<code>{_e(str(at))}</code> <code>{_e(at.code)}</code>"
+                       for called, at in (("", where), ("called from ", where.user if where else None)) if at)
         command = commands.get(group.first.index, "")
         rows.append(f"<tr><td class=\"num\">{number}</td><td>{_e(group.cause)}{line}</td><td>{_e(group.wrong)}</td>"
                     f"<td>{ops}</td><td class=\"num\">{len(group.inherited)}</td>"
