@@ -244,6 +244,20 @@ def test_tables_never_cut_names_or_numbers(kind, where):
         assert word in row.split(), (word, row)  # whole, on the op's one row
 
 
+def test_messages_are_cut_on_a_terminal_only():
+    """A compile error's message is cut to one line on a terminal; piped (or in a file) it is whole."""
+    message = "InternalError: Check failed: (t.MatchesCode(DLDataTypeCode::kDLFloat)) is false: " + "x" * 80
+    from tapml_dbg.engine.triage import CauseGroup, TriagedOp, TriageResult
+
+    op = TriagedOp(3, "cumsum", "aten.cumsum.default", "lm", "compile-error", message)
+    triaged = TriageResult("llvm", 9, [CauseGroup("cumsum: compile-error", "compile-error", [op])])
+    terminal, pipe = io.StringIO(), io.StringIO()
+    render(triaged, Console(file=terminal, width=200, force_terminal=True, color_system=None))
+    render(triaged, make_console(pipe))
+    assert "…" in terminal.getvalue() and message not in terminal.getvalue()
+    assert "…" not in pipe.getvalue() and message in pipe.getvalue()
+
+
 def test_the_progress_label_is_text_not_a_format(capsys):
     """A JSON target in the label raised KeyError('"kind"') inside rich (the label was a format string)."""
     from tapml_dbg.ui.console import progress

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from contextvars import ContextVar
 from dataclasses import dataclass, field, fields
 from functools import singledispatch
 from pathlib import Path
@@ -25,7 +26,7 @@ from tapml_dbg.engine.migrate import MigrateResult
 from tapml_dbg.engine.mixed import MixedRun, spans_text
 from tapml_dbg.engine.results import BisectResult, CompileReport, StepResult
 from tapml_dbg.engine.stops import Command, RunResult, judge_divergence
-from tapml_dbg.engine.fix import FixResult
+from tapml_dbg.engine.fix import FAILURE_CHARS, FixResult
 from tapml_dbg.engine.generation import TokenReport
 from tapml_dbg.engine.triage import TriageResult
 from tapml_dbg.judge.compare import metrics_text
@@ -47,7 +48,8 @@ PRINT_PRECISION = 5  # digits `print` shows per element
 PRINT_THRESHOLD = 64  # arrays with more elements are summarized (numpy's threshold)
 PRINT_EDGEITEMS = 3  # items kept at each edge of a summarized axis
 PRINT_LINE_WIDTH = 46  # characters per line of one printed array (two fit side by side)
-MESSAGE_CHARS = 70  # a crash or compile-error message is cut to this in one-line verdicts
+MESSAGE_CHARS = 70  # a crash or compile-error message is cut to this in one-line verdicts (on a terminal)
+_WHOLE = ContextVar("whole_messages", default=False)  # off a terminal (a pipe, a file) nothing is cut
 HELP_USAGE_WIDTH = 40  # the usage column of `help`; longer usages wrap
 SKIPPED_SHOWN = 20  # `carve` lists this many left-out ops, then counts the rest
 INHERITED_SHOWN = 12  # `triage` names this many inherited failures of a cause, then counts the rest
@@ -308,10 +310,23 @@ def print_note(note: str, console: Console) -> None:
 
 
 @singledispatch
-def render(result, console: Console) -> None:
+def _render(result, console: Console) -> None:
     if result is None:
         return
     console.print(escape(str(result)))
+
+
+def render(result, console: Console) -> None:
+    """Print `result` (the renderer registered for its type); messages are cut to one line on a
+    terminal only: piped or written to a file, every line is whole (grep, logs, transcripts)."""
+    token = _WHOLE.set(not console.is_terminal)
+    try:
+        _render(result, console)
+    finally:
+        _WHOLE.reset(token)
+
+
+render.register = _render.register
 
 
 @render.register
@@ -926,9 +941,12 @@ def _(result: TriageResult, console: Console) -> None:
         console.print(f"[bold red]{len(result.groups)} cause(s)[/] of divergence on {escape(result.target)}: {ops} "
                       f"divergent op(s), {inherited} inherited failure(s) folded in; {result.ops} ops judged in "
                       f"{result.seconds:.1f} s{findings}")
-    for number, group in enumerate(result.groups + result.findings, 1):
+    # numbered as the headline counts them: causes 1..N, then the stock import's findings on their own
+    entries = [(f"{n}.", g) for n, g in enumerate(result.groups, 1)] + \
+              [(f"finding {n}.", g) for n, g in enumerate(result.findings, 1)]
+    for label, group in entries:
         first = group.first
-        console.print(f"{number}. [bold]{escape(group.cause)}[/]  class [bold]{escape(group.wrong)}[/]")
+        console.print(f"{label} [bold]{escape(group.cause)}[/]  class [bold]{escape(group.wrong)}[/]")
         for op in group.ops:
             console.print(f"   #{op.index:<4} {escape(op.name):<22} {escape(layer_text(op.layer)):<16} {step_cell(op.step)}"
                           f"[{verdict_style(Status.FAIL)}]{escape(op.verdict)}[/] {escape(_cut(op.summary))}")
@@ -954,8 +972,9 @@ def _kept_line(kept: list[int], console: Console) -> None:
 def _(result: FixResult, console: Console) -> None:
     changed = len(result.rewritten)
     verdict = "[green]passes[/]" if result.output_passed else "[bold red]still fails[/]"
-    before = result.output_before.text() if result.output_before else "not run"
-    after = result.output_after.text() if result.output_after else "not run"
+    chars = None if _WHOLE.get() else FAILURE_CHARS
+    before = result.output_before.text(chars) if result.output_before else "not run"
+    after = result.output_after.text(chars) if result.output_after else "not run"
     if not result.groups:
         console.print(f"[green]nothing to fix[/]: triage found no divergence on {escape(result.target)}")
     else:
@@ -973,8 +992,10 @@ def _(result: FixResult, console: Console) -> None:
                   "what it was verified against)", soft_wrap=True)
 
 
-def _cut(message: str) -> str:
-    return message if len(message) <= MESSAGE_CHARS else message[:MESSAGE_CHARS - 1] + "…"
+def _cut(message: str, chars: int = MESSAGE_CHARS) -> str:
+    if _WHOLE.get() or len(message) <= chars:
+        return message
+    return message[:chars - 1] + "…"
 
 
 @render.register
@@ -1203,7 +1224,7 @@ def _(result: MigrateResult, console: Console) -> None:
             failure = step.run.failure
             if said and failure.endswith(said):
                 failure = f"{failure[:-len(said)].rstrip(': ')} {AS_BELOW}"
-            status += f" {escape(failure[:MESSAGE_CHARS])}"
+            status += f" {escape(_cut(failure))}"
         row = [str(step.number), escape(step.label), escape(spans_text(step.offload, result.ops)), error, top1, status]
         table.add_row(*row, *([str(rank[step.number])] if result.ranking else []))
     print_table(console, table)
