@@ -149,15 +149,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     started = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix="reference-target-"))
+    rows: list[dict] = []
     with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
-        rows = list(pool.map(lambda name: run_model(name, work, args.target, args.reference_target, args.speed),
-                             args.models))
-    text = render(rows, args.target, args.reference_target, args.speed, time.perf_counter() - started)
-    if args.out == "-":
-        print(text)
-    else:
-        Path(args.out).write_text(text)
-        print(text)
+        running = {pool.submit(run_model, name, work, args.target, args.reference_target, args.speed): name
+                   for name in args.models}
+        for done in concurrent.futures.as_completed(running):
+            rows.append(done.result())
+            rows.sort(key=lambda row: args.models.index(row["model"]))
+            text = render(rows, args.target, args.reference_target, args.speed, time.perf_counter() - started)
+            if args.out != "-":  # each finished row written at once: a run cut short keeps what it found
+                Path(args.out).write_text(text)
+    print(text)
     return 0
 
 

@@ -67,3 +67,18 @@ def test_bad_reference_options_get_one_line(selu_trace, tmp_path):
     assert result.returncode == 1 and "--reference-target" in result.stderr and "Traceback" not in result.stderr
     result = run_cli("bisect", str(selu_trace), "--reference-target", "nonsense-target")
     assert result.returncode == 1 and "reference target" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_reference_target_over_rpc_gives_the_local_answer(selu_trace, tmp_path):
+    from rpc_helpers import Server
+
+    server = Server()
+    try:
+        transform = fault_transform(tmp_path, "scale", "addmm_2")
+        found = _bisect(selu_trace, "--reference-target", "llvm", "--reference-rpc", server.address,
+                        "--transform", transform)
+    finally:
+        server.stop()
+    assert found["reference"] == {"kind": "target", "target": f"llvm via rpc {server.address}"}
+    assert found["op"]["name"] == "addmm_2" and found["op"]["attribution"] == "target"
+    assert [wide["name"] for wide in found["tvm_wide"]] == ["elu"]
