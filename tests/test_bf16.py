@@ -8,13 +8,25 @@ shows TVM 0.27's real bf16 bug: llvm's matmul sums bf16 products in bf16 (docs/c
 from __future__ import annotations
 
 import base64
+import io
 import json
 
 import ml_dtypes
 import numpy as np
 import pytest
+import torch
 
+from conftest import fault_transform, run_cli
+from test_causal_lm import FAMILIES, SEQ, VOCAB, _build
+from tapml_dbg import portable as lib
+from tapml_dbg.engine.session import Session
+from tapml_dbg.record.recorder import record
+from tapml_dbg.repro import dump_op
+from tapml_dbg.trace import TraceReader
 from tapml_dbg.trace import source_graph as SG
+
+NARROW = "hidden_size=32, intermediate_size=64"  # test_causal_lm's tiny configs (1 layer, 4 heads)
+WIDE = "hidden_size=64, intermediate_size=2048"  # the down projection: a sum of 2048 products
 
 
 # ------------------------------------------------------------------ the source graph's constants
@@ -43,3 +55,142 @@ def test_a_constant_whose_bits_do_not_fill_its_shape_is_refused():
     encoded["shape"] = [2, 4]
     with pytest.raises(Exception, match="does not match its shape"):
         SG.parse_source_graph(_graph_with_constant(encoded))
+
+
+# ------------------------------------------------------------------ bf16 transformers LMs
+def _bf16_model_file(folder, family: str, width: str = NARROW) -> str:
+    """A model file whose build() returns the bare causal LM cast to bfloat16 and `(ids,)`."""
+    config, model, arguments = FAMILIES[family]
+    arguments = arguments.replace(NARROW, width)
+    path = folder / f"bf16_{family}.py"
+    path.write_text(f"""import torch
+from transformers import {config}, {model}
+
+
+def build():
+    torch.manual_seed(0)
+    config = {config}({arguments}, vocab_size={VOCAB}, attn_implementation="eager")
+    return {model}(config).eval().to(torch.bfloat16), (torch.randint(0, {VOCAB}, (1, {SEQ})),)
+""")
+    return str(path)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gemma"])
+def test_a_bf16_lm_records_its_bf16_logits_bit_exact_and_bisects_clean(tmp_path, family):
+    """The forward: params and logits stored as bf16 (raw bits), the eager model's own logits, clean on llvm."""
+    spec = _bf16_model_file(tmp_path, family)
+    record(spec, tmp_path / "t.h5")
+    model, (ids,) = _build(spec)
+    with torch.no_grad():
+        expected = model(ids).logits
+    with TraceReader(tmp_path / "t.h5") as reader:
+        assert reader.complete
+        assert {reader.param(name).dtype for name in reader.param_names} == {np.dtype(ml_dtypes.bfloat16)}
+        (logits,) = reader.op_outputs(reader.ops[-1]["index"])
+    assert logits.dtype == ml_dtypes.bfloat16 and logits.shape == (1, SEQ, VOCAB)
+    assert logits.view(np.uint16).tobytes() == expected.view(torch.int16).numpy().tobytes()
+    with Session.open(tmp_path / "t.h5") as session:
+        result = session.bisect()
+    assert not result.diverged, result.culprit
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gemma"])
+def test_a_bf16_lm_generates_and_every_step_bisects_clean(tmp_path, family):
+    """`record --generate 2` of the bf16 LM: prefill and two decode steps, tokens the source's on llvm."""
+    spec = _bf16_model_file(tmp_path, family)
+    result = run_cli("record", spec, "-o", str(tmp_path / "g.h5"), "--generate", "2")
+    assert result.returncode == 0, result.stderr
+    assert "a prefill of 6 positions + 2 decode steps" in result.stdout
+    with Session.open(tmp_path / "g.h5") as session:
+        found = session.bisect()
+    assert not found.diverged, found.culprit
+    assert len(found.tokens.steps) == 3 and found.first_bad_token is None
+    assert all(step.source == step.target for step in found.tokens.steps)
+
+
+@pytest.fixture(scope="module")
+def wide_llama(tmp_path_factory):
+    """A bf16 Llama whose MLP is 2048 wide: the down projection sums 2048 bf16 products."""
+    folder = tmp_path_factory.mktemp("bf16_wide")
+    spec = _bf16_model_file(folder, "llama", WIDE)
+    record(spec, folder / "wide.h5")
+    return folder / "wide.h5"
+
+
+def test_tvm_sums_a_bf16_matmul_in_bf16_on_llvm_and_fix_computes_it_in_float32(wide_llama, tmp_path):
+    """TVM 0.27's real bf16 bug: llvm's matmul rounds to bf16 at every step of the sum (torch sums in
+    float32 and rounds once). The bisect names the down projection's mm, alone on recorded inputs,
+    class precision; `fix` computes it in float32 and the whole model then passes."""
+    with Session.open(wide_llama) as session:
+        result = session.bisect()
+        culprit = result.culprit
+        assert result.diverged and culprit.op == "aten.mm.default", culprit
+        assert (culprit.layer, culprit.verdict, str(culprit.wrong)) == (
+            "model.layers.0.mlp.down_proj", "isolated", "precision")
+        assert "accumulating in bfloat16 on the host reproduces it" in culprit.evidence
+        assert culprit.metrics.scale_rel_err > 0.04  # 5.3%: the source itself is 21x closer to float64
+    out = tmp_path / "fix"
+    fixed = run_cli("fix", str(wide_llama), "-o", str(out), "--json")
+    assert fixed.returncode == 0, fixed.stderr
+    found = json.loads(fixed.stdout)
+    assert found["output_passed"] is True and found["unfixed"] == [], found
+    assert [(op["index"], op["kind"]) for op in found["fixed"]] == [(culprit.index, "float32")]
+    assert "cast back to bfloat16" in found["fixed"][0]["how"]
+    run = run_cli("run", str(wide_llama), "--offload", "all", "--transform", f"{out}/fix.py:fix", "--json")
+    assert run.returncode == 0 and json.loads(run.stdout)["passed"] is True, run.stdout + run.stderr
+
+
+def test_a_bf16_dump_holds_raw_bits_and_reproduces_without_the_model(wide_llama, tmp_path):
+    with Session.open(wide_llama) as session:
+        op = next(op for op in session.ops if op.layer == "model.layers.0.mlp.down_proj" and op.op == "aten.mm.default")
+        dumped = dump_op(session, op.index, tmp_path / "repro", command="test dump")
+    assert (dumped.status, dumped.reproduces) == ("fail", True)
+    meta = json.loads((tmp_path / "repro" / "meta.json").read_text())
+    with np.load(tmp_path / "repro" / "data.npz", allow_pickle=False) as npz:
+        stored = {key: npz[key].dtype for key in npz.files}
+    recorded = {key: dtype for key, dtype in stored.items() if key.startswith("op/")}
+    assert len(recorded) == 3 and set(recorded.values()) == {np.dtype(np.uint16)}  # bf16: its raw bits
+    assert stored[f"reference/{op.name}/0"] == np.float64  # the source's float64 reference, for the noise floor
+    assert meta["ops"][0]["outputs"][0]["dtype"] == "bfloat16"
+    out = io.StringIO()
+    assert lib.repro_main(str(tmp_path / "repro"), [], out=out) == lib.EXIT_REPRODUCED, out.getvalue()
+    assert "out 0 bfloat16 (6, 64): FAIL" in out.getvalue()
+    report = run_cli("report", str(wide_llama), "-o", str(tmp_path / "report"))
+    assert report.returncode == 0, report.stderr
+    assert f"culprit #{op.index} {op.name} (isolated)" in report.stdout
+    assert "accumulating in bfloat16" in (tmp_path / "report" / "index.html").read_text()
+
+
+def test_tvm_builds_no_bf16_layer_norm_or_power_on_llvm_and_fix_computes_them_in_float32(tmp_path):
+    """Phi (LayerNorm, gelu_new's x ** 3) in bf16: TVM 0.27 does not build relax.nn.layer_norm ("only
+    support float32 and float16") nor relax.power ("power only applies to float") in bfloat16 on llvm."""
+    spec = _bf16_model_file(tmp_path, "phi")
+    record(spec, tmp_path / "phi.h5")
+    with Session.open(tmp_path / "phi.h5") as session:
+        result = session.bisect()
+    culprit = result.culprit
+    assert (culprit.op, culprit.layer, culprit.verdict) == (
+        "aten.native_layer_norm.default", "model.layers.0.input_layernorm", "compile-error"), culprit
+    assert "layer_norm: only support float32 and float16" in culprit.message
+    fixed = run_cli("fix", str(tmp_path / "phi.h5"), "-o", str(tmp_path / "fix"), "--json")
+    assert fixed.returncode == 0, fixed.stderr
+    found = json.loads(fixed.stdout)
+    assert found["output_passed"] is True and found["unfixed"] == [], found
+    assert sorted(op["name"].rstrip("_1") for op in found["fixed"]) == ["native_layer_norm", "native_layer_norm",
+                                                                        "pow"]
+    assert all(op["kind"] == "float32" and "does not build it in bfloat16" in op["how"] for op in found["fixed"])
+    assert all(op["before"]["status"] == "compile-error" for op in found["fixed"]), found["fixed"]
+
+
+def test_a_fault_planted_in_a_bf16_lm_is_found_at_its_op(tmp_path):
+    """A 25% error at the bf16 `act(gate) * up` of a clean bf16 Llama: above bf16's noise floor, found there."""
+    spec = _bf16_model_file(tmp_path, "llama")
+    record(spec, tmp_path / "t.h5")
+    with TraceReader(tmp_path / "t.h5") as reader:
+        planted = next(op for op in reader.ops if op["layer"] == "model.layers.0.mlp" and op["op"] == "aten.mul.Tensor")
+        assert planted["outputs"][0]["dtype"] == "bfloat16"
+    transform = fault_transform(tmp_path, "scale", planted["name"], scale=1.25)
+    with Session.open(tmp_path / "t.h5", transform=transform) as session:
+        result = session.bisect()
+    assert result.diverged
+    assert (result.culprit.index, result.culprit.verdict) == (planted["index"], "isolated"), result.culprit
