@@ -457,7 +457,9 @@ a `tapml-dbg dump` command). Where a model config avoids it, the zoo does so and
            return torch.nn.functional.unfold(x, kernel_size=(9, 1), padding=(4, 0))
    ```
    `TVM import of aten.index.Tensor ... index_tensor: cannot broadcast index shapes. Mismatch at
-   axis 0: T.int64(32) vs T.int64(9)`. No ConvBERT config avoids `unfold`; the row stays failing.
+   axis 0: T.int64(32) vs T.int64(9)`. No ConvBERT config avoids `unfold`. Since issue 49 the two
+   `index` nodes run on the host (docs/host-only-ops.md): `convbert` records (253 ops, 2 on the
+   host) and bisects clean on llvm (measured 2026-12-07, 2-core machine; the table predates it).
 3. **`aten.amax` has no converter** (e.g. `torch.amax`, `torch.logsumexp`):
    ```python
    class M(torch.nn.Module):
