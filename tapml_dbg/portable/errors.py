@@ -53,4 +53,12 @@ def raised_in(exc: BaseException, filename: str) -> str:
         return ""
     frame = (own or frames)[-1]
     statement = f" (`{frame.line.strip()}`)" if frame.line else ""
-    return f"{frame.filename}:{frame.lineno} in {frame.name}{statement}"
+    return f"{shown_path(frame.filename)}:{frame.lineno} in {frame.name}{statement}"
+
+
+def shown_path(path: str) -> str:
+    """`path` relative to the current directory when under it (as a user spells it), else as it is."""
+    import os
+
+    full, here = os.path.abspath(path), os.getcwd()
+    return os.path.relpath(full, here) if full.startswith(here + os.sep) else path

@@ -11,7 +11,7 @@ import importlib.util
 import os
 import sys
 
-from .errors import PortableError, TransformFailed, one_line, raised_in
+from .errors import PortableError, TransformFailed, one_line, raised_in, shown_path
 
 DEFAULT_FUNC = "build"  # FUNC of a bare FILE.py
 SPEC_SEPARATOR = ":"
@@ -75,7 +75,7 @@ def apply_transform(transform, mod):
     (TransformFailed naming the pass and its own line), never the op's compile error; it must return
     an IRModule."""
     code = getattr(transform, "__code__", None)
-    name = f"{code.co_filename}:{transform.__name__}" if code is not None else repr(transform)
+    name = f"{shown_path(code.co_filename)}:{transform.__name__}" if code is not None else repr(transform)
     try:
         result = transform(mod)
     except Exception as exc:  # noqa: BLE001 - whatever the user's code raises is theirs to see
