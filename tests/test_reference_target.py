@@ -82,3 +82,15 @@ def test_reference_target_over_rpc_gives_the_local_answer(selu_trace, tmp_path):
     assert found["reference"] == {"kind": "target", "target": f"llvm via rpc {server.address}"}
     assert found["op"]["name"] == "addmm_2" and found["op"]["attribution"] == "target"
     assert [wide["name"] for wide in found["tvm_wide"]] == ["elu"]
+
+
+def test_the_report_tells_the_two_kinds_apart(selu_trace, tmp_path):
+    transform = fault_transform(tmp_path, "scale", "addmm_2")
+    folder = tmp_path / "report"
+    result = run_cli("report", str(selu_trace), "-o", str(folder), "--reference-target", "llvm", "--transform",
+                     transform)
+    assert result.returncode == 0, result.stderr
+    page = (folder / "index.html").read_text()
+    assert 'id="reference"' in page and 'class="this-target">target</b>' in page
+    assert '<tr class="tvm-wide"><td class="num">8</td><td><code>elu</code>' in page
+    assert '<tr class="culprit"><td class="num">15</td>' in page

@@ -235,6 +235,8 @@ class ErrorReport:
     causes: object | None = None  # a TriageResult over these points (engine/triage.py builds on this module)
     generation: GenerationReport | None = None  # [15]: a generation trace's steps; None for one forward
     notes: list[str] = field(default_factory=list)
+    reference: dict = field(default_factory=lambda: {"kind": "source", "target": None})  # engine/reference.py
+    tvm_wide: list = field(default_factory=list)  # TvmWideOp: where the reference target differs from the source
 
     @property
     def culprit_point(self) -> OpPoint | None:
@@ -264,6 +266,9 @@ def build_report(session, bisect: BisectResult | None = None, progress: Progress
     else:
         report.culprit = first_divergent(points, ops)
         report.culprit_source = "continue" if report.culprit else ""
+    report.reference, report.tvm_wide = session.against.to_json(), list(session.against.tvm_wide)
+    if report.culprit is not None and report.culprit.attribution is None:
+        report.culprit.attribution = session.against.attribution(report.culprit.index)
     report.generation = generation_points(session, points, bisect.tokens if bisect is not None else None, progress)
     report.seconds = time.perf_counter() - started
     report.units = session.lanes.units - units_before

@@ -42,6 +42,7 @@ table { border-collapse: collapse; font-size: 0.88em; }
 th, td { padding: 0.2em 0.7em; text-align: left; border-bottom: 1px solid #eceff4; vertical-align: top; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; }
 tr.fail td { background: #fff3f2; } tr.culprit td { background: #fde0dd; font-weight: 600; }
+tr.tvm-wide td { background: #e8f0fe; } .tvm-wide { color: #1a56b0; } .this-target { color: #b3261e; }
 .FAIL { color: #c0211f; font-weight: 600; } .pass { color: #2a7a35; } .other { color: #7b3fa0; font-weight: 600; }
 code, pre { font-family: ui-monospace, "SFMono-Regular", Menlo, monospace; font-size: 0.9em; }
 pre { background: #f2f4f8; padding: 0.5em 0.7em; border-radius: 4px; overflow-x: auto; }
@@ -108,7 +109,7 @@ def _headline(report: ErrorReport) -> str:
         failing = len(report.failing(PROPAGATED))
         extra = f" ({failing} propagated verdict(s) fail, each inherited)" if failing else ""
         return (f'<p class="verdict clean" id="verdict">No divergence: all {ops} ops of the trace pass on '
-                f"{_e(report.target)}, isolated and propagated{_e(extra)}.</p>\n")
+                f"{_e(report.target)}, isolated and propagated{_e(extra)}.</p>\n") + _reference_html(report)
     why = culprit.diagnosis or f"its unit did not run to a value ({culprit.verdict})"  # judge/diagnosis.py
     point = report.culprit_point
     washes = ""
@@ -117,7 +118,29 @@ def _headline(report: ErrorReport) -> str:
                   "the model's output may look fine.")
     return (f'<p class="verdict diverged" id="verdict">First divergent op: <b>#{culprit.index} '
             f"{_e(culprit.name)}</b> (<code>{_e(culprit.op)}</code>) in layer <code>{_e(culprit.layer or TOP)}</code>, "
-            f"{_e(culprit.verdict)} verdict: {_e(why)}.{_e(washes)}</p>\n")
+            f"{_e(culprit.verdict)} verdict: {_e(why)}.{_e(washes)}</p>\n") + _reference_html(report)
+
+
+ATTRIBUTION_HTML = {"target": ('this-target', "this platform's bug: the reference target agrees with the source here, "
+                                              "the target does not"),
+                    "tvm": ("tvm-wide", "every TVM target's: the reference target differs from the source here too")}
+
+
+def _reference_html(report: ErrorReport) -> str:
+    """Under a reference target: whose the culprit is, and the TVM-wide ops, each in its own colour."""
+    if report.reference.get("kind") != "target":
+        return ""
+    ref = _e(report.reference.get("target"))
+    text = [f'<p id="reference">Judged against the reference target <code>{ref}</code>, not the recorded source.']
+    culprit = report.culprit
+    if culprit is not None and culprit.attribution in ATTRIBUTION_HTML:
+        css, words = ATTRIBUTION_HTML[culprit.attribution]
+        text.append(f' Attribution: <b class="{css}">{_e(culprit.attribution)}</b>, {_e(words)}.')
+    if report.tvm_wide:
+        ops = ", ".join(f"#{op.index} <code>{_e(op.name)}</code> ({_e(op.verdict)})" for op in report.tvm_wide)
+        text.append(f' <span class="tvm-wide">TVM-wide (the reference target differs from the source too; every TVM '
+                    f"target's, not this platform's): {ops}.</span>")
+    return "".join(text) + "</p>\n"
 
 
 def _chart(report: ErrorReport) -> str:
@@ -174,7 +197,10 @@ def _culprit_card(report: ErrorReport, dump_command: str, replay_command: str) -
              else "the first op whose verdicts diverge (where `continue` stops)")
     rows = [("op", f"#{culprit.index} <b>{_e(culprit.name)}</b>"), ("source op", f"<code>{_e(culprit.op)}</code>"),
             ("layer", f"<code>{_e(culprit.layer or TOP)}</code>"), ("verdict", _e(culprit.verdict)),
-            *([("diagnosis", _e(culprit.diagnosis))] if culprit.diagnosis else []), ("found by", _e(found))]
+            *([("diagnosis", _e(culprit.diagnosis))] if culprit.diagnosis else []), ("found by", _e(found)),
+            *([("attribution", f'<span class="{ATTRIBUTION_HTML[culprit.attribution][0]}">{_e(culprit.attribution)}'
+                               f"</span>: {_e(ATTRIBUTION_HTML[culprit.attribution][1])}")]
+              if culprit.attribution in ATTRIBUTION_HTML else [])]
     rows[1:1] = _location_rows(culprit.source_location)  # the line it came from, under the op
     if kind:
         rows.append(("class", _e(kind) + (f" <span class=\"note\">({_e(evidence)})</span>" if evidence else "")))
@@ -337,9 +363,10 @@ def _ops_table(report: ErrorReport) -> str:
             "<th>propagated</th><th>rel</th>" + ("<th>noise floor</th>" if noise else "") + "</tr>\n")
     rows = []
     culprit = report.culprit.index if report.culprit else None
+    wide = {op.index for op in report.tvm_wide}
     for point in report.points:
         failing = any(v is not None and v.failed for v in (point.isolated, point.propagated))
-        css = "culprit" if point.index == culprit else ("fail" if failing else "")
+        css = "culprit" if point.index == culprit else ("fail" if failing else ("tvm-wide" if point.index in wide else ""))
         floor = point.noise_floor()
         rows.append(f"<tr class=\"{css}\"><td class=\"num\">{point.index}</td><td><code>{_e(point.name)}</code></td>"
                     f"<td><code>{_e(point.op)}</code></td><td>{_e(point.layer or TOP)}</td><td>{_e(point.dtype)}</td>"
