@@ -148,3 +148,15 @@ def test_an_op_with_no_converter_on_the_allowlist_runs_on_the_host(tmp_path):
     assert "TVM 0.27 has no converter for aten.amax" in recorded.stdout
     mixed = json.loads(run_cli("run", str(path), "--offload", "all", "--json").stdout)
     assert mixed["passed"], mixed
+
+
+def test_dump_refuses_a_host_only_op_and_carve_leaves_them_out(mixtral, tmp_path):
+    path, _ = mixtral
+    dumped = run_cli("dump", str(path), "--op", "histc", "-o", str(tmp_path / "repro"))
+    assert dumped.returncode == 1 and "runs on the host only (TVM 0.27 has no converter for aten.histc)" in dumped.stderr
+    assert not (tmp_path / "repro").exists()
+    carved = run_cli("carve", str(path), "-o", str(tmp_path / "suite"))
+    assert carved.returncode == 0, carved.stderr
+    meta = json.loads((tmp_path / "suite" / "meta.json").read_text())
+    assert "histc" not in {entry["name"] for entry in meta["ops"]}
+    assert any(line.startswith("op 137 histc: runs on the host only") for line in meta["skipped"])

@@ -83,7 +83,9 @@ def carve(session, output, max_mb: float | None = None, progress: Callable[..., 
     writer = files.DataWriter()
     total = len(session.ops)
     groups = layer_groups(session.ops) if unit == UNIT_LAYER else [[op] for op in session.ops]
+    groups, host_only = _cut_host_only(session, groups)
     entries, skipped = _write_units(session, groups, folder, writer, max_mb, progress)
+    skipped[:0] = host_only
     verdicts: dict[str, str] = {}
     check_error = ""
     # isolated verdicts are per op: a layer suite is checked by running it
@@ -106,6 +108,23 @@ def carve(session, output, max_mb: float | None = None, progress: Callable[..., 
     return CarveResult(tests=len(entries), path=str(folder), bytes=size, skipped=skipped, ops=len(session.ops),
                        data_bytes=writer.nbytes, max_mb=max_mb, target=session.target,
                        seconds=time.perf_counter() - started, verdicts=verdicts, check_error=check_error)
+
+
+def _cut_host_only(session, groups: list[list]) -> tuple[list[list], list[str]]:
+    """`groups` without the ops TVM cannot import (no TVM unit of theirs: docs/host-only-ops.md), a group
+    cut in two around one; and a line for each op left out (why)."""
+    reasons = {entry.index: entry.reason for entry in session.host_only}
+    cut: list[list] = []
+    for group in groups:
+        runs: list[list] = [[]]
+        for op in group:
+            if op.index in reasons:
+                runs.append([])
+            else:
+                runs[-1].append(op)
+        cut.extend(run for run in runs if run)
+    return cut, [f"op {index} {session.ops[index].name}: runs on the host only ({reason})"
+                 for index, reason in sorted(reasons.items())]
 
 
 def _write_units(session, groups: list[list], folder, writer, max_mb: float, progress) -> tuple[list[dict], list[str]]:

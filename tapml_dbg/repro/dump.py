@@ -45,6 +45,14 @@ class DumpResult:
         return self.status not in ("pass", "missing")
 
 
+def _refuse_host_only(session, chosen) -> None:
+    """An op TVM cannot import has no TVM unit to write (docs/host-only-ops.md): one line, nothing written."""
+    for entry in session.host_only:
+        if any(op.index == entry.index for op in chosen):
+            raise UsageError(f"op #{entry.index} {entry.name} runs on the host only ({entry.reason}): there is no "
+                             "TVM unit of it to reproduce; dump the ops around it")
+
+
 def dump_op(session, op_text, output, command: str | None = None, ops: str | None = None,
             minimize: bool = False, progress=None) -> DumpResult:
     """Write op `op_text` (index or name) of the session's trace as a repro in folder `output`; or, with
@@ -56,11 +64,13 @@ def dump_op(session, op_text, output, command: str | None = None, ops: str | Non
         chosen = [session.ops[i] for i in session.resolve_ops(ops)]
         if not chosen:
             raise UsageError(f"--ops {ops} selects no op; give a range such as 3:5 (`tapml-dbg info TRACE`)")
+        _refuse_host_only(session, chosen)
         last = chosen[-1]
         verdict = fused.unit_verdict(session, [o.index for o in chosen], last.index) if len(chosen) > 1 \
             else session.isolated(last.index)
     else:
         last = session.resolve(op_text)
+        _refuse_host_only(session, [last])
         verdict = session.isolated(last.index)
         found = fused.find_unit(session, last.index) if not verdict.failed else None
         chosen = [session.ops[i] for i in found.ops] if found else [last]
