@@ -94,3 +94,11 @@ def test_the_report_tells_the_two_kinds_apart(selu_trace, tmp_path):
     assert 'id="reference"' in page and 'class="this-target">target</b>' in page
     assert '<tr class="tvm-wide"><td class="num">8</td><td><code>elu</code>' in page
     assert '<tr class="culprit"><td class="num">15</td>' in page
+
+
+def test_triage_against_a_reference_target_lists_no_tvm_wide_cause(selu_trace):
+    result = run_cli("triage", str(selu_trace), "--reference-target", "llvm", "--json")
+    assert result.returncode == 0, result.stderr
+    found = json.loads(result.stdout)
+    assert found["diverged"] is False and found["reference"] == {"kind": "target", "target": "llvm"}
+    assert [wide["name"] for wide in found["tvm_wide"]] == ["elu"]

@@ -97,6 +97,8 @@ class TriageResult:
     # listed after the target's causes (in JSON among the groups) and not a cause a `fix` rewrites
     findings: list[CauseGroup] = field(default_factory=list)
     host_only: list[dict] = field(default_factory=list)  # ops TVM cannot import, run on the host (engine/kept.py)
+    reference: dict = field(default_factory=lambda: {"kind": "source", "target": None})  # engine/reference.py
+    tvm_wide: list = field(default_factory=list)  # TvmWideOp: the reference target differs from the source too
 
     @property
     def diverged(self) -> bool:
@@ -105,7 +107,8 @@ class TriageResult:
     def to_json(self) -> dict:
         return {"target": self.target, "ops": self.ops, "diverged": self.diverged,
                 "groups": [group.to_json() for group in self.groups + self.findings], "kept": list(self.kept),
-                "host_only": list(self.host_only), "seconds": round(self.seconds, 3)}
+                "host_only": list(self.host_only), "seconds": round(self.seconds, 3), "reference": self.reference,
+                "tvm_wide": [op.to_json() for op in self.tvm_wide]}
 
 
 def triage(session, progress: Progress = _noop, points: list[OpPoint] | None = None) -> TriageResult:
@@ -127,6 +130,7 @@ def triage(session, progress: Progress = _noop, points: list[OpPoint] | None = N
         result.findings.append(stock)
     result.kept = sorted(session.user_kept)
     result.host_only = [entry.to_json() for entry in session.host_only]
+    result.reference, result.tvm_wide = session.against.to_json(), list(session.against.tvm_wide)
     result.seconds = time.perf_counter() - started
     return result
 

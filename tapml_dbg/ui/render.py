@@ -882,13 +882,14 @@ ATTRIBUTION_TEXT = {"target": "this platform's bug: the reference target {ref} a
                     "tvm": "every TVM target's: the reference target {ref} differs from the source here too"}
 
 
-def _reference_lines(result: BisectResult, console: Console) -> None:
-    """Under a reference target: what the target was judged against, and the TVM-wide ops (one line each)."""
+def _reference_lines(result, console: Console) -> None:
+    """Under a reference target (a bisect's or a triage's result): what the target was judged against, whose
+    the culprit is, and the TVM-wide ops (one line each)."""
     reference = result.reference or {}
     if reference.get("kind") != "target":
         return
     ref = escape(str(reference.get("target")))
-    culprit = result.culprit
+    culprit = getattr(result, "culprit", None)
     if culprit is not None and culprit.attribution in ATTRIBUTION_TEXT:
         console.print(f"  attribution: [bold]{culprit.attribution}[/]: {ATTRIBUTION_TEXT[culprit.attribution].format(ref=ref)}")
     else:
@@ -960,6 +961,7 @@ def _(result: TriageResult, console: Console) -> None:
     _kept_line(result.kept, console)
     if result.host_only:
         print_note(f"on the host only (no verdict, no cause): {host_only_text(result.host_only)}", console)
+    _reference_lines(result, console)
 
 
 def _kept_line(kept: list[int], console: Console) -> None:
