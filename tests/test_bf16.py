@@ -75,23 +75,61 @@ def build():
     return str(path)
 
 
+@pytest.fixture(scope="module")
+def forward(tmp_path_factory):
+    """family -> (model file, trace of its bf16 forward), each recorded once for the module's tests."""
+    folder = tmp_path_factory.mktemp("bf16")
+    recorded = {}
+
+    def get(family: str):
+        if family not in recorded:
+            (folder / family).mkdir()
+            spec = _bf16_model_file(folder / family, family)
+            record(spec, folder / family / "t.h5")
+            recorded[family] = spec, folder / family / "t.h5"
+        return recorded[family]
+
+    return get
+
+
 @pytest.mark.parametrize("family", ["llama", "qwen2", "gemma"])
-def test_a_bf16_lm_records_its_bf16_logits_bit_exact_and_bisects_clean(tmp_path, family):
+def test_a_bf16_lm_records_its_bf16_logits_bit_exact_and_bisects_clean(forward, family):
     """The forward: params and logits stored as bf16 (raw bits), the eager model's own logits, clean on llvm."""
-    spec = _bf16_model_file(tmp_path, family)
-    record(spec, tmp_path / "t.h5")
+    spec, trace = forward(family)
     model, (ids,) = _build(spec)
     with torch.no_grad():
         expected = model(ids).logits
-    with TraceReader(tmp_path / "t.h5") as reader:
+    with TraceReader(trace) as reader:
         assert reader.complete
         assert {reader.param(name).dtype for name in reader.param_names} == {np.dtype(ml_dtypes.bfloat16)}
         (logits,) = reader.op_outputs(reader.ops[-1]["index"])
     assert logits.dtype == ml_dtypes.bfloat16 and logits.shape == (1, SEQ, VOCAB)
     assert logits.view(np.uint16).tobytes() == expected.view(torch.int16).numpy().tobytes()
-    with Session.open(tmp_path / "t.h5") as session:
+    with Session.open(trace) as session:
         result = session.bisect()
     assert not result.diverged, result.culprit
+
+
+def test_the_source_runner_reruns_bf16_ops_bit_exact_and_in_float64(forward):
+    """The host runner's two runs of a bf16 trace: in the recorded dtype, every op's value bit for bit;
+    promoted, float64 within bf16's rounding of it (the reference the noise floor judges against)."""
+    _, trace = forward("llama")
+    with Session.open(trace) as session:
+        runner = session.reference.runner
+        held = [op for op in session.ops if runner.holds(op.name) and op.outputs[0].dtype == "bfloat16"]
+        assert len(held) > 50
+        for op in held:
+            recorded = session.source_values(op.index)[0]
+            again = runner.op_value(op)[0]
+            assert again.dtype == ml_dtypes.bfloat16 and again.tobytes() == recorded.tobytes(), op.name
+            wide = runner.op_value(op, promote=True)[0]
+            assert wide.dtype == np.float64, op.name
+            scale = max(float(np.abs(wide).max()), 1e-30)
+            assert np.abs(wide - recorded.astype(np.float64)).max() <= 2 ** -7 * scale, op.name  # one bf16 ulp
+        logits = session.reference.propagated(session.ops[-1].index).value(0)  # the whole model in float64
+        assert logits.dtype == np.float64
+        recorded = session.source_values(session.ops[-1].index)[0].astype(np.float64)
+        assert np.abs(logits - recorded).max() <= 0.05 * np.abs(logits).max()
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "gemma"])
@@ -182,15 +220,14 @@ def test_tvm_builds_no_bf16_layer_norm_or_power_on_llvm_and_fix_computes_them_in
     assert all(op["before"]["status"] == "compile-error" for op in found["fixed"]), found["fixed"]
 
 
-def test_a_fault_planted_in_a_bf16_lm_is_found_at_its_op(tmp_path):
+def test_a_fault_planted_in_a_bf16_lm_is_found_at_its_op(forward, tmp_path):
     """A 25% error at the bf16 `act(gate) * up` of a clean bf16 Llama: above bf16's noise floor, found there."""
-    spec = _bf16_model_file(tmp_path, "llama")
-    record(spec, tmp_path / "t.h5")
-    with TraceReader(tmp_path / "t.h5") as reader:
+    _, trace = forward("llama")
+    with TraceReader(trace) as reader:
         planted = next(op for op in reader.ops if op["layer"] == "model.layers.0.mlp" and op["op"] == "aten.mul.Tensor")
         assert planted["outputs"][0]["dtype"] == "bfloat16"
     transform = fault_transform(tmp_path, "scale", planted["name"], scale=1.25)
-    with Session.open(tmp_path / "t.h5", transform=transform) as session:
+    with Session.open(trace, transform=transform) as session:
         result = session.bisect()
     assert result.diverged
     assert (result.culprit.index, result.culprit.verdict) == (planted["index"], "isolated"), result.culprit
