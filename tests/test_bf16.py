@@ -146,6 +146,32 @@ def test_a_bf16_lm_generates_and_every_step_bisects_clean(tmp_path, family):
     assert all(step.source == step.target for step in found.tokens.steps)
 
 
+def test_the_host_recomputes_a_bf16_matmul_bit_exact_as_llvm_sums_it():
+    """The `precision` evidence: TVM 0.27 widens each step of a bf16 sum to float32 (acc + a * b) and
+    rounds once; the host's recipe (host/low_precision.py) gives llvm's value bit for bit."""
+    import tvm
+    from tvm import relax
+
+    from tapml_dbg.host.low_precision import recompute_aten
+    from tapml_dbg.host.torch_values import to_numpy, to_torch
+
+    rng = np.random.default_rng(0)
+    a = np.abs(rng.standard_normal((6, 512))).astype(ml_dtypes.bfloat16)  # one sign: the error adds up
+    b = (rng.standard_normal((512, 16)) / 16).astype(ml_dtypes.bfloat16)
+    builder = relax.BlockBuilder()
+    x, w = relax.Var("x", relax.TensorType(a.shape, "bfloat16")), relax.Var("w", relax.TensorType(b.shape, "bfloat16"))
+    with builder.function("main", [x, w]):
+        with builder.dataflow():
+            out = builder.emit_output(builder.emit(relax.op.matmul(x, w)))
+        builder.emit_func_output(out)
+    vm = relax.VirtualMachine(tvm.compile(builder.get(), target="llvm"), tvm.cpu())
+    target = vm["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(b)).numpy()
+    host = to_numpy(recompute_aten("mm", [to_torch(a), to_torch(b)], {}))
+    exact = a.astype(np.float64) @ b.astype(np.float64)
+    assert host.tobytes() == target.tobytes()
+    assert np.abs(target - exact).max() > 8 * np.abs(exact.astype(ml_dtypes.bfloat16) - exact).max()  # a real error
+
+
 @pytest.fixture(scope="module")
 def wide_llama(tmp_path_factory):
     """A bf16 Llama whose MLP is 2048 wide: the down projection sums 2048 bf16 products."""

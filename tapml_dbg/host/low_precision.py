@@ -5,6 +5,8 @@ torch sums float16 in float32 and rounds once; TVM 0.27's llvm legalizations of 
 variance and matmul round to float16 at every step of the sum. Each function here takes the op's
 real inputs (torch tensors) and returns the value of a sequential sum in the output dtype, every
 product and addition rounded to it (as LLVM computes float16 arithmetic: widen, operate, round).
+A bfloat16 matmul step is `acc + a * b` in float32, rounded to bfloat16 once (TVM 0.27's bf16
+legalization widens the whole expression; measured bit exact against llvm's, docs/coverage.md "bf16").
 Ops without a recipe, and reductions longer than `MAX_SEQUENTIAL`, give None: no evidence.
 """
 
@@ -129,6 +131,11 @@ def _matmul(a, b):
     # numpy's broadcast_shapes: torch's imports sympy on first use, which takes seconds (docs/perf.md)
     batch = tuple(np.broadcast_shapes(tuple(a.shape[:-2]), tuple(b.shape[:-2])))
     acc = torch.zeros(batch + (a.shape[-2], b.shape[-1]), dtype=a.dtype)
+    if a.dtype == torch.bfloat16:  # TVM legalizes bf16 math to float32: acc + a * b, rounded once a step
+        wide_a, wide_b = a.float(), b.float()
+        for i in range(k):
+            acc = (acc.float() + wide_a[..., :, i:i + 1] * wide_b[..., i:i + 1, :]).to(a.dtype)
+        return acc
     for i in range(k):
         acc = acc + a[..., :, i:i + 1] * b[..., i:i + 1, :]
     return acc
