@@ -16,6 +16,14 @@ def open(trace, target: str = "llvm", **options):
     return open_trace(trace, target, **options)
 
 
+def diff(a, b, **options):
+    """Two recordings of one model compared op by op and layer by layer, B against A:
+    `tapml_dbg.diff("fp32.h5", "bf16.h5").to_json()` (`tapml_dbg.api.diff`; docs/diff.md). No target, no replay."""
+    from tapml_dbg.api import diff as diff_traces
+
+    return diff_traces(a, b, **options)
+
+
 def weights_from(model, *paths):
     """Say that `model`'s weights were loaded from these safetensors files (e.g. with your own
     `model.load_state_dict(safetensors.torch.load_file(path))`), so that `tapml-dbg record` stores each

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from tapml_dbg.engine.diff import DiffResult, DiffTolerance, diff_traces
 from tapml_dbg.engine.fix import FixResult, fix as fix_causes
 from tapml_dbg.engine.generation import TokenReport, free_running, teacher_forced
 from tapml_dbg.engine.migrate import MigrateResult
@@ -208,3 +209,13 @@ def open(trace: str | Path, target: str = "llvm", *, transform: str | None = Non
             replay.close()
             raise
     return replay
+
+
+def diff(a: str | Path, b: str | Path, *, rtol: float | None = None, atol: float | None = None,
+         ops: str | None = None, progress: Progress = _noop) -> DiffResult:
+    """Two recordings of one model compared op by op (ops paired by name, and step) and at every layer's
+    last op, B against A (`tapml-dbg diff A B`; docs/diff.md). No target and no replay: both traces are only
+    read. `rtol` (and `atol`): one tolerance for every float op instead of the judge's by dtype; `ops`: op
+    selectors resolved on A. A missing or damaged trace, or two traces with no op name in common, raises
+    a `TapmlError`."""
+    return diff_traces(a, b, DiffTolerance(rtol=rtol, atol=atol), ops=ops, progress=progress)

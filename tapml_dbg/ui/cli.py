@@ -13,7 +13,7 @@ import shlex
 import sys
 from importlib import metadata
 
-from tapml_dbg.api import Replay
+from tapml_dbg.api import Replay, diff
 from tapml_dbg.engine.kept import blocks_target, kept_selector
 from tapml_dbg.engine.report import build_report, migration_points
 from tapml_dbg.engine.triage import triage
@@ -256,6 +256,21 @@ def build_parser() -> argparse.ArgumentParser:
     _add_target_options(report)
     _add_reference_options(report)
     _add_keep_option(report)
+
+    differ = _subcommand(commands, "diff", "compare two recordings of one model op by op and layer by layer",
+                         "Ops pair by name (and by step in generation traces): one model recorded twice, with two torch "
+                         "versions, --source torch and tvm:T, or in float32 and bfloat16. B is compared against A with "
+                         "the judge's compare rule, values of two dtypes in float64; every layer is compared at its "
+                         "last op, so you see where the recordings part. No target, nothing run (docs/diff.md).")
+    differ.add_argument("trace", metavar="TRACE_A", help="the reference recording (.h5)")
+    differ.add_argument("trace_b", metavar="TRACE_B", help="the recording compared against it (.h5)")
+    differ.add_argument("--rtol", type=float, metavar="X",
+                        help="one tolerance for every float op: max_abs <= atol + X * absmax(A) (default: the "
+                             "judge's by dtype at the lower precision of the two: float32 1e-4, bfloat16 4e-2)")
+    differ.add_argument("--atol", type=float, metavar="Y", help="with --rtol: the absolute part (default 0)")
+    differ.add_argument("--ops", metavar="SEL", help="compare only these ops of TRACE_A (op selectors: 0:40, a name, "
+                                                     "a layer, @K) and the layers that end in them")
+    differ.add_argument("--json", action="store_true", help="one JSON object on stdout")
 
     server = _subcommand(commands, "serve", "keep TVM and torch imported: later commands start in a fraction of a second",
                          "A fork server for this compile cache (TAPML_CACHE_DIR): every later `tapml-dbg` command "
@@ -613,6 +628,16 @@ def _compile(args, out, err) -> int:
     return 0
 
 
+def _diff(args, out, err) -> int:
+    with progress("diff", err, show=_bar(args)) as report:
+        result = diff(args.trace, args.trace_b, rtol=args.rtol, atol=args.atol, ops=args.ops, progress=report)
+    if args.json:
+        print(strict_json(result.to_json()))
+    else:
+        render(result, out)
+    return 0
+
+
 def _replay(args, out, err) -> int:
     return run_replay(args)
 
@@ -658,7 +683,7 @@ def _serve(args, out, err) -> int:
 
 _HANDLERS = {"record": _record, "info": _info, "bisect": _bisect, "run": _run, "migrate": _migrate, "dump": _dump, "carve": _carve,
              "compile": _compile, "replay": _replay, "report": _report, "triage": _triage,
-             "fix": _fix, "serve": _serve}
+             "fix": _fix, "diff": _diff, "serve": _serve}
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from rich.measure import Measurement
 from rich.segment import Segments
 from rich.table import Table
 
+from tapml_dbg.engine.diff import DIFFERENT, DiffResult, DiffStatus
 from tapml_dbg.engine.kept import blocks_target
 from tapml_dbg.engine.migrate import MigrateResult
 from tapml_dbg.engine.mixed import MixedRun, spans_text
@@ -1250,3 +1251,103 @@ def _(result: MigrateResult, console: Console) -> None:
     console.print(f"  {len(result.steps)} steps in {result.seconds:.1f} s: {result.units} target units run, "
                   f"{result.compiled} compiled, {result.reused} reused from earlier runs")
     _print_notes(result.notes, console)
+
+
+# ---------------------------------------------------------------------------- diff
+DIFF_LISTED = 8  # `diff`: ops beyond the tolerance, and ops of one trace only, named; the rest counted
+DIFF_LAYERS_SHOWN = 40  # layer rows shown; a longer table starts DIFF_LAYER_CONTEXT rows before the first that differs
+DIFF_LAYER_CONTEXT = 5
+
+
+def _listed(names: list[str], total: int | None = None) -> str:
+    more = (total if total is not None else len(names)) - DIFF_LISTED
+    return ", ".join(names[:DIFF_LISTED]) + (f" and {more} more" if more > 0 else "")
+
+
+def _diff_figures(compared, bound: bool = True) -> str:
+    """A pair's figures (and its bound), or why it has none."""
+    if compared.metrics is None:
+        return compared.note or "no outputs"
+    tol = compared.tolerance
+    said = "exact" if tol.rtol == 0 and tol.atol == 0 else f"rtol {tol.rtol:g}, atol {tol.atol:g}"
+    return metrics_text(compared.metrics) + (f" ({said})" if bound else "")
+
+
+def _diff_tolerance_line(result: DiffResult) -> str:
+    if result.tolerance.rtol is None:
+        return ("  tolerance: max_abs <= atol + rtol * absmax(A), the judge's at the lower precision of each pair "
+                "(float32 rtol 1e-4, bfloat16 4e-2: docs/tolerance.md); integers exact; --rtol sets one")
+    return (f"  tolerance: max_abs <= {result.tolerance.atol or 0:g} + {result.tolerance.rtol:g} * absmax(A) for every "
+            "float pair (--rtol, --atol), integers exact")
+
+
+@render.register
+def _(result: DiffResult, console: Console) -> None:
+    a, b = result.a, result.b
+    among = f" among {escape(result.selected)}" if result.selected else ""
+    console.print(f"diff {escape(a.path)} ({escape(a.source or UNKNOWN)}) vs {escape(b.path)} ({escape(b.source or UNKNOWN)}):"
+                  f" {len(result.ops)} ops paired by {'name and step' if result.by_step else 'name'}{among}; "
+                  f"{len(result.only_in_a)} only in A, {len(result.only_in_b)} only in B", soft_wrap=True)
+    for side, names in (("A", result.only_in_a), ("B", result.only_in_b)):
+        if names:
+            console.print(f"  only in {side}: {escape(_listed(names))}", soft_wrap=True)
+    counts = result.counts()
+    shown = [f"{counts[str(s)]} {s}" for s in DiffStatus if counts[str(s)] or s in (DiffStatus.CLOSE, DiffStatus.DIFFERS)]
+    console.print(f"  {len(result.ops)} compared, B against A: {', '.join(shown)}", soft_wrap=True)
+    console.print(escape(_diff_tolerance_line(result)), soft_wrap=True)
+    casts: dict[str, int] = {}
+    for op in result.ops:
+        if op.compared.cast:
+            casts[op.compared.cast] = casts.get(op.compared.cast, 0) + 1
+    for cast, count in casts.items():
+        console.print(f"  dtypes differ ({escape(cast)}) at {count} op(s): compared in float64")
+    other = [op for op in result.ops if op.op and op.b_op and op.op != op.b_op]
+    if other:
+        console.print(f"  {len(other)} pair(s) are other operators in B (the graphs differ there): #{other[0].a} "
+                      f"{escape(other[0].name)} is {escape(other[0].op)} in A, {escape(other[0].b_op)} in B", soft_wrap=True)
+    first = result.first_difference
+    if first is not None:
+        where = f"; B's #{first.b}" if first.b != first.a else ""
+        console.print(f"[bold red]first difference[/]: #{first.a} [bold]{escape(first.name)}[/] ({escape(first.op)}{where}) "
+                      f"in layer [cyan]{escape(layer_text(first.layer))}[/]{step_text(first.step)}: "
+                      f"{first.status}: {escape(_diff_figures(first.compared))}", soft_wrap=True)
+        beyond = [op for op in result.ops if op.status in DIFFERENT]
+        console.print(f"  {len(beyond)} op(s) differ: {escape(_listed([f'#{op.a} {op.name}' for op in beyond]))}",
+                      soft_wrap=True)
+    else:
+        figured = [op for op in result.ops if op.compared.metrics is not None]
+        largest = max(figured, key=lambda op: op.compared.metrics.scale_rel_err, default=None)
+        said = (f"; the largest: #{largest.a} {escape(largest.name)} {escape(_diff_figures(largest.compared))}"
+                if largest is not None and largest.status != DiffStatus.IDENTICAL else "")
+        console.print(f"[green]no difference beyond the tolerance[/]{said}", soft_wrap=True)
+    _diff_layers(result, console)
+    _print_notes([f"{op.name}: {op.compared.note}" for op in result.ops if op.status == DiffStatus.NOT_COMPARED][:1],
+                 console)
+
+
+def _diff_layers(result: DiffResult, console: Console) -> None:
+    """Each layer compared at its last op in A and in B: where the two recordings part."""
+    if not result.layers:
+        return
+    parted = result.first_layer_difference
+    headline = (f"first layer that differs: [cyan]{escape(layer_text(parted.layer))}[/]{step_text(parted.step)}"
+                if parted else "[green]every layer within the tolerance[/]")
+    console.print(f"layers, each compared at its last op: {len(result.layers)}; {headline}")
+    rows = result.layers
+    start = 0
+    if len(rows) > DIFF_LAYERS_SHOWN and parted is not None:
+        start = max(0, rows.index(parted) - DIFF_LAYER_CONTEXT)
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    columns = ["layer", *(["step"] if result.by_step else []), "last op", "status", "figures"]
+    for column in columns:
+        table.add_column(column, overflow=PROSE if column == "figures" else "ellipsis")
+    for row in rows[start:start + DIFF_LAYERS_SHOWN]:
+        at = f"#{row.a} {row.a_name}" + ("" if (row.b, row.b_name) == (row.a, row.a_name) else f" / B #{row.b} {row.b_name}")
+        status = f"[{verdict_style(Status.FAIL)}]{row.status}[/]" if row.status in DIFFERENT else str(row.status)
+        figures = _diff_figures(row.compared, bound=False) if row.status != DiffStatus.IDENTICAL else ""
+        table.add_row(escape(layer_text(row.layer)), *([str(row.step)] if result.by_step else []), escape(at),
+                      status, escape(figures))
+    print_table(console, table)
+    hidden = len(rows) - min(len(rows) - start, DIFF_LAYERS_SHOWN)
+    if hidden:
+        console.print(f"  {hidden} more layer(s) not shown (--json lists every one)")
