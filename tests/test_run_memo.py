@@ -14,7 +14,7 @@ import pytest
 from conftest import fault_transform, run_cli
 from tapml_dbg.engine.search import Bisection
 from tapml_dbg.engine.session import Session
-from tapml_dbg.judge.compare import TolerancePolicy
+from tapml_dbg.judge.compare import Tolerance, TolerancePolicy
 from tapml_dbg.judge.noise_floor import NoiseFloor
 from tapml_dbg.runtime import run_memo, scheduler
 from tapml_dbg.runtime.lanes import AHEAD_NICENESS, Lanes
@@ -256,3 +256,21 @@ def test_a_bisect_by_the_cli_starts_from_what_a_bisect_by_the_api_established(tr
     answer = json.loads(done.stdout)
     assert answer["op"]["name"] == "addmm_3"
     assert any("not made again" in note for note in answer["notes"]), answer["notes"]
+
+
+def test_a_cold_search_counts_no_run_as_remembered_even_when_its_chain_runs_again(traces, tmp_path):
+    """Ops with a tolerance of their own are never cleared by the screen: the chain stops after
+    CHAIN_SUSPECTS of them (from #10 on, past its checkpoint at 8), judges them (they pass) and runs
+    again from its own checkpoint. That skip is this search's own, not an earlier run's: a cold bisect
+    says nothing is remembered (it said 8 before); the same bisect again does."""
+    from tapml_dbg.trace import TraceReader
+
+    path, cache = traces.get("mlp"), tmp_path / "cache"
+    names = [op["name"] for op in TraceReader(path).ops][10:]
+    policy = TolerancePolicy(by_op={name: Tolerance(1e-3, 1e-5) for name in names})
+    first = bisect(path, None, cache, policy=policy)
+    assert checkpoints(cache)
+    assert first[0] is None and first[1] == 0, first
+    assert not any("not made again" in note for note in first[2]), first[2]
+    second = bisect(path, None, cache, policy=policy)
+    assert second[1] > 0 and any("not made again" in note for note in second[2]), second

@@ -260,6 +260,7 @@ class Bisection:
         if self.last < self.first:
             return None
         self.progress(0, None, f"chain ops {self.first}..{self.last}")
+        self.session.lanes.begin_search()  # records from here on are this search's own, not earlier runs'
         chain = ChainSearch(self.session, self.first, self.last, self.unscreened,
                             also_keep={self.output} if self.output else set(),
                             log=(self.chain_log, self.screen) if self.chain_log is not None else None)

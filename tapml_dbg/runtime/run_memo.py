@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 import uuid
 from pathlib import Path
 
@@ -93,10 +94,11 @@ class RunMemo:
     def __init__(self, folder: Path, salt: str):
         self.folder = folder
         self.salt = salt
-        self._cleared: set[str] | None = None  # read on first use
+        self._cleared: dict[str, int] | None = None  # digest -> when recorded (ns), read on first use
         self._checkpoints: set[str] | None = None
         self._cleared_file = None
         self.saved_bytes = 0  # by this process's current chain (`start_chain` resets it)
+        self.search_started_ns = 0  # when the current search began (`begin_request`): later records are its own
 
     @classmethod
     def open(cls, cache_dir: str, trace_path: str, spec) -> "RunMemo | None":
@@ -121,16 +123,49 @@ class RunMemo:
     def cleared(self, digest: str) -> bool:
         return digest in self._cleared_digests()
 
-    def _cleared_digests(self) -> set[str]:
-        """Every process's cleared lines, read once."""
+    def earlier(self, digest: str) -> bool:
+        """Whether a record (a cleared unit, a checkpoint) was made before the current search began: a
+        chain run again within one search resumes from that search's own checkpoint, which no earlier
+        run gave ("N unit run(s) not made again" counts only what earlier runs gave)."""
+        made = self._cleared_digests().get(digest)
+        if made is None:
+            try:
+                made = self._checkpoint_path(digest).stat().st_mtime_ns
+            except OSError:
+                return False
+        return made < self.search_started_ns
+
+    def begin_search(self) -> None:
+        """A search begins (the engine's side): what is recorded from now on is its own."""
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            self._started_path().write_text(str(time.time_ns()))
+        except OSError:
+            return
+
+    def begin_request(self) -> None:
+        """A worker's chain or batch begins: when did its search begin (0: no search noted, nothing earlier)."""
+        try:
+            self.search_started_ns = self._started_path().stat().st_mtime_ns
+        except OSError:
+            self.search_started_ns = 0
+
+    def _started_path(self) -> Path:
+        return self.folder / f"started-{self.salt}"
+
+    def _cleared_digests(self) -> dict[str, int]:
+        """Every process's cleared lines, read once: digest -> when its file was last written (ns)."""
         if self._cleared is None:
-            self._cleared = set()
+            self._cleared = {}
             for path in self.folder.glob("cleared-*.txt"):
                 try:
                     lines = path.read_text(errors="replace").split()
+                    made = path.stat().st_mtime_ns
                 except OSError:
                     continue
-                self._cleared.update(line for line in lines if len(line) == DIGEST_CHARS)
+                for line in lines:
+                    if len(line) == DIGEST_CHARS:
+                        self._cleared[line] = min(made, self._cleared.get(line, made))
         return self._cleared
 
     def add_cleared(self, digest: str) -> None:
@@ -144,7 +179,7 @@ class RunMemo:
         except OSError:
             return
         if self._cleared is not None:
-            self._cleared.add(digest)
+            self._cleared.setdefault(digest, time.time_ns())
 
     # -- chain checkpoints -------------------------------------------------------------------
     def chain_digest(self, rule) -> str:

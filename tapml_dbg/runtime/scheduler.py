@@ -168,6 +168,12 @@ class Runtime(Lanes):
         noted = self._search_memo.last_search() if self._search_memo is not None else None
         return bool(noted) and not noted.get("chain_found")
 
+    def begin_search(self) -> None:
+        """A search begins: the units its workers skip from records it makes itself are not counted as
+        remembered (`CacheReport.remembered`: what earlier runs gave)."""
+        if self._search_memo is not None:
+            self._search_memo.begin_search()
+
     def note_search(self, chain_found: bool) -> None:
         """What this search's chain found, for the next search's `build_ahead_of_search`."""
         if self._search_memo is not None:

@@ -140,13 +140,18 @@ class _WorkerState:
         try:
             self._trace()  # open here: the read-ahead's plan only looks things up in it
             memo = self._memo() if chain.screen is not None else None
+            if memo is not None:
+                memo.begin_request()  # what its search recorded is no earlier run's
             keys: list[tuple[str, bool]] = []  # each unit's cache key, and whether it came from the cache
             start, digest, remembered = 0, "", {}
+            earlier = 0  # units not run thanks to an earlier run's records (not this process's own)
             if memo is not None and independent:
                 remembered = self._remembered(chain, memo)
+                earlier = sum(memo.earlier(unit_digest) for _key, unit_digest in remembered.values())
             elif memo is not None:
                 memo.start_chain()
                 start, digest = self._resume(chain, memo, keys)
+                earlier = start if start and memo.earlier(digest) else 0
                 if start and log.fd is not None:
                     self._log_resumed(chain, memo, digest, start, log)
             self.read_ahead = ReadAhead(partial(self._reads_of, chain, start, set(remembered)), READ_AHEAD_BYTES)
@@ -163,7 +168,7 @@ class _WorkerState:
                 if position < start:  # the checkpoint's values stand for these units
                     continue
                 if name in remembered:  # an earlier run cleared this very unit
-                    keys.append((remembered[name], True))
+                    keys.append((remembered[name][0], True))
                     continue
                 if position in checkpoints and position > start and not suspects:
                     self._save_checkpoint(memo, digest, position, last_read, chain.isolated_screen)
@@ -180,7 +185,7 @@ class _WorkerState:
                 if not reply.ok:  # what ran before it comes back too
                     return replace(reply, failed_op=name, message=f"op {name}: {reply.message}",
                                    outputs=_returned(chain, suspects, kept), suspects=suspects, deferred=deferred,
-                                   upstream=upstream, unit_keys=keys, remembered=start + len(remembered))
+                                   upstream=upstream, unit_keys=keys, remembered=earlier)
                 keys.append((reply.key, reply.cached))
                 if not independent:
                     self.chain_values[name] = reply.outputs[0]
@@ -210,7 +215,7 @@ class _WorkerState:
             return UnitResult(UnitStatus.OK, outputs=_returned(chain, suspects, kept), suspects=suspects,
                               deferred=deferred, upstream=upstream, unit_keys=keys,
                               cached=all(cached for _key, cached in keys), also_kept=also_kept,
-                              read_ahead=self.read_ahead.read_ahead, remembered=start + len(remembered))
+                              read_ahead=self.read_ahead.read_ahead, remembered=earlier)
         except TraceError as exc:  # a corrupt recorded value the screen read: the trace's own message
             return UnitResult(UnitStatus.TRACE_ERROR, message=str(exc))
         finally:
@@ -235,8 +240,8 @@ class _WorkerState:
         except Exception:  # noqa: BLE001 - a broken transform: the unit's own run reports it
             return ""
 
-    def _remembered(self, batch: BatchRequest, memo: RunMemo) -> dict[str, str]:
-        """The batch's units an earlier run cleared: op name -> its key."""
+    def _remembered(self, batch: BatchRequest, memo: RunMemo) -> dict[str, tuple[str, str]]:
+        """The batch's units a run before cleared: op name -> (its key, its memo digest)."""
         found = {}
         if not memo.any_cleared():  # nothing to look up: no unit keyed for it
             return found
@@ -244,8 +249,9 @@ class _WorkerState:
             if name in batch.unscreened:
                 continue
             key = self._unit_key(unit)
-            if key and memo.cleared(memo.unit_digest(name, key, unit.inputs, batch.screen)):
-                found[name] = key
+            digest = memo.unit_digest(name, key, unit.inputs, batch.screen) if key else ""
+            if key and memo.cleared(digest):
+                found[name] = (key, digest)
         return found
 
     def _resume(self, chain: ChainRequest, memo: RunMemo, keys: list) -> tuple[int, str]:
