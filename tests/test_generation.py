@@ -115,6 +115,20 @@ def test_first_bad_token_is_the_step_whose_logits_are_wrong(generation, info, tm
     assert free.first_bad.step == 2
 
 
+def test_run_labels_a_generation_s_outputs_logits_then_cache(generation):
+    """`run` on a generation trace names each output: the steps' logits, the state, each layer's cache."""
+    result = run_cli("run", str(generation), "--offload", "all")
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stdout.splitlines() if line.startswith("  output ")]
+    assert lines[0].startswith(f"  output output[0] (logits of steps 0..{STEPS}, each step's last position): pass")
+    assert "argmax agrees" in lines[0]
+    assert "(keys, model.layers.0.self_attn)" in lines[5] and "(values, model.layers.0.self_attn)" in lines[6]
+    assert "(cache length, model.layers.1.self_attn)" in lines[-1]
+    assert not any("argmax" in line for line in lines[1:])  # a cache's argmax means nothing
+    found = json.loads(run_cli("run", str(generation), "--offload", "all", "--json").stdout)
+    assert found["outputs"][1]["label"] == "next token index"
+
+
 def test_json_contract(generation):
     result = run_cli("bisect", str(generation), "--json")
     assert result.returncode == 0, result.stderr

@@ -40,7 +40,7 @@ from tapml_dbg.engine.propagation import TargetRun, own_failure, run_on_target
 from tapml_dbg.errors import TraceError, UsageError
 from tapml_dbg.judge.compare import Metrics
 from tapml_dbg.judge.verdict import PROPAGATED, Status, Verdict
-from tapml_dbg.model.generation import step_ranges
+from tapml_dbg.model.generation import LOGITS_FIELD, GenerationInfo, output_labels, step_ranges
 from tapml_dbg.model.graph import OpInfo, TensorSpec
 from tapml_dbg.model.select import LAYER_SEP, OpTable
 from tapml_dbg.model.units import bindings_by_name
@@ -48,6 +48,7 @@ from tapml_dbg.host.helper_values import helper_value
 from tapml_dbg.runtime.messages import UnitResult, UnitStatus
 from tapml_dbg.host.source_runner import SourceRunError, with_layout
 from tapml_dbg.host.torch_values import to_torch
+from tapml_dbg.trace.schema import META_GENERATION
 
 OFFLOAD_ALL, OFFLOAD_NONE = "all", "none"  # offload specs beside the op selectors of model/select.py
 MIN_BLOCKS = 2  # a numbered container needs this many children to count as the model's blocks
@@ -158,9 +159,10 @@ class OutputCheck:
     metrics: Metrics | None
     top1: float | None = None  # share of positions whose argmax over the last dimension agrees
     message: str = ""
+    label: str = ""  # what the output is, where the trace knows (a generation's logits, its cache)
 
     def to_json(self) -> dict:
-        return {"op": self.op, "output": self.output, "passed": self.passed,
+        return {"op": self.op, "output": self.output, "label": self.label or None, "passed": self.passed,
                 "metrics": self.metrics.to_json() if self.metrics else {}, "top1_agreement": self.top1,
                 "message": self.message}
 
@@ -491,12 +493,23 @@ class MixedRunner:
             verdict = session.verdicts.judge(op.index, PROPAGATED, UnitResult(UnitStatus.OK), values,
                                     fed_by_target=state.tainted)
             recorded = session.source_values(op.index)
+            labels = self._labels(op, len(values))
             for k, array in enumerate(values):
                 metrics = verdict.metrics[k] if k < len(verdict.metrics) else None
                 passed = metrics.passed if metrics is not None else verdict.passed
-                top1 = top1_agreement(array, recorded[k]) if k < len(recorded) else None
-                checks.append(OutputCheck(name, k, passed, metrics, top1, verdict.message))
+                label = labels[k] if k < len(labels) else ""
+                logits = not label or label.startswith(LOGITS_FIELD)  # a cache's argmax means nothing
+                top1 = top1_agreement(array, recorded[k]) if k < len(recorded) and logits else None
+                checks.append(OutputCheck(name, k, passed, metrics, top1, verdict.message, label))
         return checks
+
+    def _labels(self, op: OpInfo, fields: int) -> list[str]:
+        """What each field of output `op` is, where the trace knows: a generation's logits and cache."""
+        info = GenerationInfo.from_meta(self.session.reader.meta.get(META_GENERATION))
+        if info is None or len(op.inputs) != fields:
+            return []
+        by_name = self.session.by_name
+        return output_labels(info, [by_name[name].layer if name in by_name else "" for name in op.inputs])
 
     def _verdict(self, op: OpInfo, state: "_State", result: MixedRun) -> Verdict:
         session = self.session

@@ -64,6 +64,27 @@ class GenerationInfo:
                 "decode steps (greedy, KV cache)")
 
 
+# a generation trace's output, in order (frontend/generation.py builds it so): every step's logits, then
+# the state a next step reads, then each layer's cache
+LOGITS_FIELD = "logits"
+STATE_FIELDS = ("next token index", "attention mask", "position", "cache slot")
+LAYER_FIELDS = ("keys", "values", "cache length")
+
+
+def output_labels(info: GenerationInfo, layers: list[str]) -> list[str]:
+    """What each field of a generation trace's output is, given the layer of the op producing each
+    (`logits of steps 0..3, ...`, `keys, model.layers.0.self_attn`); [] when the fields are not that layout."""
+    caches, extra = divmod(len(layers) - 1 - len(STATE_FIELDS), len(LAYER_FIELDS))
+    if caches < 0 or extra:
+        return []
+    labels = [f"{LOGITS_FIELD} of steps 0..{len(info.steps) - 1}, each step's last position", *STATE_FIELDS]
+    for cache in range(caches):
+        first = 1 + len(STATE_FIELDS) + cache * len(LAYER_FIELDS)
+        layer = next((layers[first + k] for k in range(len(LAYER_FIELDS)) if layers[first + k]), f"layer {cache}")
+        labels += [f"{what}, {layer}" for what in LAYER_FIELDS]
+    return labels
+
+
 def step_ranges(ops: list) -> list[range]:
     """The ops of each generation step, in order (consecutive: a step's ops are one range); one range
     of every op outside a generation trace."""

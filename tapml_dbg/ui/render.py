@@ -1180,7 +1180,8 @@ def _output_line(check, failure: str = "") -> str:
     figures = escape(metrics_text(check.metrics)) if check.metrics else \
         f"no value {AS_ABOVE}" if failure and check.message == failure else escape(check.message)
     top1 = f"  argmax agrees on {check.top1:.1%} of positions" if check.top1 is not None else ""
-    return f"  output {escape(check.op)}[{check.output}]: {status} {figures}{top1}"
+    label = f" ({escape(check.label)})" if check.label else ""
+    return f"  output {escape(check.op)}[{check.output}]{label}: {status} {figures}{top1}"
 
 
 @render.register
