@@ -31,9 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     code = cli_main(argv)
     if from_command_line and fork_server.start_for_next_commands(sys.argv[1:], folder, environment) \
             and sys.stderr.isatty():
-        sys.stderr.write(f"tapml-dbg: later commands start with TVM and torch imported (a server from {folder}, "
-                         f"stopping after {fork_server.DEFAULT_IDLE_S / 60:g} idle minutes; `tapml-dbg serve "
-                         "--stop` stops it, TAPML_SERVER=1 starts none: docs/serve.md)\n")
+        sys.stderr.write(fork_server.STARTED_LINE.format(minutes=f"{fork_server.DEFAULT_IDLE_S / 60:g}") + "\n")
     return code
 
 

@@ -289,3 +289,26 @@ def test_one_server_holds_a_folders_lock_and_a_second_cannot_take_it(short_folde
         first.kill()
         first.wait()
     assert not fork_server.starting(folder)  # the lock goes with its process
+
+
+def test_a_command_that_starts_a_server_says_so_in_one_line_with_how_to_stop_it(monkeypatch, capsys):
+    """On a terminal, the command that leaves a server running says it first thing, in one line:
+    what runs, for how long, how to stop it and how to never start one."""
+    import io
+
+    from tapml_dbg import entry
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    stderr = Terminal()
+    monkeypatch.setattr(sys, "argv", ["tapml-dbg", "info", "no-such-trace.h5"])  # quick, and exits 1
+    monkeypatch.setattr(sys, "stderr", stderr)
+    monkeypatch.setattr(fork_server, "run_served", lambda argv, folder: None)
+    monkeypatch.setattr(fork_server, "start_for_next_commands", lambda argv, folder, env: True)
+    assert entry.main() == 1
+    lines = [line for line in stderr.getvalue().splitlines() if "server" in line]
+    assert len(lines) == 1, stderr.getvalue()
+    assert lines[0].startswith("tapml-dbg: started a background server")
+    assert "30 idle minutes" in lines[0] and "tapml-dbg serve --stop" in lines[0] and "TAPML_SERVER=0" in lines[0]

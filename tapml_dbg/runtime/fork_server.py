@@ -59,6 +59,10 @@ ZYGOTE_MODULE = "tapml_dbg.runtime.zygote"
 NOT_SERVED = ("serve", "replay")  # the server itself; the REPL reads the terminal (a fork is not its foreground)
 INTERRUPT = b"\x03"  # the client's Ctrl-C, sent on to the command
 DEFAULT_IDLE_S = 30 * 60.0
+# what a command that started a server for the next ones says (on a terminal), in one line
+STARTED_LINE = ("tapml-dbg: started a background server (TVM and torch loaded, so the next commands start "
+                "faster); it exits after {minutes} idle minutes. Stop it: `tapml-dbg serve --stop`; "
+                "never start one: `export TAPML_SERVER=0`")
 READY_TIMEOUT_S = 300.0  # the server's TVM and torch imports, on a loaded machine
 LOCK_TRIES_S = 2.0  # a server's lock against a client's probe of it (microseconds long)
 SOCKET_PATH_MAX = 107  # sun_path's bytes on Linux, its NUL aside
