@@ -78,7 +78,10 @@ def wide_text(result: dict | str) -> str:
 
 def run_model(name: str, work: Path, target: str, reference: str, speed: bool) -> dict:
     trace = work / f"{name}.h5"
-    done, record_s = cli("record", str(model_file(name)), "-o", str(trace))
+    path = model_file(name)
+    text = path.read_text()
+    native = "def build_tvm(" in text and "def build(" not in text  # a TVM-native model: recorded on the reference
+    done, record_s = cli("record", str(path), "-o", str(trace), *(("--source", f"tvm:{reference}") if native else ()))
     row = {"model": name, "record_s": record_s}
     if done.returncode != 0:
         row["error"] = (done.stderr.strip().splitlines() or ["record failed"])[-1][:160]
