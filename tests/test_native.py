@@ -116,3 +116,14 @@ def test_bad_native_files_fail_in_one_line(tmp_path):
 def test_load_native_reads_the_example():
     model = load_native(str(EXAMPLES / f"{NATIVE}.py"))
     assert model.entry == "forward" and list(model.inputs) == ["x"] and len(model.params) == 8
+
+
+def test_migrate_and_mixed_runs_of_a_native_trace_run_the_source_ops_on_the_source_target(native_trace, tmp_path):
+    transform = fault_transform(tmp_path, "scale", "silu1")
+    with Session.open(native_trace, transform=transform) as session:
+        clean = session.run_mixed(session.resolve_ops("blocks.0"))  # blocks.1 and the head on tvm:llvm, fed it
+        assert clean.passed and clean.source.startswith("tvm:llvm")
+        broken = session.run_mixed(session.resolve_ops("blocks.1"))  # the fault's block offloaded
+        assert not broken.passed
+        migration = session.migrate()
+    assert migration.culprit is not None and migration.culprit.name == "silu1"

@@ -20,9 +20,11 @@ Rules that decide the edge cases:
 - a kept op (`Session.kept`, engine/kept.py) is never offloaded, whatever the offload spec says:
   it runs on the source, fed the run's values, and cuts the target unit it sat in; it gets no
   verdict in the run;
-- a trace without a source graph (`--source tvm:*`, format v1.0/1.1) cannot re-execute anything:
-  a source op takes its recorded value when nothing upstream of it is offloaded (then the value
-  is exact), and the run is refused (one line) when something is.
+- a trace recorded on a TVM target (`--source tvm:T`, a TVM-native model among them) has no FX graph:
+  its ops left on the source run on T itself, a chain of the same per-op units on a runtime of its
+  own fed the run's values (the source's own computation), wherever something upstream is offloaded;
+  else they take their recorded value (the same bits). An older trace without a source graph
+  (format v1.0/1.1) refuses such a run (one line).
 """
 
 from __future__ import annotations
@@ -46,10 +48,13 @@ from tapml_dbg.model.select import LAYER_SEP, OpTable
 from tapml_dbg.model.units import bindings_by_name
 from tapml_dbg.host.helper_values import helper_value
 from tapml_dbg.runtime.messages import UnitResult, UnitStatus
+from tapml_dbg.runtime.scheduler import Runtime
+from tapml_dbg.runtime.target import TargetSpec
 from tapml_dbg.host.source_runner import SourceRunError, with_layout
 from tapml_dbg.host.torch_values import to_torch
 from tapml_dbg.trace.schema import META_GENERATION
 
+TVM_SOURCE = "tvm:"  # the meta source of a trace recorded on a TVM target
 OFFLOAD_ALL, OFFLOAD_NONE = "all", "none"  # offload specs beside the op selectors of model/select.py
 MIN_BLOCKS = 2  # a numbered container needs this many children to count as the model's blocks
 TOP1_MIN_CLASSES = 2  # outputs whose last dimension has this many entries get a top-1 agreement
@@ -184,6 +189,7 @@ class MixedRun:
     notes: list[str] = field(default_factory=list)
     kept: list[int] = field(default_factory=list)  # ops the spec offloads but that are kept on the source
     values: dict[str, list[np.ndarray]] | None = None  # every op's value in the run, when asked for
+    source: str = "torch CPU, recorded dtype"  # where the ops left on the source ran
 
     @property
     def passed(self) -> bool:
@@ -265,6 +271,14 @@ class MixedRunner:
         self._owner = self._owners()
         self._bindings = None
         self._memo = _UnitMemo(UNIT_MEMO_BYTES)
+        source = str(session.reader.meta.get("source", ""))
+        self.source_target = source[len(TVM_SOURCE):] if source.startswith(TVM_SOURCE) and self.graph is None else None
+        self._source_lanes: Runtime | None = None  # the source target's runtime, opened on first use
+
+    def close(self) -> None:
+        if self._source_lanes is not None:
+            self._source_lanes.close()
+            self._source_lanes = None
 
     # -- placement ----------------------------------------------------------------------------
     def _owners(self) -> dict[int, int]:
@@ -299,6 +313,8 @@ class MixedRunner:
         on_target = self.placement(set(offload) - kept)
         state = _State()
         result = MixedRun(sorted(on_target), len(self.ops), session.where, [])  # what ran there, helpers moved
+        if self.source_target is not None:
+            result.source = f"tvm:{self.source_target}, the source target"
         result.kept = sorted(session.user_kept & set(offload))
         if result.kept:
             result.notes.append(kept_note(self.ops, result.kept, mixed=True))
@@ -311,6 +327,8 @@ class MixedRunner:
                 self._run_target(indices, state, result)
                 if result.failure:
                     break
+            elif self.source_target is not None and self._reads_offloaded(indices, state):
+                self._run_source_target(indices, state, result)
             else:
                 for index in indices:
                     self._run_source(self.ops[index], state, result)
@@ -372,6 +390,23 @@ class MixedRunner:
             state.values[op.name] = values
             state.tainted.add(op.name)
             self._enter_source(op, values, state)
+
+    def _reads_offloaded(self, indices: list[int], state: "_State") -> bool:
+        return any(name in state.tainted for index in indices for name in self.ops[index].inputs)
+
+    def _run_source_target(self, indices: list[int], state: "_State", result: MixedRun) -> None:
+        """Source ops of a TVM-source trace fed offloaded values: chained on the source target itself."""
+        if self._source_lanes is None:
+            self._source_lanes = Runtime.open(self.session.reader.path, TargetSpec(target=self.source_target),
+                                              self.session.pool.config.cache_dir)
+        run = run_on_target(self.session, indices, fed=state.values, run=self._source_lanes.run)
+        if not run.result.ok:
+            raise TraceError(f"ops #{indices[0]}..#{indices[-1]} did not run on the source target "
+                             f"{self.source_target}: {''.join((run.result.message or '').splitlines()[:1])}")
+        for index in indices:
+            name = self.ops[index].name
+            state.tainted.add(name)
+            state.values[name] = run.values.get(name, [])
 
     def _unit_key(self, indices: list[int], state: "_State") -> tuple:
         """The ops of a unit and what feeds them: a digest of each value the run holds, else the name

@@ -121,6 +121,8 @@ class Session:
         self.close()
 
     def close(self) -> None:
+        if self._mixed_runner is not None:
+            self._mixed_runner.close()  # a TVM-source trace's source target runtime, where a mixed run opened it
         self.lanes.close()
         self.reader.close()
         if self._torch_import is not None:

@@ -1188,7 +1188,7 @@ def _output_line(check, failure: str = "") -> str:
 def _(result: MixedRun, console: Console) -> None:
     source = result.ops - len(result.offload)
     console.print(f"mixed run on {escape(result.target)}: {escape(spans_text(result.offload, result.ops))} on the "
-                  f"target, {source} on the source (torch CPU, recorded dtype)")
+                  f"target, {source} on the source ({escape(result.source)})")
     if result.failure:
         console.print(f"  [{FAILED_RUN_STYLE}]stopped[/]: {escape(result.failure)}")
     for check in result.outputs:
