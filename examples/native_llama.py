@@ -13,6 +13,8 @@
     cache      {"max_batch_size": 1, "max_total_seq_len": ..., "prefill_chunk_size": ..., "page_size": ...,
                 "support_sliding_window": 0}: create_paged_kv_cache's arguments in its order, each passed
                to the VM as a one-element ShapeTuple
+    kv         {"num_layers", "num_kv_heads", "head_dim", "dtype"}: the layout of the cache's K/V, what
+               `vm.builtin.attention_kv_cache_debug_get_kv` needs to read its state back
     target     the target the cache kernels were generated for
 
     prefill(ids: int32 (1, L), cache, *params) -> (logits float32 (1, L, vocab), cache)   every position
@@ -23,6 +25,8 @@ sequence 0, then begin_forward / prefill / end_forward and n greedy decode steps
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -176,11 +180,20 @@ def build_tvm(target: str = "llvm") -> dict:
         if tuple(weight.shape) != tuple(int(d) for d in param.shape):
             raise ValueError(f"{name}: transformers' weight is {weight.shape}, the Relax parameter {param.shape}")
         params.append((name, np.ascontiguousarray(weight)))
+    cfg = model.config
+    kv = {"num_layers": cfg.num_hidden_layers, "num_kv_heads": cfg.num_key_value_heads,
+          "head_dim": cfg.hidden_size // cfg.num_attention_heads, "dtype": "float32"}
     return {"mod": mod, "params": params, "prompt": ids.numpy().astype("int32"), "functions": dict(FUNCTIONS),
-            "cache": dict(CACHE), "target": target if isinstance(target, str) else str(target)}
+            "cache": dict(CACHE), "kv": kv, "target": target if isinstance(target, str) else str(target)}
 
 
 # ---- the deployment loop ----
+
+class Generated(NamedTuple):
+    tokens: list[int]  # the n + 1 greedy tokens
+    logits: list[np.ndarray]  # the prefill's (L, vocab), then each decode step's (1, vocab)
+    keys: np.ndarray  # the cache's state at the end, read back: (layers, positions, kv_heads, head_dim),
+    values: np.ndarray  # keys after rotary, as transformers' cache holds them
 
 def compile_tvm(native: dict):
     """`tvm.compile` the module for the target its cache kernels were made for."""
@@ -190,8 +203,8 @@ def compile_tvm(native: dict):
 def generate_tvm(n: int, target: str = "llvm", native: dict | None = None, executable=None, device=None):
     """Greedy generation as a deployment runs it: a prefill over the prompt, then n decode steps, each
     fed the token chosen before it (`record --generate n`'s steps). Returns the n + 1 chosen token ids
-    (transformers' `generate(max_new_tokens=n + 1)` chooses the same) and each step's logits: the
-    prefill's (L, vocab), every position, then each decode step's (1, vocab)."""
+    (transformers' `generate(max_new_tokens=n + 1)` chooses the same), each step's logits and the
+    cache's K/V at the end (the prompt and the n fed tokens)."""
     native = native if native is not None else build_tvm(target)
     executable = executable if executable is not None else compile_tvm(native)
     if device is None:
@@ -218,4 +231,53 @@ def generate_tvm(n: int, target: str = "llvm", native: dict | None = None, execu
     for _ in range(n):
         logits.append(step("decode", np.array([[tokens[-1]]], dtype="int32")))
         tokens.append(int(logits[-1][-1].argmax()))
-    return tokens, logits
+    keys, values = read_cache(cache, native["kv"], native["prompt"].shape[1] + n, device)
+    return Generated(tokens, logits, keys, values)
+
+
+def read_cache(cache, kv: dict, length: int, device, seq_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """The K/V of positions [0, length) of a sequence, every layer, read from the cache's pages."""
+    shape = (kv["num_layers"], length, kv["num_kv_heads"], kv["head_dim"])
+    keys, values = tvm.runtime.empty(shape, kv["dtype"], device), tvm.runtime.empty(shape, kv["dtype"], device)
+    tvm.get_global_func("vm.builtin.attention_kv_cache_debug_get_kv")(cache, seq_id, 0, length, keys, values)
+    return keys.numpy(), values.numpy()
+
+
+def torch_generate(n: int) -> Generated:
+    """transformers' greedy generation of build()'s model, shaped as generate_tvm's: n + 1 tokens, the
+    prefill's logits at every position, each decode step's, and its cache's K/V at the end."""
+    model, (ids,) = build()
+    with torch.no_grad():
+        prefill = model(ids).logits[0].numpy()
+        out = model.generate(ids, do_sample=False, max_new_tokens=n + 1, output_logits=True,
+                             return_dict_in_generate=True, pad_token_id=0)
+    cache = out["cache"] if "cache" in out else out["past_key_values"]  # `cache` since transformers 5.2x
+    layers = cache.layers  # each (1, kv_heads, positions, head_dim)
+    keys = np.stack([layer.keys[0].transpose(0, 1).numpy() for layer in layers])
+    values = np.stack([layer.values[0].transpose(0, 1).numpy() for layer in layers])
+    return Generated(out.sequences[0, ids.shape[1]:].tolist(), [prefill] + [step.numpy() for step in out.logits[1:]],
+                     keys, values)
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(description="the Relax Llama on TVM's paged KV cache vs transformers")
+    parser.add_argument("steps", nargs="?", type=int, default=4, help="decode steps after the prefill")
+    parser.add_argument("--target", default="llvm", help="TVM target (llvm, cuda)")
+    parser.add_argument("--atol", type=float, default=2e-5, help="logits tolerance (absolute)")
+    args = parser.parse_args(argv)
+    expected, got = torch_generate(args.steps), generate_tvm(args.steps, args.target)
+    logits = max(float(np.abs(a - b).max()) for a, b in zip(got.logits, expected.logits))
+    cache = max(float(np.abs(got.keys - expected.keys).max()), float(np.abs(got.values - expected.values).max()))
+    print(f"prefill of {PROMPT_LEN} positions + {args.steps} decode steps, greedy")
+    print(f"transformers generate():  {expected.tokens}")
+    print(f"TVM on {args.target}, paged cache: {got.tokens}")
+    print(f"tokens {'equal' if got.tokens == expected.tokens else 'DIFFER'}; "
+          f"logits of every step {'within' if logits <= args.atol else 'NOT within'} {args.atol:g} of transformers'; "
+          f"the cache's K/V {'within' if cache <= args.atol else 'NOT within'} {args.atol:g} of transformers' cache")
+    return 0 if got.tokens == expected.tokens and max(logits, cache) <= args.atol else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,6 +1,7 @@
 """examples/native_llama.py: the Llama written with relax.frontend.nn on TVM's paged KV cache (TIR
-kernels on llvm) generates transformers' greedy tokens, with the same logits at every step; its
-`build_tvm()` contract (docs/native-llm.md) is what a recorder can drive."""
+kernels on llvm) generates transformers' greedy tokens, with the same logits at every step and the
+same K/V in its pages as transformers' cache; its `build_tvm()` contract (docs/native-llm.md) is what
+a recorder can drive."""
 
 from __future__ import annotations
 
@@ -8,12 +9,10 @@ import importlib.util
 
 import numpy as np
 import pytest
-import torch
-
 from conftest import EXAMPLES
 
 DECODE_STEPS = 4
-LOGITS_TOLERANCE = {"rtol": 1e-4, "atol": 2e-5}  # float32, another summation order: ~2e-7 seen on llvm
+TOLERANCE = {"rtol": 1e-4, "atol": 2e-5}  # float32, another summation order: ~2e-7 seen on llvm
 
 
 @pytest.fixture(scope="module")
@@ -37,33 +36,31 @@ def tvm_run(example, native):
 
 @pytest.fixture(scope="module")
 def torch_run(example):
-    """transformers' greedy generation of the same weights: its tokens, the prefill's logits at every
-    position, each decode step's logits."""
-    model, (ids,) = example.build()
-    with torch.no_grad():
-        prefill = model(ids).logits[0].numpy()
-        out = model.generate(ids, do_sample=False, max_new_tokens=DECODE_STEPS + 1, output_logits=True,
-                             return_dict_in_generate=True, pad_token_id=0)
-    tokens = out.sequences[0, ids.shape[1]:].tolist()
-    return tokens, [prefill] + [step.numpy() for step in out.logits[1:]]
+    """transformers' greedy generation of the same weights (`generate(max_new_tokens=DECODE_STEPS + 1)`)."""
+    return example.torch_generate(DECODE_STEPS)
 
 
 def test_greedy_tokens_equal_transformers_generate(tvm_run, torch_run):
-    tokens, _ = tvm_run
-    assert len(tokens) == DECODE_STEPS + 1
-    assert len(set(tokens)) > 1  # a real generation, not one token repeated
-    assert tokens == torch_run[0]
+    assert len(tvm_run.tokens) == DECODE_STEPS + 1
+    assert len(set(tvm_run.tokens)) > 1  # a real generation, not one token repeated
+    assert tvm_run.tokens == torch_run.tokens
 
 
 def test_logits_agree_with_transformers_at_every_step(tvm_run, torch_run):
-    _, tvm_logits = tvm_run
-    _, torch_logits = torch_run
-    assert tvm_logits[0].shape == torch_logits[0].shape == (8, 128)  # prefill: every prompt position
-    np.testing.assert_allclose(tvm_logits[0], torch_logits[0], **LOGITS_TOLERANCE)
-    assert len(tvm_logits) == len(torch_logits) == DECODE_STEPS + 1
+    assert tvm_run.logits[0].shape == torch_run.logits[0].shape == (8, 128)  # prefill: every prompt position
+    np.testing.assert_allclose(tvm_run.logits[0], torch_run.logits[0], **TOLERANCE)
+    assert len(tvm_run.logits) == len(torch_run.logits) == DECODE_STEPS + 1
     for step in range(1, DECODE_STEPS + 1):  # decode: the paged decode kernel over the cached pages
-        assert tvm_logits[step].shape == torch_logits[step].shape == (1, 128)
-        np.testing.assert_allclose(tvm_logits[step], torch_logits[step], **LOGITS_TOLERANCE)
+        assert tvm_run.logits[step].shape == torch_run.logits[step].shape == (1, 128)
+        np.testing.assert_allclose(tvm_run.logits[step], torch_run.logits[step], **TOLERANCE)
+
+
+def test_the_paged_cache_holds_transformers_keys_and_values(tvm_run, torch_run):
+    """The pages read back (`attention_kv_cache_debug_get_kv`): the prompt and every fed token, keys
+    after rotary, as transformers' own cache holds them: the state a recorder records."""
+    assert tvm_run.keys.shape == torch_run.keys.shape == (2, 8 + DECODE_STEPS, 2, 16)
+    np.testing.assert_allclose(tvm_run.keys, torch_run.keys, **TOLERANCE)
+    np.testing.assert_allclose(tvm_run.values, torch_run.values, **TOLERANCE)
 
 
 def test_build_tvm_contract(example, native):
@@ -85,4 +82,5 @@ def test_build_tvm_contract(example, native):
     create = mod[functions["create_cache"]].params
     assert [p.name for p in create] == list(native["cache"])
     assert native["prompt"].dtype == np.int32 and native["prompt"].tolist() == ids.tolist()
+    assert native["kv"] == {"num_layers": 2, "num_kv_heads": 2, "head_dim": 16, "dtype": "float32"}
     assert native["target"] == "llvm"
