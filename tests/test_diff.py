@@ -30,6 +30,17 @@ def build():  # examples/mlp.py in bfloat16: the same graph, so the same op name
     model, (x,) = mlp.build()
     return model.to(torch.bfloat16), (x.to(torch.bfloat16),)
 """
+BF16_LLAMA = f"""import sys, torch
+sys.path.insert(0, {str(EXAMPLES)!r})
+import tiny_llama
+
+def build():  # examples/tiny_llama.py's bare LlamaForCausalLM in bfloat16
+    model, (ids,) = tiny_llama.causal_lm()
+    return model.to(torch.bfloat16), (ids,)
+
+def float32():
+    return tiny_llama.causal_lm()
+"""
 
 
 def copy_trace(source: Path, target: Path, scale_from: int | None = None, factor: float = FACTOR,
@@ -83,7 +94,8 @@ def test_torch_and_tvm_llvm_recordings_pair_every_op_and_agree_within_float32_no
     assert close and counts["close"] == len(close) == 26 - counts["identical"]
     rels = [op["metrics"]["scale_rel_err"] for op in close]
     assert 0 < max(rels) < 1e-5  # reduction-order noise, far under float32's 1e-4
-    assert all(op["tolerance"] == {"rtol": 1e-4, "atol": 1e-6} and op["cast"] is None for op in close)
+    assert all(op["tolerance"] == {"rtol": 1e-4, "atol": 1e-6} and op["precision"] == "float32" and op["cast"] is None
+               for op in close)
     # every layer, at its last op, in the order the model reaches it; a layer ends where its last nested op does
     layers = [(row["layer"], row["a"]["name"]) for row in found["layers"]]
     assert layers == [("proj", "addmm"), ("blocks.0.norm", "native_layer_norm"), ("blocks.0.fc", "addmm_1"),
@@ -103,7 +115,7 @@ def test_the_json_shape(traces, planted):
     assert found["tolerance"]["rule"] == "by dtype"
     assert found["tolerance"]["by_dtype"]["bfloat16"] == {"rtol": 4e-2, "atol": 1e-2}
     op_keys = {"name", "step", "op", "b_op", "layer", "a", "b", "status", "a_outputs", "b_outputs", "output", "cast",
-               "tolerance", "metrics", "note"}
+               "tolerance", "precision", "metrics", "note"}
     assert all(set(op) == op_keys for op in found["ops"])
     assert set(found["first_difference"]) == op_keys
     assert found["ops"][0]["a_outputs"] == ["float32[16, 32]"] and found["ops"][0]["metrics"]["max_abs_err"] == 0
@@ -175,12 +187,30 @@ def test_float32_and_bfloat16_recordings_pair_by_name_and_are_compared_in_float6
     assert found["ops"][1]["a_outputs"] == ["float32[4, 32]"] and found["ops"][1]["b_outputs"] == ["bfloat16[4, 32]"]
     rels = [op["metrics"]["scale_rel_err"] for op in found["ops"]]
     assert 1e-3 < max(rels) < 4e-2  # bf16's rounding, under bf16's tolerance: no difference by default
-    assert all(op["tolerance"] == {"rtol": 4e-2, "atol": 1e-2} for op in found["ops"])
+    assert all(op["tolerance"] == {"rtol": 4e-2, "atol": 1e-2} and op["precision"] == "bfloat16" for op in found["ops"])
     assert not found["differs"] and all(row["status"] == "close" for row in found["layers"])
     strict = diff_json(traces.get("mlp"), bf16_mlp, "--rtol", "1e-4")  # float32's rule: bf16 fails at once
     assert strict["first_difference"]["a"] == 0 and strict["first_layer_difference"]["layer"] == "proj"
     shown = run_cli("diff", str(traces.get("mlp")), str(bf16_mlp))
     assert "dtypes differ (float32 vs bfloat16) at 26 op(s): compared in float64" in shown.stdout
+
+
+def test_a_bfloat16_llms_float32_islands_are_judged_at_bfloat16_as_they_are_computed_from_it(tmp_path):
+    """A bf16 Llama computes RoPE and its norms' upcasts in float32 from bf16 values: held to float32's rule
+    they would differ from the float32 model's by bf16's rounding, a false alarm."""
+    (tmp_path / "llama_bf16.py").write_text(BF16_LLAMA)
+    for func, name in (("float32", "fp32.h5"), ("build", "bf16.h5")):
+        done = run_cli("record", f"{tmp_path / 'llama_bf16.py'}:{func}", "-o", str(tmp_path / name))
+        assert done.returncode == 0, done.stderr
+    found = diff_json(tmp_path / "fp32.h5", tmp_path / "bf16.h5")
+    assert found["matched"] > 200 and found["only_in_a"]["count"] == 0
+    assert found["only_in_b"]["count"] > 0 and all(name.startswith("_to_copy") for name in found["only_in_b"]["names"])
+    assert not found["differs"], found["first_difference"]
+    islands = [op for op in found["ops"] if op["cast"] is None and op["a_outputs"][0].startswith("float32")
+               and op["precision"] == "bfloat16"]
+    assert {"cos", "sin", "rsqrt"} <= {op["op"].split(".")[1] for op in islands}  # RoPE and RMSNorm in float32
+    assert max(op["metrics"]["scale_rel_err"] for op in islands) > 1e-4  # past float32's rtol, within bfloat16's
+    assert all(op["status"] == "close" for op in islands)
 
 
 # ------------------------------------------------------------------ TVM-native and generation traces

@@ -69,13 +69,17 @@ class DiffTolerance:
         if self.atol is not None and self.rtol is None:
             raise UsageError("--atol goes with --rtol (without --rtol each dtype has the judge's tolerance)")
 
-    def for_dtypes(self, a: str, b: str) -> Tolerance:
-        """The tolerance of a pair of dtypes: exact for integers and bools, else the looser of the two."""
-        policy = TolerancePolicy()
-        looser = max((policy.for_value(dtype) for dtype in (a, b)), key=lambda t: (t.rtol, t.atol))
-        if looser == EXACT or self.rtol is None:
-            return looser
-        return Tolerance(rtol=self.rtol, atol=self.atol or 0.0)
+    def for_dtypes(self, a: str, b: str, floors: tuple[str, ...] = ()) -> tuple[Tolerance, str]:
+        """The tolerance of a pair of outputs of dtypes `a` and `b`, and the dtype whose it is: exact for
+        integers and bools; else the loosest of `a`, `b` and `floors` (the lowest precision each op is
+        computed from, `precision_floors`), or the fixed rule."""
+        own = loosest((a, b))
+        if TolerancePolicy().for_value(own) == EXACT:
+            return EXACT, own
+        if self.rtol is not None:
+            return Tolerance(rtol=self.rtol, atol=self.atol or 0.0), ""
+        dtype = loosest((a, b, *floors))
+        return TolerancePolicy().for_value(dtype), dtype
 
     def to_json(self) -> dict:
         policy = TolerancePolicy()
@@ -83,6 +87,41 @@ class DiffTolerance:
             return {"rule": "by dtype", "by_dtype": {dtype: {"rtol": tol.rtol, "atol": tol.atol}
                                                      for dtype, tol in policy.by_dtype.items()}}
         return {"rule": "fixed", "rtol": self.rtol, "atol": self.atol or 0.0}
+
+
+def loosest(dtypes) -> str:
+    """The dtype of the loosest tolerance among `dtypes` (bfloat16 over float16 over float32 over float64
+    over the exact integers and bools)."""
+    policy = TolerancePolicy()
+    return max(dtypes, key=lambda dtype: (policy.for_value(dtype).rtol, policy.for_value(dtype).atol), default="")
+
+
+def precision_floors(graph: dict, ops: list[dict]) -> dict[str, str]:
+    """{op name: the lowest-precision dtype among its outputs and everything it is computed from (the ops
+    upstream, params, constants)}. A bfloat16 model computes some ops in float32 (RoPE, a norm's upcast,
+    a softmax) from bfloat16 values: compared with the float32 model's, they are bfloat16-accurate, not
+    float32-accurate, and are judged so."""
+    floors = {param["name"]: param.get("dtype", "") for param in graph["params"]}
+    declared = {op["name"]: [spec.get("dtype", "") for spec in op.get("outputs") or []] for op in ops}
+    for binding in graph["bindings"]:
+        floors[binding["name"]] = loosest([*declared.get(binding["name"], []), *_read_dtypes(binding["value"], floors)])
+    return floors
+
+
+def _read_dtypes(expr, floors: dict[str, str]) -> list[str]:
+    """The dtypes an expression of the stored graph reads: its variables' floors and its constants'."""
+    found, stack = [], [expr]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            if isinstance(item.get("var"), str):
+                found.append(floors.get(item["var"], ""))
+            if isinstance(item.get("const"), dict):
+                found.append(str(item["const"].get("dtype", "")))
+            stack.extend(value for key, value in item.items() if key not in ("var", "const", "attrs"))
+    return found
 
 
 @dataclass
@@ -110,12 +149,14 @@ class Comparison:
     output: int | None = None  # the output `metrics` are of
     cast: str = ""  # "float32 vs bfloat16": compared in float64
     tolerance: Tolerance | None = None
+    precision: str = ""  # the dtype whose tolerance it is ("" under --rtol)
     note: str = ""  # why there are no figures
 
     def to_json(self) -> dict:
         return {"status": str(self.status), "a_outputs": self.a_types, "b_outputs": self.b_types,
                 "output": self.output, "cast": self.cast or None,
                 "tolerance": {"rtol": self.tolerance.rtol, "atol": self.tolerance.atol} if self.tolerance else None,
+                "precision": self.precision or None,
                 "metrics": self.metrics.to_json() if self.metrics else None, "note": self.note or None}
 
 
@@ -218,17 +259,20 @@ def _float64(value: np.ndarray) -> np.ndarray:
         return np.asarray(value).astype(np.float64)
 
 
-def _compare_one(a: np.ndarray, b: np.ndarray, rule: DiffTolerance) -> tuple[Metrics, Tolerance, str]:
-    """One output of B against A's: in float64 when the dtypes differ (said in the third item)."""
+def _compare_one(a: np.ndarray, b: np.ndarray, rule: DiffTolerance, floors: tuple[str, ...]) -> tuple:
+    """One output of B against A's: (metrics, tolerance, its dtype, "float32 vs bfloat16" when the
+    dtypes differ and the values were compared in float64)."""
     a_dtype, b_dtype = dtype_name(a), dtype_name(b)
-    tol = rule.for_dtypes(a_dtype, b_dtype)
+    tol, precision = rule.for_dtypes(a_dtype, b_dtype, floors)
     if a_dtype == b_dtype:
-        return compare_arrays(b, a, tol), tol, ""
-    return compare_arrays(_float64(b), _float64(a), tol), tol, f"{a_dtype} vs {b_dtype}"
+        return compare_arrays(b, a, tol), tol, precision, ""
+    return compare_arrays(_float64(b), _float64(a), tol), tol, precision, f"{a_dtype} vs {b_dtype}"
 
 
-def compare_values(a: list[np.ndarray], b: list[np.ndarray], rule: DiffTolerance) -> Comparison:
-    """Two ops' recorded outputs, output by output; the op's figures are its worst output's."""
+def compare_values(a: list[np.ndarray], b: list[np.ndarray], rule: DiffTolerance,
+                   floors: tuple[str, ...] = ()) -> Comparison:
+    """Two ops' recorded outputs, output by output; the op's figures are its worst output's. `floors`:
+    the lowest precision each op is computed from (`precision_floors`)."""
     a_types, b_types = _types(a), _types(b)
     if len(a) != len(b):
         return Comparison(DiffStatus.SHAPE, a_types, b_types, note=f"{len(a)} outputs vs {len(b)}")
@@ -238,14 +282,14 @@ def compare_values(a: list[np.ndarray], b: list[np.ndarray], rule: DiffTolerance
                           note=f"output {shapes[0]}: {a_types[shapes[0]]} vs {b_types[shapes[0]]}")
     if not a:
         return Comparison(DiffStatus.IDENTICAL, a_types, b_types)
-    judged = [_compare_one(x, y, rule) for x, y in zip(a, b)]
-    metrics = worst([m for m, _, _ in judged])
-    output = next(k for k, (m, _, _) in enumerate(judged) if m is metrics)
-    cast = next((text for _, _, text in judged if text), "")
-    exact = not cast and all(m.max_abs_err == 0 and m.mismatched == 0 for m, _, _ in judged)
-    status = DiffStatus.IDENTICAL if exact else DiffStatus.CLOSE if all(m.passed for m, _, _ in judged) \
+    judged = [_compare_one(x, y, rule, floors) for x, y in zip(a, b)]
+    metrics = worst([found[0] for found in judged])
+    output = next(k for k, found in enumerate(judged) if found[0] is metrics)
+    cast = next((found[3] for found in judged if found[3]), "")
+    exact = not cast and all(found[0].max_abs_err == 0 and found[0].mismatched == 0 for found in judged)
+    status = DiffStatus.IDENTICAL if exact else DiffStatus.CLOSE if all(found[0].passed for found in judged) \
         else DiffStatus.DIFFERS
-    return Comparison(status, a_types, b_types, metrics, output, cast, judged[output][1])
+    return Comparison(status, a_types, b_types, metrics, output, cast, judged[output][1], judged[output][2])
 
 
 class _Pair:
@@ -255,6 +299,9 @@ class _Pair:
         self.readers = (a, b)
         self.rule = rule
         self._done: dict[tuple[int, int], Comparison] = {}
+        # the precision each op is computed from: only the default rule asks (a fixed rule is one for all)
+        self._floors = ({}, {}) if rule.rtol is not None else \
+            tuple(precision_floors(reader.graph(), reader.ops) for reader in self.readers)
 
     def compare(self, ia: int, ib: int) -> Comparison:
         if (ia, ib) not in self._done:
@@ -269,7 +316,9 @@ class _Pair:
                 return Comparison(DiffStatus.NOT_COMPARED, a_types, b_types,
                                   note=f"no values in {side}: {reader.missing_values_message(index)}")
             values.append(reader.op_outputs(index))
-        return compare_values(*values, self.rule)
+        floors = tuple(floor.get(reader.ops[index]["name"], "")
+                       for floor, reader, index in zip(self._floors, self.readers, (ia, ib)))
+        return compare_values(*values, self.rule, floors)
 
 
 # ---------------------------------------------------------------------------- pairing and layers

@@ -1271,13 +1271,15 @@ def _diff_figures(compared, bound: bool = True) -> str:
         return compared.note or "no outputs"
     tol = compared.tolerance
     said = "exact" if tol.rtol == 0 and tol.atol == 0 else f"rtol {tol.rtol:g}, atol {tol.atol:g}"
-    return metrics_text(compared.metrics) + (f" ({said})" if bound else "")
+    whose = f"{compared.precision}: " if compared.precision and said != "exact" else ""
+    return metrics_text(compared.metrics) + (f" ({whose}{said})" if bound else "")
 
 
 def _diff_tolerance_line(result: DiffResult) -> str:
     if result.tolerance.rtol is None:
-        return ("  tolerance: max_abs <= atol + rtol * absmax(A), the judge's at the lower precision of each pair "
-                "(float32 rtol 1e-4, bfloat16 4e-2: docs/tolerance.md); integers exact; --rtol sets one")
+        return ("  tolerance: max_abs <= atol + rtol * absmax(A), the judge's for the lowest precision an op is "
+                "computed from in A or B (float32 rtol 1e-4, bfloat16 4e-2: docs/tolerance.md); integers exact; "
+                "--rtol sets one")
     return (f"  tolerance: max_abs <= {result.tolerance.atol or 0:g} + {result.tolerance.rtol:g} * absmax(A) for every "
             "float pair (--rtol, --atol), integers exact")
 
