@@ -266,7 +266,8 @@ def build_parser() -> argparse.ArgumentParser:
     differ.add_argument("trace_b", metavar="TRACE_B", help="the recording compared against it (.h5)")
     differ.add_argument("--rtol", type=float, metavar="X",
                         help="one tolerance for every float op: max_abs <= atol + X * absmax(A) (default: the "
-                             "judge's by dtype at the lower precision of the two: float32 1e-4, bfloat16 4e-2)")
+                             "judge's for the lowest precision the op is computed from in either trace: float32 "
+                             "1e-4, bfloat16 4e-2)")
     differ.add_argument("--atol", type=float, metavar="Y", help="with --rtol: the absolute part (default 0)")
     differ.add_argument("--ops", metavar="SEL", help="compare only these ops of TRACE_A (op selectors: 0:40, a name, "
                                                      "a layer, @K) and the layers that end in them")
