@@ -33,11 +33,13 @@ DEFAULT_MODELS = ("llama", "qwen2", "gpt2", "phi3", "efficientnet", "levit", "fa
 TIMEOUT_S = 1500.0
 
 
-def model_file(name: str) -> Path:
-    for path in (ROOT / "examples" / f"{name}.py", ROOT / "examples" / "zoo" / f"{name}.py", Path(name)):
+def model_file(name: str) -> tuple[Path, str]:
+    """The model's file and the FUNC part of its spec ("" or ":build_llama")."""
+    stem, sep, func = name.partition(":")
+    for path in (ROOT / "examples" / f"{stem}.py", ROOT / "examples" / "zoo" / f"{stem}.py", Path(stem)):
         if path.is_file():
-            return path
-    raise SystemExit(f"no model {name!r}: give an example, a zoo architecture or a file")
+            return path, f"{sep}{func}"
+    raise SystemExit(f"no model {name!r}: give an example, a zoo architecture or a file (FILE[:FUNC])")
 
 
 def cli(*args: str, cache: Path | None = None) -> tuple[subprocess.CompletedProcess, float]:
@@ -77,11 +79,12 @@ def wide_text(result: dict | str) -> str:
 
 
 def run_model(name: str, work: Path, target: str, reference: str, speed: bool) -> dict:
-    trace = work / f"{name}.h5"
-    path = model_file(name)
+    trace = work / f"{name.replace(':', '_')}.h5"
+    path, func = model_file(name)
     text = path.read_text()
     native = "def build_tvm(" in text and "def build(" not in text  # a TVM-native model: recorded on the reference
-    done, record_s = cli("record", str(path), "-o", str(trace), *(("--source", f"tvm:{reference}") if native else ()))
+    done, record_s = cli("record", f"{path}{func}", "-o", str(trace),
+                         *(("--source", f"tvm:{reference}") if native else ()))
     row = {"model": name, "record_s": record_s}
     if done.returncode != 0:
         row["error"] = (done.stderr.strip().splitlines() or ["record failed"])[-1][:160]

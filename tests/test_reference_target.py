@@ -102,3 +102,17 @@ def test_triage_against_a_reference_target_lists_no_tvm_wide_cause(selu_trace):
     found = json.loads(result.stdout)
     assert found["diverged"] is False and found["reference"] == {"kind": "target", "target": "llvm"}
     assert [wide["name"] for wide in found["tvm_wide"]] == ["elu"]
+
+
+def test_an_op_the_reference_target_cannot_build_either_does_not_stop_the_search(tmp_path):
+    """bf16 layer_norm does not build on TVM 0.27's llvm: against llvm it is TVM-wide, kept on the source."""
+    from conftest import EXAMPLES
+
+    trace = tmp_path / "gpt2_bf16.h5"
+    assert run_cli("record", f"{EXAMPLES / 'bf16_lms.py'}:build_gpt2", "-o", str(trace)).returncode == 0
+    against_source = _bisect(trace)
+    assert against_source["op"]["name"] == "native_layer_norm" and against_source["op"]["verdict"] == "compile-error"
+    against_llvm = _bisect(trace, "--reference-target", "llvm")
+    assert against_llvm["diverged"] is False
+    wide = {op["name"]: op["verdict"] for op in against_llvm["tvm_wide"]}
+    assert wide["native_layer_norm"] == "compile-error" and wide["pow_1"] == "compile-error"

@@ -40,6 +40,7 @@ REFERENCE_FOLDER = "references"  # under the compile cache's folder: one derived
 SOURCE, TARGET = "source", "target"  # Reference.kind
 ATTRIBUTION_TARGET, ATTRIBUTION_TVM = "target", "tvm"  # op.attribution under a reference target
 FAILED_NOTE = "the reference target failed on this op: the recorded source value"
+FAILED_RUN_VERDICTS = ("compile-error", "crash", "timeout")  # a TVM-wide op the reference target cannot run: kept
 REFERENCE_FORMAT = 1  # bump when the derived trace's content changes: older ones are made again
 
 Progress = Callable[..., None]

@@ -23,7 +23,7 @@ from tapml_dbg.engine.isolated import IsolatedVerdicts
 from tapml_dbg.engine.kept import host_only_of, host_only_verdict, parse_kept, with_node_groups
 from tapml_dbg.engine.migrate import MigrateResult, Migration
 from tapml_dbg.engine.mixed import MixedRun, MixedRunner
-from tapml_dbg.engine.reference import RecordedSource, Reference, trusted_target
+from tapml_dbg.engine.reference import FAILED_RUN_VERDICTS, RecordedSource, Reference, trusted_target
 from tapml_dbg.engine.references import SourceReference, load_source_graph
 from tapml_dbg.engine.propagation import PropagatedReplay
 from tapml_dbg.engine.requests import RequestBuilder
@@ -101,7 +101,11 @@ class Session:
         self.host_only = host_only_of(self.main, self.ops, reader.meta)
         self.host_only_ops = frozenset(entry.index for entry in self.host_only)
         self.user_kept: frozenset[int] = frozenset()  # the ops the user keeps (`--keep`): what results list as kept
-        self.kept: frozenset[int] = self.host_only_ops  # ops kept on the source (engine/kept.py), host-only ones too; `reset` keeps them
+        # TVM-wide ops the reference target cannot build or run either: kept on the source, so that a search
+        # against a reference target never stops at a bug every TVM target shares (engine/reference.py)
+        self.reference_kept = with_node_groups(self.ops, [op.index for op in self.against.tvm_wide
+                                                          if op.verdict in FAILED_RUN_VERDICTS])
+        self.kept: frozenset[int] = self.host_only_ops | self.reference_kept  # ops kept on the source (engine/kept.py), host-only ones too; `reset` keeps them
         self.reset()
 
     @classmethod
@@ -177,7 +181,7 @@ class Session:
         """Keep these ops on the source (a known bug, or one assumed fixed), with the other bindings of
         their source ops: cut out of the target's units, no verdict named. Replaces the kept set."""
         self.user_kept = with_node_groups(self.ops, indices)
-        self.kept = self.user_kept | self.host_only_ops
+        self.kept = self.user_kept | self.host_only_ops | self.reference_kept
         self.replay.forget()
         return sorted(self.user_kept)
 
