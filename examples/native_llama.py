@@ -40,7 +40,7 @@ from tvm.relax.frontend.nn.llm.kv_cache import PagedKVCache, RopeMode, TIRPagedK
 from tvm.runtime import ShapeTuple
 from tvm.target import Target
 
-PROMPT_LEN = 8
+PROMPT_LEN = 14  # + 4 decode steps: positions 14..17 cross from the first page of 16 into the second
 SEED = 0
 CACHE = {"max_batch_size": 1, "max_total_seq_len": 128, "prefill_chunk_size": 64, "page_size": 16,
          "support_sliding_window": 0}

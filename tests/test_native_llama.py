@@ -46,19 +46,21 @@ def test_greedy_tokens_equal_transformers_generate(tvm_run, torch_run):
     assert tvm_run.tokens == torch_run.tokens
 
 
-def test_logits_agree_with_transformers_at_every_step(tvm_run, torch_run):
-    assert tvm_run.logits[0].shape == torch_run.logits[0].shape == (8, 128)  # prefill: every prompt position
+def test_logits_agree_with_transformers_at_every_step(example, tvm_run, torch_run):
+    prompt = example.PROMPT_LEN
+    assert tvm_run.logits[0].shape == torch_run.logits[0].shape == (prompt, 128)  # prefill: every position
     np.testing.assert_allclose(tvm_run.logits[0], torch_run.logits[0], **TOLERANCE)
     assert len(tvm_run.logits) == len(torch_run.logits) == DECODE_STEPS + 1
+    assert prompt < example.CACHE["page_size"] < prompt + DECODE_STEPS  # the later steps read across a page boundary
     for step in range(1, DECODE_STEPS + 1):  # decode: the paged decode kernel over the cached pages
         assert tvm_run.logits[step].shape == torch_run.logits[step].shape == (1, 128)
         np.testing.assert_allclose(tvm_run.logits[step], torch_run.logits[step], **TOLERANCE)
 
 
-def test_the_paged_cache_holds_transformers_keys_and_values(tvm_run, torch_run):
+def test_the_paged_cache_holds_transformers_keys_and_values(example, tvm_run, torch_run):
     """The pages read back (`attention_kv_cache_debug_get_kv`): the prompt and every fed token, keys
     after rotary, as transformers' own cache holds them: the state a recorder records."""
-    assert tvm_run.keys.shape == torch_run.keys.shape == (2, 8 + DECODE_STEPS, 2, 16)
+    assert tvm_run.keys.shape == torch_run.keys.shape == (2, example.PROMPT_LEN + DECODE_STEPS, 2, 16)
     np.testing.assert_allclose(tvm_run.keys, torch_run.keys, **TOLERANCE)
     np.testing.assert_allclose(tvm_run.values, torch_run.values, **TOLERANCE)
 
