@@ -26,8 +26,12 @@ from tapml_dbg.ui.console import make_console
 from tapml_dbg.ui.render import render
 
 # a transform that fails for every module, with a message to count in the output
-PASS_ERROR = "my pass exploded at the frobnicate step"
-RAISING_TRANSFORM = f"def boom(mod):\n    raise ValueError({PASS_ERROR!r})\n"
+PASS_ERROR = "Cannot convert from type"  # TVM's own error compiling what the pass below returns
+# a pass that returns a module TVM then refuses to compile (an attribute of the wrong type): a compile error
+# of every unit, raised after the pass (an exception inside the pass is the pass's own failure instead)
+RAISING_TRANSFORM = ("import tvm\nfrom tvm import relax\n\n\ndef boom(mod):\n"
+                     "    return tvm.IRModule({gv: f.with_attr('tir_var_upper_bound', {'n': 'oops'})\n"
+                     "                         if isinstance(f, relax.Function) else f for gv, f in mod.functions_items()})\n")
 
 
 def _rendered(result) -> str:
@@ -129,7 +133,7 @@ def test_a_stopped_mixed_run_says_its_error_once(traces, raising_transform):
     result = run_cli("run", str(traces.get("mlp")), "--offload", "0:5", "--transform", raising_transform)
     assert result.returncode == 0, result.stderr
     assert result.stdout.count(PASS_ERROR) == 1, result.stdout  # `stopped:`, the output line and 5 ops before
-    assert "stopped: op #0 permute of the target run of ops #0..#4 ended with compile-error: ValueError" in result.stdout
+    assert "stopped: op #0 permute of the target run of ops #0..#4 ended with compile-error: TypeError" in result.stdout
     assert "output output[0]: FAIL no value (as above)" in result.stdout
     assert "5 op(s) fail in this run: #0 permute compile-error, #1" in result.stdout
 
@@ -139,7 +143,7 @@ def test_compare_says_a_compile_error_once_when_both_runs_fail_with_it(traces, r
     assert result.returncode == 0, result.stderr
     assert result.stdout.count(PASS_ERROR) == 1, result.stdout  # the isolated and the propagated column before
     # the propagated run stopped at op 0 upstream (the pass fails every unit), with the same error
-    assert re.search(rf"message\s+ValueError: {PASS_ERROR}\s+op permute: \(as isolated\)", result.stdout), result.stdout
+    assert re.search(rf"message\s+TypeError: {PASS_ERROR}.*\s+op permute: \(as isolated\)", result.stdout), result.stdout
 
 
 # ------------------------------------------------------------------ 6. `next:` after migrate and info
