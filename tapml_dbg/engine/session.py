@@ -287,15 +287,15 @@ def open_judged(path: str | Path, spec: TargetSpec, *, reference: TargetSpec | N
                 progress: Progress = _noop) -> Session:
     """A session on trace `path` judged against its recorded values, or, given `reference`, against the
     same units on that trusted target (computed once and kept in the cache: engine/reference.py)."""
-    against = None
-    if reference is not None:
-        def open_reference(trace, reference_spec: TargetSpec) -> Session:
-            return Session.open(trace, reference_spec, cache_dir=cache_dir, start_workers=True)
+    if reference is None:
+        return Session.open(path, spec, cache_dir=cache_dir, start_workers=start_workers, searching=searching)
 
-        try:
-            against = trusted_target(path, reference, cache_dir, open_reference, progress)
-        except TargetError as exc:
-            raise TargetError(f"reference target: {exc}") from exc
-        path = against.trace
-    return Session(TraceReader(path), spec, cache_dir=cache_dir, start_workers=start_workers, searching=searching,
-                   against=against)
+    def open_reference(trace, reference_spec: TargetSpec) -> Session:
+        return Session.open(trace, reference_spec, cache_dir=cache_dir, start_workers=True)
+
+    try:
+        against = trusted_target(path, reference, cache_dir, open_reference, progress)
+    except TargetError as exc:
+        raise TargetError(f"reference target: {exc}") from exc
+    return Session(TraceReader(against.trace), spec, cache_dir=cache_dir, start_workers=start_workers,
+                   searching=searching, against=against)
