@@ -12,6 +12,16 @@ import pytest
 from conftest import EXAMPLES
 
 DECODE_STEPS = 4
+GPU_TOLERANCE = {"rtol": 1e-4, "atol": 1e-4}  # the GPU kernels' float32 summation orders
+
+
+def _has_cuda() -> bool:
+    try:
+        import tvm
+
+        return bool(tvm.cuda(0).exist)
+    except Exception:
+        return False
 TOLERANCE = {"rtol": 1e-4, "atol": 2e-5}  # float32, another summation order: ~2e-7 seen on llvm
 
 
@@ -86,3 +96,14 @@ def test_build_tvm_contract(example, native):
     assert native["prompt"].dtype == np.int32 and native["prompt"].tolist() == ids.tolist()
     assert native["kv"] == {"num_layers": 2, "num_kv_heads": 2, "head_dim": 16, "dtype": "float32"}
     assert native["target"] == "llvm"
+
+
+@pytest.mark.skipif(not _has_cuda(), reason="no CUDA GPU on this machine")
+def test_greedy_tokens_and_logits_on_cuda(example, torch_run):
+    """The same on CUDA: build_tvm("cuda") puts the cache's GPU kernels in the module."""
+    run = example.generate_tvm(DECODE_STEPS, "cuda")
+    assert run.tokens == torch_run.tokens
+    for got, expected in zip(run.logits, torch_run.logits):
+        np.testing.assert_allclose(got, expected, **GPU_TOLERANCE)
+    np.testing.assert_allclose(run.keys, torch_run.keys, **GPU_TOLERANCE)
+    np.testing.assert_allclose(run.values, torch_run.values, **GPU_TOLERANCE)
