@@ -31,6 +31,7 @@ POISON_PATTERNS = "TAPML_POISON_PATTERNS"
 SERVER = "TAPML_SERVER"
 SIDE_LANE = "TAPML_SIDE_LANE"
 WEIGHTS = "TAPML_WEIGHTS"
+WEIGHT_CACHE_MIB = "TAPML_WEIGHT_CACHE_MIB"
 WEIGHT_REFS = "TAPML_WEIGHT_REFS"
 WORKER_GROWTH_MIB = "TAPML_WORKER_GROWTH_MIB"
 WRITE_THREAD = "TAPML_WRITE_THREAD"
@@ -88,6 +89,13 @@ def _mib(text: str | None) -> float:
     return float(text if text is not None else "512")
 
 
+def _weight_cache_mib(text: str | None) -> float:
+    try:
+        return max(0.0, float(text if text is not None else "256"))
+    except ValueError:
+        raise ValueError(f"{WEIGHT_CACHE_MIB} must be a number of MiB, got {text!r}") from None
+
+
 def _host_ops(text: str | None) -> str:
     return text if text is not None else "verify-first"
 
@@ -135,6 +143,10 @@ KNOBS: dict[str, Knob] = {knob.name: knob for knob in (
          "where to look, by file name, for the checkpoint files a trace references when they are not where they "
          "were recorded (a trace moved to another machine; folders split at the path separator, `:`)",
          "each time a trace's referenced weights are opened", _folders),
+    Knob(WEIGHT_CACHE_MIB, "MiB", "256",
+         "referenced weights a trace reader keeps after reading them from their checkpoint (least recently used "
+         "first out), so a param and the ops that transpose it read the file once; 0: keep none",
+         "each time a trace's referenced weights are opened", _weight_cache_mib),
     Knob(WEIGHT_REFS, "1/0", "1",
          "0: copy every param into the trace, even those loaded from a safetensors checkpoint (a self-contained "
          "trace); 1: reference those (docs/trace-format.md)",

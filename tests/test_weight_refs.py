@@ -178,3 +178,46 @@ def build():
                                                                                  "2.weight"]
         assert reader.weight_views()  # the linears' transposed weights are views of them, not copies
     assert verify_trace(tmp_path / "own.h5").ok
+
+
+def test_a_view_and_its_param_read_the_file_once_per_reader(checkpoint, monkeypatch):
+    """A linear's transposed weight (a view) and the weight itself share one read of the checkpoint."""
+    from tapml_dbg.trace.weight_refs import SafetensorsFile
+
+    _, _, trace = checkpoint
+    reads: list[tuple[int, int]] = []
+    real = SafetensorsFile.read_bytes
+    monkeypatch.setattr(SafetensorsFile, "read_bytes", lambda self, span: reads.append((span.begin, span.end))
+                        or real(self, span))
+    with TraceReader(trace) as reader:
+        views = reader.weight_views()
+        assert len(views) >= 7 * CONFIG["num_hidden_layers"]  # q k v o gate up down of every layer
+        for index, (param, axes) in views.items():
+            value = reader.op_outputs(index)[0]
+            weight = reader.param(param)
+            assert value.flags.c_contiguous and np.array_equal(value, weight.transpose(axes)), index
+            assert not weight.flags.writeable  # kept and shared: no caller may change it in place
+        for name in reader.param_names:
+            reader.param(name)
+        assert len(reads) == len(set(reads)) == len(reader.weight_refs.params)  # each tensor read once
+        assert reader.weight_refs.file_reads == len(reads)
+    monkeypatch.setenv("TAPML_WEIGHT_CACHE_MIB", "0")  # none kept: the view reads its param again
+    reads.clear()
+    with TraceReader(trace) as reader:
+        index, (param, _) = next(iter(reader.weight_views().items()))
+        reader.param(param)
+        reader.op_outputs(index)
+        assert len(reads) == 2 and reads[0] == reads[1]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "float64", "bool", "uint8"])
+def test_a_weight_view_is_transposed_exactly(dtype):
+    from tapml_dbg.trace.weight_refs import transposed
+
+    rng = np.random.default_rng(0)
+    for shape, axes in (((37, 19), (1, 0)), ((5, 300), (1, 0)), ((300, 5), (1, 0)), ((1, 7), (1, 0)), ((0, 4), (1, 0)),
+                        ((3, 4, 5), (2, 0, 1)), ((6, 7), (0, 1))):
+        value = (rng.random(shape) * 100).astype(dtype)
+        out = transposed(value, axes)
+        assert out.flags.c_contiguous and out.dtype == value.dtype
+        assert np.array_equal(out, value.transpose(axes)), (shape, axes)

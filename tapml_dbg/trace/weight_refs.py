@@ -4,7 +4,9 @@ A model loaded with `from_pretrained` already has its weights on disk; copying t
 made a 1.1B Llama's trace 9.7 GiB. A param whose bytes equal a checkpoint tensor's is stored as a
 reference instead (`/graph/weight_refs`, a JSON text): the file, the tensor's name, its dtype and
 shape, the SHA-256 and the CRC-32 of its bytes. Replay reads the tensor from the file with one
-positioned read and checks its CRC-32 (as a stored tensor's), `info --verify` its SHA-256.
+positioned read and checks its CRC-32 (as a stored tensor's), `info --verify` its SHA-256. A reader
+keeps the tensors it read (up to `TAPML_WEIGHT_CACHE_MIB`): a param and the ops that are its transpose
+(a linear's weight) read the file once.
 
 A checkpoint is untrusted input like a trace: its safetensors header is parsed here as data (JSON,
 bounded, every offset checked against the file), nothing in it unpickled or run. A file that
@@ -20,6 +22,7 @@ import json
 import math
 import os
 import struct
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -221,14 +224,23 @@ class FileStatus:
                 f"bytes, not {self.bytes}); {WHAT_TO_DO}")
 
 
+def _cache_bytes() -> int:
+    return int(settings.value(settings.WEIGHT_CACHE_MIB) * 2**20)
+
+
 @dataclass
 class WeightRefs:
-    """The referenced params of one open trace; opens their files on first use (one reader's life)."""
+    """The referenced params of one open trace; opens their files on first use (one reader's life).
+    The tensors read are kept (read-only, least recently used first out) while they fit in `max_bytes`."""
 
     files: list[WeightFile]
     params: dict[str, WeightRef]
+    max_bytes: int = field(default_factory=_cache_bytes)
+    file_reads: int = 0  # tensors read from the files (for read(); a kept one is not read again)
     _open: dict[int, SafetensorsFile] = field(default_factory=dict)
-    _verified: set[str] = field(default_factory=set)  # params whose CRC-32 matched in this reader
+    _verified: set[WeightRef] = field(default_factory=set)  # tensors whose CRC-32 matched in this reader
+    _kept: OrderedDict = field(default_factory=OrderedDict)  # WeightRef -> its array, read-only
+    _kept_bytes: int = 0
 
     def status(self) -> list[FileStatus]:
         counts = [0] * len(self.files)
@@ -248,14 +260,32 @@ class WeightRefs:
                 raise WeightFileError(status.problem())
 
     def read(self, name: str) -> np.ndarray:
-        """Param `name` from its checkpoint, its CRC-32 checked (once per reader)."""
+        """Param `name` from its checkpoint, its CRC-32 checked (once per reader); read-only (the array
+        is kept and handed to every caller: its transposed views, the param's other readers)."""
         ref = self.params[name]
+        value = self._kept.get(ref)  # (a tied param's other name has an equal ref: shared too)
+        if value is not None:
+            self._kept.move_to_end(ref)
+            return value
         data = self._bytes(name, ref)
-        if name not in self._verified:
+        self.file_reads += 1
+        if ref not in self._verified:
             if S.checksum(data) != ref.crc32:
                 raise self._changed(name, ref)
-            self._verified.add(name)
-        return as_tensor(data, ref.dtype, ref.shape)
+            self._verified.add(ref)
+        value = as_tensor(data, ref.dtype, ref.shape)
+        value.flags.writeable = False
+        self._keep(ref, value)
+        return value
+
+    def _keep(self, ref: WeightRef, value: np.ndarray) -> None:
+        if value.nbytes > self.max_bytes:
+            return
+        self._kept[ref] = value
+        self._kept_bytes += value.nbytes
+        while self._kept_bytes > self.max_bytes:
+            _key, dropped = self._kept.popitem(last=False)
+            self._kept_bytes -= dropped.nbytes
 
     def verify(self, name: str) -> None:
         """Read param `name` and check its SHA-256 (`info --verify`)."""
@@ -287,6 +317,8 @@ class WeightRefs:
         for source in self._open.values():
             source.close()
         self._open.clear()
+        self._kept.clear()
+        self._kept_bytes = 0
 
 
 def locate(recorded: WeightFile) -> str | None:
@@ -339,14 +371,16 @@ def parse_views(data, ops: int, params: dict[str, WeightRef], part: str) -> dict
     return views
 
 
-TRANSPOSE_BLOCK = 128  # rows per block: numpy's plain transposed copy runs ~1.5x slower on large weights
+TRANSPOSE_BLOCK_BYTES = 64  # one cache line of each output row per block: 2-2.5x numpy's plain transposed copy
 
 
 def transposed(value: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
-    """`value.transpose(axes)`, C-contiguous; a 2-D weight copied by blocks of rows (cache-friendlier)."""
+    """`value.transpose(axes)`, C-contiguous; a 2-D weight copied by blocks of rows, each block writing
+    one cache line of every output row (1408x512 float32: 0.4 ms, not 1.6 ms by blocks of 128 rows)."""
     if value.ndim != 2 or tuple(axes) != (1, 0):
         return np.ascontiguousarray(value.transpose(axes))
     out = np.empty(value.shape[::-1], value.dtype)
-    for start in range(0, value.shape[0], TRANSPOSE_BLOCK):
-        out[:, start:start + TRANSPOSE_BLOCK] = value[start:start + TRANSPOSE_BLOCK].T
+    block = max(1, TRANSPOSE_BLOCK_BYTES // max(value.itemsize, 1))
+    for start in range(0, value.shape[0], block):
+        out[:, start:start + block] = value[start:start + block].T
     return out
