@@ -144,8 +144,8 @@ KNOBS: dict[str, Knob] = {knob.name: knob for knob in (
          "were recorded (a trace moved to another machine; folders split at the path separator, `:`)",
          "each time a trace's referenced weights are opened", _folders),
     Knob(WEIGHT_CACHE_MIB, "MiB", "256",
-         "referenced weights a trace reader keeps after reading them from their checkpoint (least recently used "
-         "first out), so a param and the ops that transpose it read the file once; 0: keep none",
+         "referenced weights that ops transpose (a linear's weight) a trace reader keeps once read from their "
+         "checkpoint (least recently used first out), so the weight and its transpose read the file once; 0: none",
          "each time a trace's referenced weights are opened", _weight_cache_mib),
     Knob(WEIGHT_REFS, "1/0", "1",
          "0: copy every param into the trace, even those loaded from a safetensors checkpoint (a self-contained "

@@ -57,6 +57,7 @@ class TraceReader:
         self._weights: W.WeightRefs | None | bool = False  # v1.4's referenced params (False: not loaded yet)
         self._weight_stats: dict[str, dict] = {}
         self._views: dict[int, tuple] | None = None  # v1.4: ops whose value is a referenced param transposed
+        self._viewed_params: set[str] | None = None  # v1.4: the referenced params those ops are views of
         h5safe.plugin_search.acquire()
         self._plugins_off = True
         try:
@@ -172,7 +173,7 @@ class TraceReader:
     def param(self, name: str) -> np.ndarray:
         weights = self.weight_refs
         if weights is not None and name in weights.params:  # v1.4: read from its checkpoint, CRC-32 checked
-            return weights.read(name)
+            return weights.read(name, keep=name in self._viewed())
         found = self._indexed(S.GROUP_PARAMS, name)
         return found[0] if found is not None else self._tensor(self._named(S.GROUP_PARAMS, name), f"param {name!r}")
 
@@ -212,6 +213,12 @@ class TraceReader:
                     V.parse_json(self._text(S.DS_WEIGHT_VIEWS), part), len(self.ops), weights.params,
                     f"{self.path}: {part}"))
         return self._views
+
+    def _viewed(self) -> set[str]:
+        """The referenced params some op's value is a view of: those the reader keeps once read."""
+        if self._viewed_params is None:
+            self._viewed_params = {param for param, _axes in self.weight_views().values()}
+        return self._viewed_params
 
     def require_weights(self) -> None:
         """Raise the one-line error of a referenced checkpoint file that is missing or changed size (a

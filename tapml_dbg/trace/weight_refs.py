@@ -5,8 +5,8 @@ made a 1.1B Llama's trace 9.7 GiB. A param whose bytes equal a checkpoint tensor
 reference instead (`/graph/weight_refs`, a JSON text): the file, the tensor's name, its dtype and
 shape, the SHA-256 and the CRC-32 of its bytes. Replay reads the tensor from the file with one
 positioned read and checks its CRC-32 (as a stored tensor's), `info --verify` its SHA-256. A reader
-keeps the tensors it read (up to `TAPML_WEIGHT_CACHE_MIB`): a param and the ops that are its transpose
-(a linear's weight) read the file once.
+keeps the params that ops transpose (a linear's weight; up to `TAPML_WEIGHT_CACHE_MIB`): the weight
+and its transpose read the file once.
 
 A checkpoint is untrusted input like a trace: its safetensors header is parsed here as data (JSON,
 bounded, every offset checked against the file), nothing in it unpickled or run. A file that
@@ -259,9 +259,9 @@ class WeightRefs:
             if not status.ok:
                 raise WeightFileError(status.problem())
 
-    def read(self, name: str) -> np.ndarray:
+    def read(self, name: str, keep: bool = True) -> np.ndarray:
         """Param `name` from its checkpoint, its CRC-32 checked (once per reader); read-only (the array
-        is kept and handed to every caller: its transposed views, the param's other readers)."""
+        is kept, where `keep`, and handed to every caller: its transposed views, the param's other readers)."""
         ref = self.params[name]
         value = self._kept.get(ref)  # (a tied param's other name has an equal ref: shared too)
         if value is not None:
@@ -275,7 +275,8 @@ class WeightRefs:
             self._verified.add(ref)
         value = as_tensor(data, ref.dtype, ref.shape)
         value.flags.writeable = False
-        self._keep(ref, value)
+        if keep:
+            self._keep(ref, value)
         return value
 
     def _keep(self, ref: WeightRef, value: np.ndarray) -> None:
