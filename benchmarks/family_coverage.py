@@ -27,7 +27,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "examples" / "family_lms.py"
-FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "phi", "gpt2")
+FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "phi", "gpt2", "llama_wide")
 DTYPES = ("fp32", "fp16", "bf16")
 TIMEOUT_S = 1200.0
 ERROR_CHARS = 160

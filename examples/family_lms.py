@@ -1,4 +1,4 @@
-"""Tiny transformers causal LMs of eight families in float32, float16 and bfloat16 (random weights, seeded).
+"""Tiny transformers causal LMs of eight families (and a wide-MLP Llama) in float32, float16 and bfloat16 (random weights, seeded).
 
 One build function per family and dtype, the dtype in its name (`fp32`, `fp16`, `bf16`):
 `tapml-dbg record examples/family_lms.py:build_llama_fp16 -o traces/llama_fp16.h5` (add `--generate 2`
@@ -25,6 +25,9 @@ FAMILIES = {  # name: (config class, model class, config arguments)
     "phi": ("PhiConfig", "PhiForCausalLM", _ATTENTION),
     "gpt2": ("GPT2Config", "GPT2LMHeadModel", dict(n_layer=1, n_embd=32, n_head=4, n_positions=64, bos_token_id=0,
                                                    eos_token_id=0, vocab_size=VOCAB, attn_implementation="eager")),
+    # Llama with a 2048-wide MLP (width 64): the down projection sums 2048 products, where a matmul that
+    # sums in its low-precision dtype shows (real LLMs' MLPs are wider still: 5632 in TinyLlama)
+    "llama_wide": ("LlamaConfig", "LlamaForCausalLM", dict(_GROUPED, hidden_size=64, intermediate_size=2048)),
 }
 
 

@@ -1,0 +1,35 @@
+"""benchmarks/family_coverage.py's cell (record a family in a dtype, bisect it on llvm) on one real cell, so the
+benchmark behind docs/coverage.md's "Causal-LM families by dtype on llvm" cannot rot."""
+
+from __future__ import annotations
+
+import torch
+
+from conftest import EXAMPLES, load_benchmark
+from tapml_dbg.portable import load_function
+
+coverage = load_benchmark("family_coverage", "tapml_family_coverage")
+
+
+def test_every_family_and_dtype_has_its_build_function():
+    for family in coverage.FAMILIES:
+        for dtype, torch_dtype in (("fp32", torch.float32), ("fp16", torch.float16), ("bf16", torch.bfloat16)):
+            build = load_function(str(EXAMPLES / "family_lms.py"), f"build_{family}_{dtype}")
+            assert build.__name__ == f"build_{family}_{dtype}"
+    model, (ids,) = load_function(str(EXAMPLES / "family_lms.py"), "build_qwen3_fp16")()
+    assert {p.dtype for p in model.parameters()} == {torch.float16} and ids.shape == (1, 6)
+
+
+def test_a_bf16_gpt2_cell_names_tvms_layer_norm_that_does_not_build(tmp_path):
+    """TVM 0.27's `layer_norm` does not build in bf16 on llvm: the cell names GPT-2's first layer norm."""
+    cell = coverage.run_cell("gpt2", "bf16", 0, tmp_path)
+    assert set(cell) == {"family", "dtype", "generate", "status", "ops", "op", "first_bad_token", "tokens", "error",
+                         "record_s", "bisect_s"}
+    assert (cell["status"], cell["error"], cell["first_bad_token"], cell["tokens"]) == ("diverged", "", None, None)
+    op = cell["op"]
+    assert (op["name"], op["op"], op["verdict"], op["layer"]) == (
+        "native_layer_norm", "aten.native_layer_norm.default", "compile-error", "transformer.h.0.ln_1")
+    assert op["message"] == "layer_norm: only support float32 and float16 for now"
+    text = coverage.cell_text(cell)
+    assert text.startswith(f"**#{op['index']} `native_layer_norm`** (`aten.native_layer_norm.default`")
+    assert "compile-error: layer_norm: only support float32" in text
