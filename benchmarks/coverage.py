@@ -516,6 +516,12 @@ a `tapml-dbg dump` command). Where a model config avoids it, the zoo does so and
    normal operands); (b) `relax.nn.layer_norm` does not build in bf16 (`layer_norm: only support
    float32 and float16 for now`); (c) `relax.power` does not build in bf16 (`power only applies
    to float`). `fix` computes each such op in float32 and casts back.
+11. **fp16 `tanh` on llvm returns 0 for small x** (x = 1e-6, 1e-5, 1e-4 all give 0; torch returns x;
+   1e-3 gives 0.000978, 1e-2 gives 0.01011): Gemma2's attention logit softcapping (`tanh(scores / 50)`) in fp16 becomes all zeros in
+   the tiny model (docs/coverage.md's "Causal-LM families by dtype on llvm"). `tapml-dbg record
+   examples/family_lms.py:build_gemma2_fp16 -o t.h5 && tapml-dbg bisect t.h5` names `tanh` (isolated);
+   `tapml-dbg dump t.h5 --op tanh -o DIR` writes the repro. float32 `tanh` loses relative precision near
+   0 too (1.3% at x = 1e-6), which the fp32 Gemma2 row shows.
 
 ## Failures that were tapml-dbg's own (fixed)
 
