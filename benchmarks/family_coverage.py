@@ -129,8 +129,8 @@ def versions() -> str:
     return ", ".join(found)
 
 
-def render(cells: dict, order: list[tuple[str, str]], generate: int, target: str, seconds: float) -> str:
-    lines = [f"`python benchmarks/family_coverage.py --target {target} --generate {generate}` on {platform.node()} "
+def render(cells: dict, order: list[tuple[str, str]], generate: int, command: str, seconds: float) -> str:
+    lines = [f"`python benchmarks/family_coverage.py {command}` on {platform.node()} "
              f"({os.cpu_count()} CPUs, {platform.machine()}; Python {platform.python_version()}, {versions()}), "
              f"{time.strftime('%Y-%m-%d')}, {seconds / 60:.1f} min in all.", "",
              f"| family | dtype | forward | `--generate {generate}` | first bad token | s |", "|---|---|---|---|---|---:|"]
@@ -160,13 +160,14 @@ def main(argv: list[str] | None = None) -> int:
     order = [(family, dtype) for family in args.families for dtype in args.dtypes]
     cells: dict = {}
     text = ""
+    command = " ".join(sys.argv[1:] if argv is None else argv)  # as run, so the table says how to get it again
     with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
         running = [pool.submit(run_cell, family, dtype, steps, work, args.target)
                    for family, dtype in order for steps in (0, args.generate)]
         for done in concurrent.futures.as_completed(running):
             cell = done.result()
             cells[(cell["family"], cell["dtype"], cell["generate"])] = cell
-            text = render(cells, order, args.generate, args.target, time.perf_counter() - started)
+            text = render(cells, order, args.generate, command, time.perf_counter() - started)
             if args.out != "-":  # each finished cell written at once: a run cut short keeps what it found
                 Path(args.out).write_text(text)
             if args.json:

@@ -33,3 +33,6 @@ def test_a_bf16_gpt2_cell_names_tvms_layer_norm_that_does_not_build(tmp_path):
     text = coverage.cell_text(cell)
     assert text.startswith(f"**#{op['index']} `native_layer_norm`** (`aten.native_layer_norm.default`")
     assert "compile-error: layer_norm: only support float32" in text
+    table = coverage.render({("gpt2", "bf16", 0): cell}, [("gpt2", "bf16")], 2, "--families gpt2", 1.0)
+    assert "`python benchmarks/family_coverage.py --families gpt2`" in table
+    assert f"| gpt2 | bf16 | {text} |  |  |" in table
