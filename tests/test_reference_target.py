@@ -116,3 +116,31 @@ def test_an_op_the_reference_target_cannot_build_either_does_not_stop_the_search
     assert against_llvm["diverged"] is False
     wide = {op["name"]: op["verdict"] for op in against_llvm["tvm_wide"]}
     assert wide["native_layer_norm"] == "compile-error" and wide["pow_1"] == "compile-error"
+
+
+CUMSUM_MODEL = '''import torch
+
+
+class Positions(torch.nn.Module):
+    def forward(self, mask, x):
+        positions = torch.cumsum(mask, dim=1) * mask  # int32 in: torch sums to int64, TVM 0.27 keeps int32
+        return x * positions.to(x.dtype).unsqueeze(-1)
+
+
+def build():
+    torch.manual_seed(0)
+    return Positions(), (torch.ones(1, 8, dtype=torch.int32), torch.randn(1, 8, 4))
+'''
+
+
+def test_a_type_every_tvm_target_imports_alike_is_tvm_wide(tmp_path):
+    """TVM 0.27 imports an int32 cumsum as int32, torch sums it to int64 (a type verdict); llvm computes int32 too."""
+    model = tmp_path / "positions.py"
+    model.write_text(CUMSUM_MODEL)
+    trace = tmp_path / "positions.h5"
+    assert run_cli("record", str(model), "-o", str(trace)).returncode == 0
+    against_source = _bisect(trace)
+    assert against_source["op"]["name"] == "cumsum"
+    against_llvm = _bisect(trace, "--reference-target", "llvm")
+    assert against_llvm["diverged"] is False
+    assert [wide["name"] for wide in against_llvm["tvm_wide"]] == ["cumsum", "mul"]  # the int32 product too

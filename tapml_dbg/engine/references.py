@@ -71,11 +71,14 @@ class SourceReference:
         self.full_run_seconds = 0.0
         self.stock_meta = reader.meta.get(META_STOCK_IMPORT) or {}  # what the stock import does (or {})
         self.stock_widened: list[TypeChange] = []
-        self.type_changes = self._type_changes()
+        self.all_type_changes = self._type_changes()  # what replay casts recorded values by
         # a reference target's trace: its values differ from the source's float64 truth at these ops (and,
         # propagated, after the first), where that truth would be the reference's noise, not the target's
         self.tvm_wide = tvm_wide_indices(reader.meta)
         self.first_wide = min(self.tvm_wide, default=len(ops))
+        # the type changes judged: none against a reference target, which computes the imported types too
+        # (every import type change is TVM-wide there, listed by engine/reference.py)
+        self.type_changes = {} if META_REFERENCE in reader.meta else self.all_type_changes
 
     @property
     def available(self) -> bool:
@@ -128,7 +131,7 @@ class SourceReference:
             return {}
         retyped = retyped or {}
         casts = {}
-        for changes in self.type_changes.values():
+        for changes in self.all_type_changes.values():
             for change in changes:
                 if change.stock:  # a stock type is not what the target runs
                     continue
