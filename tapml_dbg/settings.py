@@ -91,7 +91,7 @@ def _mib(text: str | None) -> float:
 
 def _weight_cache_mib(text: str | None) -> float:
     try:
-        return max(0.0, float(text if text is not None else "256"))
+        return max(0.0, float(text if text is not None else "0"))
     except ValueError:
         raise ValueError(f"{WEIGHT_CACHE_MIB} must be a number of MiB, got {text!r}") from None
 
@@ -143,9 +143,11 @@ KNOBS: dict[str, Knob] = {knob.name: knob for knob in (
          "where to look, by file name, for the checkpoint files a trace references when they are not where they "
          "were recorded (a trace moved to another machine; folders split at the path separator, `:`)",
          "each time a trace's referenced weights are opened", _folders),
-    Knob(WEIGHT_CACHE_MIB, "MiB", "256",
-         "referenced weights that ops transpose (a linear's weight) a trace reader keeps once read from their "
-         "checkpoint (least recently used first out), so the weight and its transpose read the file once; 0: none",
+    Knob(WEIGHT_CACHE_MIB, "MiB", "0",
+         "referenced weights that ops transpose (a linear's weight) a trace reader keeps once read (least recently "
+         "used first out), so the weight and its transpose read the checkpoint once; 0: none, a transpose reads "
+         "the file again (from the OS's cache: faster than holding the weight); raise it for a checkpoint on slow "
+         "storage",
          "each time a trace's referenced weights are opened", _weight_cache_mib),
     Knob(WEIGHT_REFS, "1/0", "1",
          "0: copy every param into the trace, even those loaded from a safetensors checkpoint (a self-contained "

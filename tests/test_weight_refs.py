@@ -181,7 +181,8 @@ def build():
 
 
 def test_a_view_and_its_param_read_the_file_once_per_reader(checkpoint, monkeypatch):
-    """A linear's transposed weight (a view) and the weight itself share one read of the checkpoint."""
+    """With TAPML_WEIGHT_CACHE_MIB, a linear's transposed weight (a view) and the weight itself share one
+    read of the checkpoint, in either order."""
     from tapml_dbg.trace.weight_refs import SafetensorsFile
 
     _, _, trace = checkpoint
@@ -189,10 +190,11 @@ def test_a_view_and_its_param_read_the_file_once_per_reader(checkpoint, monkeypa
     real = SafetensorsFile.read_bytes
     monkeypatch.setattr(SafetensorsFile, "read_bytes", lambda self, span: reads.append((span.begin, span.end))
                         or real(self, span))
+    monkeypatch.setenv("TAPML_WEIGHT_CACHE_MIB", "64")
     with TraceReader(trace) as reader:
         views = reader.weight_views()
         assert len(views) >= 7 * CONFIG["num_hidden_layers"]  # q k v o gate up down of every layer
-        for index, (param, axes) in views.items():
+        for index, (param, axes) in views.items():  # the view first, then its param
             value = reader.op_outputs(index)[0]
             weight = reader.param(param)
             assert value.flags.c_contiguous and np.array_equal(value, weight.transpose(axes)), index
@@ -201,13 +203,35 @@ def test_a_view_and_its_param_read_the_file_once_per_reader(checkpoint, monkeypa
             reader.param(name)
         assert len(reads) == len(set(reads)) == len(reader.weight_refs.params)  # each tensor read once
         assert reader.weight_refs.file_reads == len(reads)
-    monkeypatch.setenv("TAPML_WEIGHT_CACHE_MIB", "0")  # none kept: the view reads its param again
-    reads.clear()
+
+
+def test_a_view_streams_its_weight_by_default_bit_exact_and_checked(checkpoint, monkeypatch):
+    """Without a cache (the default), a view reads its weight again through a small buffer: the same
+    values as the kept weight transposed, a changed tensor still refused."""
+    from tapml_dbg.trace.weight_refs import SafetensorsFile
+
+    monkeypatch.setattr("tapml_dbg.trace.weight_refs.STREAM_BYTES", 4096)  # several blocks of rows a weight
+    _, weights, trace = checkpoint
     with TraceReader(trace) as reader:
-        index, (param, _) = next(iter(reader.weight_views().items()))
-        reader.param(param)
-        reader.op_outputs(index)
-        assert len(reads) == 2 and reads[0] == reads[1]
+        views = reader.weight_views()
+        for index, (param, axes) in views.items():
+            value = reader.op_outputs(index)[0]
+            assert value.flags.c_contiguous and np.array_equal(value, reader.param(param).transpose(axes)), index
+        assert reader.weight_refs.file_reads == 2 * len(views)  # each view and its param: the file twice
+        index, (param, _) = next(iter(views.items()))
+        tensor = reader.weight_refs.params[param].tensor
+    source = SafetensorsFile(str(weights))
+    span = source.tensors[tensor]
+    source.close()
+    original = weights.read_bytes()
+    try:
+        data = bytearray(original)
+        data[span.end - 3] ^= 0x01  # a bit of the view's weight, in its last block of rows
+        weights.write_bytes(bytes(data))
+        with TraceReader(trace) as reader, pytest.raises(WeightFileError, match=f"tensor {tensor!r}"):
+            reader.op_outputs(index)  # read before its param: its CRC-32 checked on the way
+    finally:
+        weights.write_bytes(original)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "float64", "bool", "uint8"])

@@ -320,7 +320,7 @@ class TraceReader:
     def op_outputs(self, index: int) -> list[np.ndarray]:
         view = self.weight_views().get(int(index))
         if view is not None:  # v1.4: a referenced param transposed, made from the checkpoint's tensor
-            return [W.transposed(self.param(view[0]), view[1])]
+            return [self.weight_refs.transposed(view[0], view[1])]
         items = self._indexed_op(int(index))
         found = self._read_indexed(items) if items is not None else None
         if found is not None:

@@ -22,6 +22,7 @@ import json
 import math
 import os
 import struct
+import zlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -107,9 +108,13 @@ class SafetensorsFile:
     def read_bytes(self, span: TensorSpan) -> np.ndarray:
         """The tensor's bytes (uint8), read with one positioned read."""
         buffer = np.empty(span.end - span.begin, np.uint8)
-        if buffer.size and os.preadv(self._fd, [buffer], span.begin) != buffer.size:
-            raise WeightFileError(f"the checkpoint {self.path} is shorter than its header says; {WHAT_TO_DO}")
+        self.read_into(span, 0, buffer)
         return buffer
+
+    def read_into(self, span: TensorSpan, offset: int, buffer: np.ndarray) -> None:
+        """`buffer.size` bytes of the tensor from its byte `offset` on, with one positioned read."""
+        if buffer.size and os.preadv(self._fd, [buffer], span.begin + offset) != buffer.size:
+            raise WeightFileError(f"the checkpoint {self.path} is shorter than its header says; {WHAT_TO_DO}")
 
     def close(self) -> None:
         if self._fd is not None:
@@ -231,16 +236,18 @@ def _cache_bytes() -> int:
 @dataclass
 class WeightRefs:
     """The referenced params of one open trace; opens their files on first use (one reader's life).
-    The tensors read are kept (read-only, least recently used first out) while they fit in `max_bytes`."""
+    The params that ops transpose are kept once read (read-only, least recently used first out) while
+    they fit in `max_bytes` (`TAPML_WEIGHT_CACHE_MIB`): a weight and its transpose read the file once."""
 
     files: list[WeightFile]
     params: dict[str, WeightRef]
     max_bytes: int = field(default_factory=_cache_bytes)
-    file_reads: int = 0  # tensors read from the files (for read(); a kept one is not read again)
+    file_reads: int = 0  # tensors read from the files (a kept one is not read again)
     _open: dict[int, SafetensorsFile] = field(default_factory=dict)
     _verified: set[WeightRef] = field(default_factory=set)  # tensors whose CRC-32 matched in this reader
     _kept: OrderedDict = field(default_factory=OrderedDict)  # WeightRef -> its array, read-only
     _kept_bytes: int = 0
+    _stream: np.ndarray | None = None  # the buffer a streamed transpose reads into (STREAM_BYTES)
 
     def status(self) -> list[FileStatus]:
         counts = [0] * len(self.files)
@@ -260,28 +267,65 @@ class WeightRefs:
                 raise WeightFileError(status.problem())
 
     def read(self, name: str, keep: bool = True) -> np.ndarray:
-        """Param `name` from its checkpoint, its CRC-32 checked (once per reader); read-only (the array
-        is kept, where `keep`, and handed to every caller: its transposed views, the param's other readers)."""
+        """Param `name` from its checkpoint, its CRC-32 checked (once per reader). Where `keep` (a param
+        that ops transpose), it is kept while it fits and handed to every caller, read-only."""
         ref = self.params[name]
         value = self._kept.get(ref)  # (a tied param's other name has an equal ref: shared too)
         if value is not None:
             self._kept.move_to_end(ref)
             return value
+        value = self._read(name, ref)
+        if keep and value.nbytes <= self.max_bytes:
+            value.flags.writeable = False
+            self._keep(ref, value)
+        return value
+
+    def transposed(self, name: str, axes: tuple[int, ...]) -> np.ndarray:
+        """Param `name` transposed (an op's value that is a view of it), C-contiguous: made from the
+        kept param where there is one (or room to keep it), else a linear's weight is streamed from
+        the file through a small buffer, transposed as it comes (no copy of the weight held)."""
+        ref = self.params[name]
+        if ref in self._kept or ref.nbytes <= self.max_bytes:
+            return transposed(self.read(name), axes)
+        if len(ref.shape) != 2 or tuple(axes) != (1, 0):
+            return transposed(self._read(name, ref), axes)
+        return self._streamed_transpose(name, ref)
+
+    def _read(self, name: str, ref: WeightRef) -> np.ndarray:
         data = self._bytes(name, ref)
         self.file_reads += 1
         if ref not in self._verified:
             if S.checksum(data) != ref.crc32:
                 raise self._changed(name, ref)
             self._verified.add(ref)
-        value = as_tensor(data, ref.dtype, ref.shape)
-        value.flags.writeable = False
-        if keep:
-            self._keep(ref, value)
-        return value
+        return as_tensor(data, ref.dtype, ref.shape)
+
+    def _streamed_transpose(self, name: str, ref: WeightRef) -> np.ndarray:
+        """A 2-D weight transposed, read by blocks of rows into a buffer that stays in cache (a re-read
+        from the OS's page cache costs less than holding the weight: figures in docs/perf.md); its
+        CRC-32 checked on the way where this reader has not checked it yet."""
+        source, span = self._span_of(name, ref)
+        rows, cols = ref.shape
+        stored = S.storage_dtype(ref.dtype).newbyteorder("<")
+        row_bytes = cols * stored.itemsize
+        step = max(1, STREAM_BYTES // max(row_bytes, 1))
+        if self._stream is None or self._stream.size < step * row_bytes:
+            self._stream = np.empty(step * row_bytes, np.uint8)
+        out = np.empty((cols, rows), stored)
+        crc = 0
+        for start in range(0, rows, step):
+            chunk = self._stream[:min(step, rows - start) * row_bytes]
+            source.read_into(span, start * row_bytes, chunk)
+            crc = zlib.crc32(chunk, crc) if ref not in self._verified else crc
+            transpose_rows_into(out, chunk.view(stored).reshape(-1, cols), start)
+        self.file_reads += 1
+        if ref not in self._verified:
+            if crc & 0xFFFFFFFF != ref.crc32:
+                raise self._changed(name, ref)
+            self._verified.add(ref)
+        return S.from_stored(out, ref.dtype)
 
     def _keep(self, ref: WeightRef, value: np.ndarray) -> None:
-        if value.nbytes > self.max_bytes:
-            return
         self._kept[ref] = value
         self._kept_bytes += value.nbytes
         while self._kept_bytes > self.max_bytes:
@@ -295,11 +339,15 @@ class WeightRefs:
             raise self._changed(name, ref)
 
     def _bytes(self, name: str, ref: WeightRef) -> np.ndarray:
+        source, span = self._span_of(name, ref)
+        return source.read_bytes(span)
+
+    def _span_of(self, name: str, ref: WeightRef) -> tuple[SafetensorsFile, TensorSpan]:
         source = self._file(ref.file)
         span = source.tensors.get(ref.tensor)
         if span is None or span.dtype != ref.dtype or span.shape != ref.shape:
             raise self._changed(name, ref, "no longer holds")
-        return source.read_bytes(span)
+        return source, span
 
     def _file(self, number: int) -> SafetensorsFile:
         if number not in self._open:
@@ -320,6 +368,7 @@ class WeightRefs:
         self._open.clear()
         self._kept.clear()
         self._kept_bytes = 0
+        self._stream = None
 
 
 def locate(recorded: WeightFile) -> str | None:
@@ -373,6 +422,7 @@ def parse_views(data, ops: int, params: dict[str, WeightRef], part: str) -> dict
 
 
 TRANSPOSE_BLOCK_BYTES = 64  # one cache line of each output row per block: 2-2.5x numpy's plain transposed copy
+STREAM_BYTES = 2**20  # a streamed transpose reads this much of the weight at a time (it stays in L2)
 
 
 def transposed(value: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
@@ -381,7 +431,13 @@ def transposed(value: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
     if value.ndim != 2 or tuple(axes) != (1, 0):
         return np.ascontiguousarray(value.transpose(axes))
     out = np.empty(value.shape[::-1], value.dtype)
-    block = max(1, TRANSPOSE_BLOCK_BYTES // max(value.itemsize, 1))
-    for start in range(0, value.shape[0], block):
-        out[:, start:start + block] = value[start:start + block].T
+    transpose_rows_into(out, value, 0)
     return out
+
+
+def transpose_rows_into(out: np.ndarray, rows: np.ndarray, start: int) -> None:
+    """out[:, start:start + len(rows)] = rows.T, by blocks of rows (see TRANSPOSE_BLOCK_BYTES)."""
+    block = max(1, TRANSPOSE_BLOCK_BYTES // max(rows.itemsize, 1))
+    for first in range(0, rows.shape[0], block):
+        last = min(first + block, rows.shape[0])
+        out[:, start + first:start + last] = rows[first:last].T
