@@ -216,3 +216,30 @@ def test_the_default_schedule_rewrite_schedules_the_named_op_for_a_gpu_target():
     prim = {gvar.name_hint: func for gvar, func in fixed.functions_items() if gvar.name_hint != "main"}
     assert list(prim) == ["add"] and bool(prim["add"].attrs["tirx.is_scheduled"])
     assert "R.multiply(added, added)" in fixed["main"].script()  # the other binding untouched
+
+
+SOFTCAP_FP16 = '''import torch
+
+
+class SoftCap(torch.nn.Module):
+    def forward(self, x):
+        return torch.tanh(x / 50.0) * 50.0 + x  # Gemma2's softcap, on small scores
+
+
+def build():
+    torch.manual_seed(0)
+    return SoftCap().half(), ((torch.randn(4, 16) * 1e-3).half(),)
+'''
+
+
+def test_a_wrong_low_precision_kernel_is_computed_in_float32(tmp_path):
+    """TVM 0.27's fp16 tanh on llvm is 0 near 0 (class semantic): its float32 kernel is right, and fix says so."""
+    model = tmp_path / "softcap.py"
+    model.write_text(SOFTCAP_FP16)
+    trace = tmp_path / "softcap.h5"
+    assert run_cli("record", str(model), "-o", str(trace)).returncode == 0
+    result = run_cli("fix", str(trace), "-o", str(tmp_path / "fix"), "--json")
+    assert result.returncode == 0, result.stderr
+    found = json.loads(result.stdout)
+    assert [(op["name"], op["how"].split(" (")[0]) for op in found["fixed"]] == [("tanh", "computed in float32")]
+    assert found["output_passed"] is True and found["unfixed"] == []
