@@ -141,7 +141,7 @@ def print_table(rows: list[dict], target: str) -> None:
     print("|" + "---|" * len(header))
     for row in rows:
         print(f"| {row['config']} | {row['weights']} | {mib(row['checkpoint'])} | {row['ops']} | {mib(row['trace'])} | "
-              f"{row['trace'] / row['checkpoint']:.2f} | {row['record_s']:.1f} | {row['read_s']:.2f} | "
+              f"{row['trace'] / row['checkpoint']:.2f} | {row['record_s']:.1f} | {row['read_s']:.3f} | "
               f"{row['bisect_s']:.1f} |")
 
 

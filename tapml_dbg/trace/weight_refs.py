@@ -421,13 +421,13 @@ def parse_views(data, ops: int, params: dict[str, WeightRef], part: str) -> dict
     return views
 
 
-TRANSPOSE_BLOCK_BYTES = 64  # one cache line of each output row per block: 2-2.5x numpy's plain transposed copy
+TRANSPOSE_BLOCK_BYTES = 64  # one cache line of each output row per block (figures: docs/perf.md)
 STREAM_BYTES = 2**20  # a streamed transpose reads this much of the weight at a time (it stays in L2)
 
 
 def transposed(value: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
     """`value.transpose(axes)`, C-contiguous; a 2-D weight copied by blocks of rows, each block writing
-    one cache line of every output row (1408x512 float32: 0.4 ms, not 1.6 ms by blocks of 128 rows)."""
+    one cache line of every output row (numpy's plain transposed copy strides across the whole output)."""
     if value.ndim != 2 or tuple(axes) != (1, 0):
         return np.ascontiguousarray(value.transpose(axes))
     out = np.empty(value.shape[::-1], value.dtype)
