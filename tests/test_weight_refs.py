@@ -234,6 +234,19 @@ def test_a_view_streams_its_weight_by_default_bit_exact_and_checked(checkpoint, 
         weights.write_bytes(original)
 
 
+def test_views_read_from_two_threads_are_each_exact(checkpoint):
+    """A worker's read-ahead thread may still be streaming a view when the worker reads another."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    _, _, trace = checkpoint
+    with TraceReader(trace) as reader:
+        views = list(reader.weight_views().items()) * 3
+        expected = {index: reader.param(param).transpose(axes) for index, (param, axes) in views}
+        with ThreadPoolExecutor(2) as pool:
+            values = list(pool.map(lambda item: reader.op_outputs(item[0])[0], views))
+    assert all(np.array_equal(value, expected[index]) for value, (index, _) in zip(values, views))
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float16", "float64", "bool", "uint8"])
 def test_a_weight_view_is_transposed_exactly(dtype):
     from tapml_dbg.trace.weight_refs import transposed

@@ -22,6 +22,7 @@ import json
 import math
 import os
 import struct
+import threading
 import zlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -248,6 +249,9 @@ class WeightRefs:
     _kept: OrderedDict = field(default_factory=OrderedDict)  # WeightRef -> its array, read-only
     _kept_bytes: int = 0
     _stream: np.ndarray | None = None  # the buffer a streamed transpose reads into (STREAM_BYTES)
+    # a worker's read-ahead thread may still be in a read when the worker reads: the buffer, the kept
+    # weights and the checks are one thread's at a time
+    _lock: threading.RLock = field(default_factory=threading.RLock)
 
     def status(self) -> list[FileStatus]:
         counts = [0] * len(self.files)
@@ -269,6 +273,17 @@ class WeightRefs:
     def read(self, name: str, keep: bool = True) -> np.ndarray:
         """Param `name` from its checkpoint, its CRC-32 checked (once per reader). Where `keep` (a param
         that ops transpose), it is kept while it fits and handed to every caller, read-only."""
+        with self._lock:
+            return self._param(name, keep)
+
+    def transposed(self, name: str, axes: tuple[int, ...]) -> np.ndarray:
+        """Param `name` transposed (an op's value that is a view of it), C-contiguous: made from the
+        kept param where there is one (or room to keep it), else a linear's weight is streamed from
+        the file through a small buffer, transposed as it comes (no copy of the weight held)."""
+        with self._lock:
+            return self._transposed(name, axes)
+
+    def _param(self, name: str, keep: bool) -> np.ndarray:
         ref = self.params[name]
         value = self._kept.get(ref)  # (a tied param's other name has an equal ref: shared too)
         if value is not None:
@@ -280,13 +295,10 @@ class WeightRefs:
             self._keep(ref, value)
         return value
 
-    def transposed(self, name: str, axes: tuple[int, ...]) -> np.ndarray:
-        """Param `name` transposed (an op's value that is a view of it), C-contiguous: made from the
-        kept param where there is one (or room to keep it), else a linear's weight is streamed from
-        the file through a small buffer, transposed as it comes (no copy of the weight held)."""
+    def _transposed(self, name: str, axes: tuple[int, ...]) -> np.ndarray:
         ref = self.params[name]
         if ref in self._kept or ref.nbytes <= self.max_bytes:
-            return transposed(self.read(name), axes)
+            return transposed(self._param(name, True), axes)
         if len(ref.shape) != 2 or tuple(axes) != (1, 0):
             return transposed(self._read(name, ref), axes)
         return self._streamed_transpose(name, ref)
