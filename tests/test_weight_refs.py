@@ -258,3 +258,17 @@ def test_a_weight_view_is_transposed_exactly(dtype):
         out = transposed(value, axes)
         assert out.flags.c_contiguous and out.dtype == value.dtype
         assert np.array_equal(out, value.transpose(axes)), (shape, axes)
+
+
+def test_a_reference_targets_values_reference_the_checkpoint_too(checkpoint, tmp_path):
+    """--reference-target keeps the reference target's values as a trace of their own: its params stay in the
+    checkpoint as the recorded trace's do, not copied into the cache."""
+    import tapml_dbg
+
+    _, weights, trace = checkpoint
+    with tapml_dbg.open(trace, reference_target="llvm", cache_dir=tmp_path / "cache") as replay:
+        derived = replay.reference.trace
+        assert not replay.bisect().diverged
+    assert derived.stat().st_size < weights.stat().st_size / 5
+    with TraceReader(derived) as reader:
+        assert reader.weight_refs is not None and set(reader.weight_refs.params) == set(_referenced(trace))

@@ -35,13 +35,15 @@ from tapml_dbg.errors import TraceError
 from tapml_dbg.runtime.scheduler import transform_identity
 from tapml_dbg.runtime.target import TargetSpec
 from tapml_dbg.trace import TraceReader, TraceWriter
+from tapml_dbg.trace.schema import DS_WEIGHT_REFS
 
 REFERENCE_FOLDER = "references"  # under the compile cache's folder: one derived trace per key
 SOURCE, TARGET = "source", "target"  # Reference.kind
 ATTRIBUTION_TARGET, ATTRIBUTION_TVM = "target", "tvm"  # op.attribution under a reference target
 FAILED_NOTE = "the reference target failed on this op: the recorded source value"
 FAILED_RUN_VERDICTS = ("compile-error", "crash", "timeout")  # a TVM-wide op the reference target cannot run: kept
-REFERENCE_FORMAT = 1  # bump when the derived trace's content changes: older ones are made again
+REFERENCE_FORMAT = 2  # bump when the derived trace's content changes: older ones are made again
+WEIGHT_REFS_TEXT = DS_WEIGHT_REFS.rsplit("/", 1)[1]  # its name under /graph (TraceReader.text)
 
 Progress = Callable[..., None]
 
@@ -221,10 +223,14 @@ def _write_derived(session, path: Path, spec: TargetSpec, wide: list[TvmWideOp],
     reader = session.reader
     meta = dict(reader.meta)
     meta[META_REFERENCE] = {"target": spec.where, "of": os.fspath(of), "tvm_wide": [op.to_json() for op in wide]}
+    refs = reader.weight_refs  # params the recorded trace reads from checkpoint files: referenced here too
+    referenced = set(refs.params) if refs is not None else set()
     writer = TraceWriter(path, meta=meta, graph_json=reader.graph_json, tvmscript=reader.tvmscript, ops=reader.ops,
                          inputs={name: reader.input(name) for name in reader.input_names},
-                         params={name: reader.param(name) for name in reader.param_names},
-                         source_graph=reader.source_graph_json)
+                         params={name: reader.param(name) for name in reader.param_names if name not in referenced},
+                         source_graph=reader.source_graph_json,
+                         weight_refs=reader.text(WEIGHT_REFS_TEXT) if refs is not None else None,
+                         weight_views={name: reader.param(name) for name in referenced} if refs is not None else None)
     complete = False
     try:
         written: set[int] = set()
