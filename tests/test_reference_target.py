@@ -65,6 +65,8 @@ def test_bad_reference_options_get_one_line(selu_trace, tmp_path):
         tapml_dbg.open(selu_trace, reference_target="nonsense-target", cache_dir=tmp_path)
     result = run_cli("bisect", str(selu_trace), "--reference-rpc", "127.0.0.1:9")
     assert result.returncode == 1 and "--reference-target" in result.stderr and "Traceback" not in result.stderr
+    result = run_cli("bisect", str(tmp_path / "missing.h5"), "--reference-target", "llvm")
+    assert result.returncode == 1 and "does not exist" in result.stderr and "Traceback" not in result.stderr
     result = run_cli("bisect", str(selu_trace), "--reference-target", "nonsense-target")
     assert result.returncode == 1 and "reference target" in result.stderr and "Traceback" not in result.stderr
 

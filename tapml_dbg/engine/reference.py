@@ -150,12 +150,6 @@ class TrustedTarget:
         return {"kind": TARGET, "target": self.label}
 
 
-def recorded_source(path: str | Path) -> RecordedSource:
-    """The default reference of a trace: its own values."""
-    with TraceReader(path) as reader:
-        return RecordedSource(Path(path), str(reader.meta.get("source", "torch")))
-
-
 def reference_key(path: str | Path, spec: TargetSpec) -> str:
     """One derived trace per recorded trace (its bytes' identity: path, size, mtime), reference target,
     connection and reference transform (its file's bytes)."""
@@ -169,6 +163,8 @@ def trusted_target(path: str | Path, spec: TargetSpec, cache_dir: str | Path, op
                    progress: Progress = _noop) -> TrustedTarget:
     """The reference target's values of trace `path`: from the cache, else computed now (a session on
     `spec` made by `open_session(path, spec)`) and kept. Raises TraceError on a trace it cannot read."""
+    with TraceReader(path):  # a missing or bad trace fails here, in one line, before anything is keyed on it
+        pass
     folder = Path(cache_dir) / REFERENCE_FOLDER
     folder.mkdir(parents=True, exist_ok=True)
     derived = folder / f"{reference_key(path, spec)}.h5"
