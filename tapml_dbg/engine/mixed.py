@@ -52,9 +52,8 @@ from tapml_dbg.runtime.scheduler import Runtime
 from tapml_dbg.runtime.target import TargetSpec
 from tapml_dbg.host.source_runner import SourceRunError, with_layout
 from tapml_dbg.host.torch_values import to_torch
-from tapml_dbg.trace.schema import META_GENERATION
+from tapml_dbg.trace.schema import META_GENERATION, tvm_source_target
 
-TVM_SOURCE = "tvm:"  # the meta source of a trace recorded on a TVM target
 OFFLOAD_ALL, OFFLOAD_NONE = "all", "none"  # offload specs beside the op selectors of model/select.py
 MIN_BLOCKS = 2  # a numbered container needs this many children to count as the model's blocks
 TOP1_MIN_CLASSES = 2  # outputs whose last dimension has this many entries get a top-1 agreement
@@ -271,8 +270,8 @@ class MixedRunner:
         self._owner = self._owners()
         self._bindings = None
         self._memo = _UnitMemo(UNIT_MEMO_BYTES)
-        source = str(session.reader.meta.get("source", ""))
-        self.source_target = source[len(TVM_SOURCE):] if source.startswith(TVM_SOURCE) and self.graph is None else None
+        source = tvm_source_target(str(session.reader.meta.get("source", "")))
+        self.source_target = source if self.graph is None else None
         self._source_lanes: Runtime | None = None  # the source target's runtime, opened on first use
 
     def close(self) -> None:

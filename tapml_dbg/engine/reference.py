@@ -35,7 +35,7 @@ from tapml_dbg.errors import TraceError
 from tapml_dbg.runtime.scheduler import transform_identity
 from tapml_dbg.runtime.target import TargetSpec
 from tapml_dbg.trace import TraceReader, TraceWriter
-from tapml_dbg.trace.schema import DS_WEIGHT_REFS
+from tapml_dbg.trace.schema import DS_WEIGHT_REFS, tvm_source_target
 
 REFERENCE_FOLDER = "references"  # under the compile cache's folder: one derived trace per key
 SOURCE, TARGET = "source", "target"  # Reference.kind
@@ -101,7 +101,7 @@ class RecordedSource:
 
     @property
     def target(self) -> str | None:
-        return self.source[4:] if self.source.startswith("tvm:") else None
+        return tvm_source_target(self.source)
 
     @property
     def trace(self) -> Path:

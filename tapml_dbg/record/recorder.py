@@ -47,7 +47,7 @@ from tapml_dbg.host.source_runner import source_outputs
 from tapml_dbg.trace import TraceWriter
 from tapml_dbg.trace.capture import parse_size, plan_capture
 from tapml_dbg.trace.schema import (HELPER_NOTE, HOST_NOTE, META_CAUSAL_LM, META_GENERATION, META_HOST_ONLY,
-                                   META_STOCK_IMPORT, TYPE_NOTE_PREFIX)
+                                   META_STOCK_IMPORT, TYPE_NOTE_PREFIX, tvm_source_target)
 
 DEFAULT_SEED = 0
 WRITE_QUEUE_BYTES = 128 * 2**20  # values handed to the writer thread but not yet written
@@ -170,7 +170,7 @@ def _record_graph(model_spec, out_path, graph: Graph, provenance, program, modul
                   source_graph=source_graph_json(program, graph, provenance) if source == "torch" else None)
     run_started = time.perf_counter()
     phases["serialize"] = run_started - serialize_started
-    runner = LocalRunner(graph.mod["main"], target=source[4:] if source.startswith("tvm:") else "llvm")
+    runner = LocalRunner(graph.mod["main"], target=tvm_source_target(source) or "llvm")
     store = ValueStore(graph, {**{k: [v] for k, v in input_arrays.items()},
                                 **{k: [v] for k, v in param_arrays.items()}})
     host = HostOps(graph.mod["main"], lambda op: runner.run_ops([op.name], store.values)[0])

@@ -262,3 +262,11 @@ DS_SOURCE_GRAPH = "graph/source_graph"
 SOURCE_GRAPH_SINCE = (1, 2)  # the format version that adds it
 # @note of an op whose imported type differs from the source's value (the value stored is the source's)
 TYPE_NOTE_PREFIX = "source type:"  # "source type: float32 (2, 3); the import declares int64 (2, 3)"
+
+
+TVM_SOURCE_PREFIX = "tvm:"  # meta "source" of a trace recorded on a TVM target: tvm:TARGET
+
+
+def tvm_source_target(source: str) -> str | None:
+    """The TVM target a trace's source names (`tvm:llvm` -> `llvm`); None for torch."""
+    return source[len(TVM_SOURCE_PREFIX):] if source.startswith(TVM_SOURCE_PREFIX) else None

@@ -28,6 +28,7 @@ from tapml_dbg.repro.dump import dump_op
 from tapml_dbg.runtime import fork_server
 from tapml_dbg.runtime.target import TargetSpec
 from tapml_dbg.trace.inspect import trace_info
+from tapml_dbg.trace.schema import tvm_source_target
 from tapml_dbg.trace.verify import verify_trace
 from tapml_dbg.ui.console import error_line, make_console, progress
 from tapml_dbg.ui.render import NextCommands, TraceSummary, render
@@ -325,7 +326,8 @@ def _bar(args) -> bool | None:
 
 def _record(args, out, err) -> int:
     compression = None if args.compression == "none" else args.compression
-    native = args.source.startswith("tvm:") and (args.entry is not None or defines_native(args.model))
+    source_target = tvm_source_target(args.source)
+    native = source_target is not None and (args.entry is not None or defines_native(args.model))
     if args.entry is not None and not native:
         raise UsageError("--entry names the entry function of a TVM-native model: give --source tvm:TARGET and "
                          "a file that defines build_tvm()")
@@ -334,7 +336,7 @@ def _record(args, out, err) -> int:
             if args.generate is not None or args.inputs:
                 raise UsageError("--generate and --inputs are for PyTorch models; a TVM-native model's "
                                  "build_tvm() returns its own arguments")
-            result = record_native(args.model, args.output, args.source[4:], entry=args.entry, seed=args.seed,
+            result = record_native(args.model, args.output, source_target, entry=args.entry, seed=args.seed,
                                    compression=compression, progress=report, window=args.window,
                                    max_bytes=args.max_bytes)
         else:

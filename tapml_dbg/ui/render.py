@@ -40,6 +40,7 @@ from tapml_dbg.record.native import NativeRecordResult
 from tapml_dbg.repro.carve import CarveResult
 from tapml_dbg.repro.dump import DumpResult
 from tapml_dbg.repro.files import human_bytes
+from tapml_dbg.trace.schema import tvm_source_target
 from tapml_dbg.trace.verify import VerifyReport
 from tapml_dbg.ui.repl import results as R
 from tapml_dbg.ui.report.html import ReportWritten
@@ -1080,7 +1081,7 @@ def _(result: NativeRecordResult, console: Console) -> None:
                   f"in {result.seconds:.2f} s: build_tvm + checks {result.prepare_seconds:.2f} s, run "
                   f"{result.run_seconds:.2f} s on {escape(result.source)}")
     console.print(f"  TVM-native: entry function {escape(result.entry)}, each binding an op; the whole module run "
-                  f"once on {escape(result.source[4:])}: {whole}")
+                  f"once on {escape(tvm_source_target(result.source) or result.source)}: {whole}")
     if result.capture:
         console.print(f"  tensors stored for {result.stored_ops} of {result.ops} ops "
                       f"({escape(capture_text(result.capture))}); every op has stats")
