@@ -495,7 +495,7 @@ class Bisection:
             if self._surely_passes(op.index, name, outputs):
                 continue
             if not self.session.verdicts.judge(op.index, PROPAGATED, result, outputs).passed:
-                result.message = f"op {op.index} ({name}) diverges"
+                self.probe_results[k] = replace(result, message=f"op {op.index} ({name}) diverges")  # (frozen)
                 return True
         return False
 

@@ -43,8 +43,8 @@ from pathlib import Path
 from tapml_dbg import settings
 from tapml_dbg.runtime import zygote
 from tapml_dbg.runtime.compile_cache import shared_units
-from tapml_dbg.runtime.messages import (BatchRequest, ChainRequest, UnitRequest, UnitResult, UnitStatus, WorkerConfig,
-                                       WorkerReply, poisons_worker)
+from tapml_dbg.runtime.messages import (AnyResult, BatchRequest, BatchResult, BuildRequest, ChainRequest, Request,
+                                       UnitStatus, WorkerConfig, WorkerReply, ended, poisons_worker)
 
 REPLY_POLL_S = 0.2  # how often a waiting request checks that its worker is still alive
 REAP_TIMEOUT_S = 5.0  # how long a stopped worker gets to exit before it is killed
@@ -93,13 +93,13 @@ class TargetExecutor:
         """Start the worker process now (it loads TVM on its own), not at the first request."""
         self._ensure_started()
 
-    def run(self, request: UnitRequest | ChainRequest, timeout_s: float | None = None) -> UnitResult:
+    def run(self, request: Request, timeout_s: float | None = None) -> AnyResult:
         """Run one request; never raises for failures inside TVM. A result that can have poisoned
         its worker retires it, and is run again in a fresh worker when its fault may be inherited
         (the module's docstring)."""
         result, used = self._run_once(request, timeout_s)
         while poisons_worker(result.status, result.message):
-            result.poisoned = True
+            result = replace(result, poisoned=True)
             self.retire()
             again = self._again(request, result, used)
             if again is None:
@@ -107,9 +107,8 @@ class TargetExecutor:
             request, earlier = again
             spent = result.seconds
             rerun, used = self._run_once(request, timeout_s)
-            result = _after(earlier, rerun) if earlier is not None else rerun
-            result.fresh_rerun = True
-            result.seconds += spent
+            result = rerun.after(earlier) if earlier is not None else rerun
+            result = replace(result, fresh_rerun=True, seconds=result.seconds + spent)
         return result
 
     def retire(self) -> None:
@@ -117,8 +116,7 @@ class TargetExecutor:
         self.stop(kill=True)
         self.retired += 1
 
-    def _again(self, request: UnitRequest | ChainRequest, result: UnitResult,
-               used: int) -> tuple[UnitRequest | ChainRequest, UnitResult | None] | None:
+    def _again(self, request: Request, result: AnyResult, used: int) -> tuple[Request, BatchResult | None] | None:
         """What to run in a fresh worker after a poisoning result, and the part of that result that
         stands (a batch's units before the failing one); None: the result is trustworthy as it is
         (the failing unit was the first its process ran on the device, or nothing ran there)."""
@@ -135,7 +133,7 @@ class TargetExecutor:
                 return replace(request, sync_each=True), None
         return (request, None) if used else None
 
-    def _run_once(self, request: UnitRequest | ChainRequest, timeout_s: float | None) -> tuple[UnitResult, int]:
+    def _run_once(self, request: Request, timeout_s: float | None) -> tuple[AnyResult, int]:
         """One request on the worker, and how many device requests that worker had run before it."""
         started = time.perf_counter()
         self._ensure_started()
@@ -145,9 +143,9 @@ class TargetExecutor:
             self._conn.send(shared_units(request, self.config.spec.transform))  # each distinct unit pickled once
         except (BrokenPipeError, OSError):
             self._reap()
-            return UnitResult(UnitStatus.CRASH, message="the target worker died before the request was sent"), used
+            return ended(request, UnitStatus.CRASH, "the target worker died before the request was sent"), used
         try:
-            result = self._wait(limit, started)
+            result = self._wait(request, limit, started)
         except KeyboardInterrupt:
             self.stop(kill=True)  # its late reply must not answer the next request
             raise
@@ -169,15 +167,14 @@ class TargetExecutor:
             self.stop()
             self.recycled += 1
 
-    def _wait(self, limit: float, started: float) -> UnitResult:
+    def _wait(self, request: Request, limit: float, started: float) -> AnyResult:
         deadline = time.monotonic() + limit
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 self.stop(kill=True)
-                return UnitResult(UnitStatus.TIMEOUT, message=f"no answer within {limit:.0f} s (a hanging compile or kernel; "
-                                  "raise the limit with --timeout S)",
-                                  seconds=time.perf_counter() - started)
+                return ended(request, UnitStatus.TIMEOUT, f"no answer within {limit:.0f} s (a hanging compile or kernel; "
+                             "raise the limit with --timeout S)", time.perf_counter() - started)
             try:
                 ready = self._conn.poll(min(remaining, REPLY_POLL_S))
             except (EOFError, OSError):
@@ -194,10 +191,8 @@ class TargetExecutor:
                 self._reap()
                 tail = self.log_tail()
                 message = _describe_exit(code) + (f"; last log: {tail}" if tail else "")
-                return UnitResult(UnitStatus.CRASH, message=message, seconds=time.perf_counter() - started)
-        result = reply.result
-        result.seconds = time.perf_counter() - started
-        return result
+                return ended(request, UnitStatus.CRASH, message, time.perf_counter() - started)
+        return replace(reply.result, seconds=time.perf_counter() - started)
 
     def _ensure_started(self) -> None:
         """A running worker: forked from the zygote where there is one (its pid asked for only when
@@ -365,20 +360,11 @@ class _Process:
             return None
 
 
-def _on_device(request: UnitRequest | ChainRequest) -> bool:
+def _on_device(request: Request) -> bool:
     """Whether a request runs units on the device (a compile lane's and `compile`'s do not)."""
-    return isinstance(request, (ChainRequest, BatchRequest)) or not (request.prepare or request.compile_only)
-
-
-def _after(earlier: UnitResult, rest: UnitResult) -> UnitResult:
-    """A batch's result from its units before the failing one (`earlier`) and the run of the rest."""
-    rest.suspects = earlier.suspects + rest.suspects
-    rest.outputs = earlier.outputs + rest.outputs
-    rest.upstream = {**earlier.upstream, **rest.upstream}
-    rest.unit_keys = earlier.unit_keys + rest.unit_keys
-    rest.deferred = earlier.deferred + rest.deferred
-    rest.remembered = earlier.remembered + rest.remembered
-    return rest
+    if isinstance(request, (ChainRequest, BatchRequest)):
+        return True
+    return not isinstance(request, BuildRequest) and not (request.prepare or request.compile_only)
 
 
 def _describe_exit(code: int | None) -> str:

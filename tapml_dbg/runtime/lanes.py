@@ -71,9 +71,8 @@ class CacheReport:
 
     def add(self, result: UnitResult, ahead: bool = False) -> None:
         """`ahead`: a speculative build (the phase it was for may never come)."""
-        self.remembered += result.remembered
-        units = result.unit_keys or ([(result.key, result.cached)] if result.key else [])  # a chain: its units
-        for key, cached in units:  # (a unit without a key did not compile, or was compile-only)
+        self.remembered += result.units_remembered()
+        for key, cached in result.units_built():  # (a unit without a key did not compile, or was compile-only)
             self.keys.add(key)
             if cached:
                 self.reused += 1

@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import ClassVar
-
 import numpy as np
 
 from tapml_dbg import settings
@@ -140,8 +138,7 @@ class BatchRequest:
     (the result's `suspects` and their `outputs`), and it stops at its `suspects`-th one (an op in
     `unscreened` always is one). `defer_unbuilt`: a unit whose library is not in the cache yet is
     not built nor waited for but skipped, named in the result's `deferred` (compile lanes are
-    building it: the batch's other units run meanwhile). The worker runs it with a chain's loop, as
-    a chain of independent units that keeps nothing (the properties below)."""
+    building it: the batch's other units run meanwhile). Nothing of one unit feeds the next."""
 
     units: list[UnitRequest]
     names: list[str]  # the op each unit computes, in order
@@ -149,13 +146,6 @@ class BatchRequest:
     unscreened: frozenset[str] = frozenset()
     suspects: int = 1
     defer_unbuilt: bool = False
-
-    keep: ClassVar[tuple] = ()  # a batch keeps only its suspects' values
-    accept: ClassVar[frozenset] = frozenset()
-    also_keep: ClassVar[frozenset] = frozenset()
-    isolated_screen: ClassVar[None] = None
-    log: ClassVar[str] = ""
-    sync_each: ClassVar[bool] = False  # nothing stays on the device from one unit to the next
 
 
 @dataclass
@@ -167,35 +157,113 @@ class BuildRequest:
 
     units: list[UnitRequest]
 
-    prepare: ClassVar[bool] = True  # nothing runs on the device
-    compile_only: ClassVar[bool] = False
 
-
-@dataclass
-class UnitResult:
-    """What a unit run gave."""
+# -- results: one type per request kind ----------------------------------------------------------
+@dataclass(frozen=True)
+class Result:
+    """How a request ended, whatever its kind (what the executor and the lanes look at)."""
 
     status: UnitStatus
-    outputs: list[list[np.ndarray]] = field(default_factory=list)
     message: str = ""
-    cached: bool = False  # the library came from the cache (False: compiled for this unit, or not at all)
     seconds: float = 0.0
-    key: str = ""  # the compile cache's key of the unit (empty when it did not compile)
-    library: str = ""  # the compiled library's path in the cache
-    failed_op: str = ""  # a chain's unit that did not compile or run
-    suspects: list[str] = field(default_factory=list)  # a screening chain's suspects, in order
-    upstream: dict[str, dict[str, list[np.ndarray]]] = field(default_factory=dict)  # per suspect: its chain-fed inputs
-    unit_keys: list[tuple[str, bool]] = field(default_factory=list)  # a chain's units: (cache key, from the cache)
-    deferred: list[str] = field(default_factory=list)  # a batch's units skipped, not built yet (`defer_unbuilt`)
-    also_kept: dict[str, list[np.ndarray]] = field(default_factory=dict)  # a screening chain's `also_keep` values
-    read_ahead: int = 0  # a chain: recorded values its worker read ahead while it waited for a build
     poisoned: bool = False  # it ended in a fault that can poison its process (`poisons_worker`): that worker is retired
     fresh_rerun: bool = False  # the first attempt's fault may have been inherited: this is the run in a fresh worker
-    remembered: int = 0  # a chain's or batch's units not run: the trace's memo gave them (runtime/run_memo.py)
 
     @property
     def ok(self) -> bool:
         return self.status == UnitStatus.OK
+
+    def units_built(self) -> list[tuple[str, bool]]:
+        """(cache key, from the cache) of each unit this request compiled or found built."""
+        return []
+
+    def units_remembered(self) -> int:
+        """Units not run: the trace's memo gave them (runtime/run_memo.py)."""
+        return 0
+
+
+@dataclass(frozen=True)
+class UnitResult(Result):
+    """What a unit run (`UnitRequest`) gave: its flat outputs, and the library it ran."""
+
+    outputs: list[list[np.ndarray]] = field(default_factory=list)
+    cached: bool = False  # the library came from the cache (False: compiled for this unit, or not at all)
+    key: str = ""  # the compile cache's key of the unit (empty when it did not compile)
+    library: str = ""  # the compiled library's path in the cache
+
+    def units_built(self) -> list[tuple[str, bool]]:
+        return [(self.key, self.cached)] if self.key else []
+
+
+@dataclass(frozen=True)
+class ChainResult(Result):
+    """What a chain (`ChainRequest`) gave: the kept values (a screening chain: its suspects'), and
+    the op whose unit failed (`failed_op`), when one did."""
+
+    outputs: list[list[np.ndarray]] = field(default_factory=list)
+    failed_op: str = ""
+    suspects: list[str] = field(default_factory=list)  # a screening chain's suspects, in order
+    upstream: dict[str, dict[str, list[np.ndarray]]] = field(default_factory=dict)  # per suspect: its chain-fed inputs
+    also_kept: dict[str, list[np.ndarray]] = field(default_factory=dict)  # a screening chain's `also_keep` values
+    unit_keys: list[tuple[str, bool]] = field(default_factory=list)  # its units: (cache key, from the cache)
+    read_ahead: int = 0  # recorded values its worker read ahead while it waited for a build
+    remembered: int = 0  # units not run: a checkpoint of the trace's memo gave their values
+
+    @property
+    def cached(self) -> bool:
+        """Every unit that ran came from the cache (a failed chain: False)."""
+        return self.ok and all(cached for _key, cached in self.unit_keys)
+
+    def units_built(self) -> list[tuple[str, bool]]:
+        return self.unit_keys
+
+    def units_remembered(self) -> int:
+        return self.remembered
+
+
+@dataclass(frozen=True)
+class BatchResult(Result):
+    """What a batch (`BatchRequest`) gave: its suspects and their values, the units it skipped."""
+
+    outputs: list[list[np.ndarray]] = field(default_factory=list)  # the suspects' values, in their order
+    failed_op: str = ""
+    suspects: list[str] = field(default_factory=list)
+    deferred: list[str] = field(default_factory=list)  # units skipped, not built yet (`defer_unbuilt`)
+    unit_keys: list[tuple[str, bool]] = field(default_factory=list)  # its units: (cache key, from the cache)
+    remembered: int = 0  # units not run: an earlier run cleared them (the trace's memo)
+
+    def units_built(self) -> list[tuple[str, bool]]:
+        return self.unit_keys
+
+    def units_remembered(self) -> int:
+        return self.remembered
+
+    def after(self, earlier: "BatchResult") -> "BatchResult":
+        """This run of a batch's units from its failing one on, after `earlier`'s units before it."""
+        return replace(self, suspects=earlier.suspects + self.suspects, outputs=earlier.outputs + self.outputs,
+                       unit_keys=earlier.unit_keys + self.unit_keys, deferred=earlier.deferred + self.deferred,
+                       remembered=earlier.remembered + self.remembered)
+
+
+@dataclass(frozen=True)
+class BuildResult(Result):
+    """What a build (`BuildRequest`) gave: (cache key, from the cache) of each unit that has one."""
+
+    unit_keys: list[tuple[str, bool]] = field(default_factory=list)
+
+    def units_built(self) -> list[tuple[str, bool]]:
+        return self.unit_keys
+
+
+Request = UnitRequest | ChainRequest | BatchRequest | BuildRequest
+AnyResult = UnitResult | ChainResult | BatchResult | BuildResult
+_RESULT_OF = {UnitRequest: UnitResult, ChainRequest: ChainResult, BatchRequest: BatchResult, BuildRequest: BuildResult}
+
+
+def ended(request: Request, status: UnitStatus, message: str = "", seconds: float = 0.0) -> AnyResult:
+    """`request`'s result, of its kind, for a run that ended without the worker's reply (a crash, a
+    timeout) or before its units ran."""
+    return _RESULT_OF[type(request)](status, message=message, seconds=seconds)
 
 
 @dataclass
@@ -203,5 +271,5 @@ class WorkerReply:
     """What a worker sends back for a request: its result, and the worker's resident memory (the
     executor replaces a worker that grew too much: `TargetExecutor._recycle_if_grown`)."""
 
-    result: UnitResult
+    result: AnyResult
     rss: int | None = None

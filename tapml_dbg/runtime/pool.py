@@ -21,7 +21,7 @@ import os
 import queue
 import socket
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Iterator
 
 from tapml_dbg.errors import UsageError
@@ -384,9 +384,8 @@ class Pipeline:
                 raise result
             if stage == RUN:
                 user_tag, built = tag
-                result.cached, result.key = built.cached, built.key
-                result.seconds += built.seconds
-                yield user_tag, result
+                yield user_tag, replace(result, cached=built.cached, key=built.key,
+                                        seconds=result.seconds + built.seconds)
                 continue
             key, user_tag, request = tag
             if request is None or not result.ok:

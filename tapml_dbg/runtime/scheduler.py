@@ -25,7 +25,7 @@ from tapml_dbg.runtime.background import Background, StopFlag, Stream
 from tapml_dbg.runtime.chain_log import ChainLog
 from tapml_dbg.runtime.compile_cache import DEFAULT_CACHE_DIR, load_transform, transform_identity
 from tapml_dbg.runtime.lanes import MIN_COMPILE_LANES, Lanes
-from tapml_dbg.runtime.messages import ChainRequest, UnitRequest, UnitResult
+from tapml_dbg.runtime.messages import ChainRequest, ChainResult, UnitRequest, UnitResult
 from tapml_dbg.runtime.run_memo import RunMemo
 from tapml_dbg.runtime.target import TargetSpec, parse_target
 from tapml_dbg.runtime.tvm_import import import_tvm_without_torch, warm_up_torch
@@ -82,7 +82,7 @@ class Runtime(Lanes):
         """`work()` on a thread of the runtime's own, started at once (join or `result()` it)."""
         return Background(work, name)
 
-    def series_beside(self, produce: Callable[[Callable[..., UnitResult]], Iterable[T]], name: str,
+    def series_beside(self, produce: Callable[[Callable[..., UnitResult | ChainResult]], Iterable[T]], name: str,
                       weight: Callable[[T], int]) -> "BesideSeries[T] | None":
         """`produce(run)`'s items made beside the caller, every request it runs (`run(request,
         timeout_s)`) run on the side worker while the caller's own work takes the lanes: two cores at
@@ -133,7 +133,7 @@ class Runtime(Lanes):
             return None
         return Background(build, "tapml-prepare", stop=stop)
 
-    def remember(self, request: ChainRequest, result: UnitResult) -> None:
+    def remember(self, request: ChainRequest, result: ChainResult) -> None:
         """Note in the index the key of every unit a chain ran (for the next `units_to_build`)."""
         if self.compiles_ahead and result.unit_keys:
             self.index.record((unit.unit_json, key) for unit, (key, _cached) in zip(request.units, result.unit_keys))
@@ -194,14 +194,14 @@ class BesideSeries(Generic[T]):
     and close it in every case. The side worker's runs are counted from the caller's thread, as the
     lanes' own are (`counted`)."""
 
-    def __init__(self, runtime: Runtime, produce: Callable[[Callable[..., UnitResult]], Iterable[T]], name: str,
-                 weight: Callable[[T], int]):
+    def __init__(self, runtime: Runtime, produce: Callable[[Callable[..., UnitResult | ChainResult]], Iterable[T]],
+                 name: str, weight: Callable[[T], int]):
         self._runtime = runtime
-        self._runs: list[UnitResult] = []
+        self._runs: list[UnitResult | ChainResult] = []
         self._stop = StopFlag()
         self._stream = Stream(lambda: produce(self._run), name, SERIES_AHEAD_BYTES, weight, stop=self._stop)
 
-    def _run(self, request: UnitRequest | ChainRequest, timeout_s: float | None = None) -> UnitResult:
+    def _run(self, request: UnitRequest | ChainRequest, timeout_s: float | None = None) -> UnitResult | ChainResult:
         if self._stop.is_set():
             raise _Closed()
         result = self._runtime.run_beside(request, timeout_s)

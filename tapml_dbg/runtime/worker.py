@@ -15,7 +15,7 @@ if __name__ == "__main__":  # a worker process: it never uses torch (starts in ~
 import os
 import sys
 from contextlib import nullcontext
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
@@ -28,8 +28,9 @@ from tapml_dbg.runtime.chain_log import ChainLogWriter
 from tapml_dbg.runtime.compile_cache import (TOGETHER_KINDS, TOGETHER_MAX_UNITS, CacheEntry, CompiledUnit, KeyLedger,
                                              build_together, compile_only, compile_unit, environment_scope,
                                              library_key, load_transform, transform_identity, unit_id)
-from tapml_dbg.runtime.messages import (BatchRequest, BuildRequest, ChainRequest, UnitRequest, UnitResult, UnitStatus,
-                                       WorkerConfig, WorkerReply)
+from tapml_dbg.runtime.messages import (AnyResult, BatchRequest, BatchResult, BuildRequest, BuildResult, ChainRequest,
+                                       ChainResult, Request, UnitRequest, UnitResult, UnitStatus, WorkerConfig,
+                                       WorkerReply)
 from tapml_dbg.runtime.run_memo import ACCEPTED, SCREENED, UNSCREENED, RunMemo, checkpoint_positions
 from tapml_dbg.runtime.target import NO_DEVICE_HINT, parse_target
 from tapml_dbg.trace import TraceReader
@@ -115,115 +116,161 @@ class _WorkerState:
         except Exception:  # noqa: BLE001 - reported by the first unit, as without the warm-up
             pass
 
-    def handle(self, request: UnitRequest | ChainRequest | BatchRequest) -> UnitResult:
+    def handle(self, request: Request) -> AnyResult:
         self.known = {}  # unit id -> its library, found in this request (a chain runs a kind of op many times)
         self.identity = None  # the transform's, read once a request
         self.looked_ahead = 0
-        if isinstance(request, (ChainRequest, BatchRequest)):
+        if isinstance(request, ChainRequest):
             return self._chain(request)
+        if isinstance(request, BatchRequest):
+            return self._batch(request)
         if isinstance(request, BuildRequest):
             return self._build(request)
         return self._unit(request)
 
-    def _chain(self, chain: ChainRequest | BatchRequest) -> UnitResult:
+    # -- a chain: units fed one another's values on the device ----------------------------
+    def _chain(self, chain: ChainRequest) -> ChainResult:
         """Each unit in turn, fed the earlier units' outputs on the device; the kept ones come back
-        (a screening chain: it stops at the first suspect, see `ChainRequest`). A batch's units are
-        fed recorded values only: nothing of one is kept for the next (`BatchRequest`).
+        (a screening chain: it stops at the first suspect, see `ChainRequest`).
 
-        With the trace's memo (runtime/run_memo.py), a batch skips the units an earlier run cleared,
-        and a screening chain starts from its latest checkpoint whose digest matches, and saves
-        checkpoints of its own while every value so far cleared."""
-        independent = isinstance(chain, BatchRequest)
+        With the trace's memo (runtime/run_memo.py), a screening chain starts from its latest
+        checkpoint whose digest matches, and saves checkpoints of its own while every value so far
+        cleared."""
         self.chain_values = {}
         log = ChainLogWriter(chain.log if chain.screen is not None and chain.isolated_screen is not None else "")
         self.isolated_cleared = []
         try:
             self._trace()  # open here: the read-ahead's plan only looks things up in it
             memo = self._memo() if chain.screen is not None else None
+            found = _ChainFound(set(chain.keep))
+            start, digest = 0, ""
             if memo is not None:
                 memo.begin_request()  # what its search recorded is no earlier run's
-            keys: list[tuple[str, bool]] = []  # each unit's cache key, and whether it came from the cache
-            start, digest, remembered = 0, "", {}
-            earlier = 0  # units not run thanks to an earlier run's records (not this process's own)
-            if memo is not None and independent:
-                remembered = self._remembered(chain, memo)
-                earlier = sum(memo.earlier(unit_digest) for _key, unit_digest in remembered.values())
-            elif memo is not None:
                 memo.start_chain()
-                start, digest = self._resume(chain, memo, keys)
-                earlier = start if start and memo.earlier(digest) else 0
+                start, digest = self._resume(chain, memo, found.keys)
+                found.earlier = start if start and memo.earlier(digest) else 0  # not this process's own
                 if start and log.fd is not None:
                     self._log_resumed(chain, memo, digest, start, log)
-            self.read_ahead = ReadAhead(partial(self._reads_of, chain, start, set(remembered)), READ_AHEAD_BYTES)
-            kept: dict[str, list] = {}
-            also_kept: dict[str, list] = {}
-            wanted = set(chain.keep)
-            suspects: list[str] = []
-            deferred: list[str] = []  # units not built yet, skipped (`defer_unbuilt`)
-            upstream: dict[str, dict] = {}
-            last_read = _last_reads(chain)
-            last_use = _last_uses(chain, last_read)
-            checkpoints = checkpoint_positions(len(chain.units)) if memo is not None and not independent else ()
-            for position, (name, unit) in enumerate(zip(chain.names, chain.units)):
-                if position < start:  # the checkpoint's values stand for these units
-                    continue
-                if name in remembered:  # an earlier run cleared this very unit
-                    keys.append((remembered[name][0], True))
-                    continue
-                if position in checkpoints and position > start and not suspects:
-                    self._save_checkpoint(memo, digest, position, last_read, chain.isolated_screen)
-                if independent and chain.defer_unbuilt:
-                    unit = self._built_or_none(unit)
-                    if unit is None:
-                        deferred.append(name)
-                        continue
-                elif self.config.together:
-                    self._build_together(chain.units, position)
-                reply = self._unit(unit, keep_on_device=True, sync=chain.sync_each)
-                if reply.status in (UnitStatus.TRACE_ERROR, UnitStatus.TRANSFORM_ERROR):  # its own one line
-                    return reply
-                if not reply.ok:  # what ran before it comes back too
-                    return replace(reply, failed_op=name, message=f"op {name}: {reply.message}",
-                                   outputs=_returned(chain, suspects, kept), suspects=suspects, deferred=deferred,
-                                   upstream=upstream, unit_keys=keys, remembered=earlier)
-                keys.append((reply.key, reply.cached))
-                if not independent:
-                    self.chain_values[name] = reply.outputs[0]
-                    if checkpoints:
-                        digest = memo.step(digest, name, _key_of(reply), unit.inputs, _treated(chain, name))
-                if chain.screen is not None and name not in chain.accept:
-                    values = [value.numpy() for value in reply.outputs[0]]
-                    if name in chain.unscreened or not self._clear(name, values, chain.screen, log,
-                                                                   chain.isolated_screen):
-                        log.write(name, False)
-                        suspects.append(name)
-                        kept[name] = values
-                        upstream[name] = {ref[1]: [value.numpy() for value in self.chain_values[ref[1]]]
-                                          for ref in unit.inputs if ref[0] == "chain"}
-                        if len(suspects) >= chain.suspects:
-                            break
-                    elif independent and memo is not None and (key := _key_of(reply)):
-                        memo.add_cleared(memo.unit_digest(name, key, unit.inputs, chain.screen))
-                elif name in wanted:
-                    kept[name] = [value.numpy() for value in reply.outputs[0]]
-                if chain.screen is not None and name in chain.accept:  # judged elsewhere: not cleared here
-                    log.write(name, False)
-                if chain.screen is not None and name in chain.also_keep:
-                    also_kept[name] = [value.numpy() for value in reply.outputs[0]]
-                for done in last_use.pop(position, ()):  # no later unit reads it: free the device memory
-                    self.chain_values.pop(done, None)
-            return UnitResult(UnitStatus.OK, outputs=_returned(chain, suspects, kept), suspects=suspects,
-                              deferred=deferred, upstream=upstream, unit_keys=keys,
-                              cached=all(cached for _key, cached in keys), also_kept=also_kept,
-                              read_ahead=self.read_ahead.read_ahead, remembered=earlier)
+            self._read_ahead_for(chain.names, chain.units, _screened(chain), start)
+            return self._chain_from(chain, start, digest, memo, log, found)
         except TraceError as exc:  # a corrupt recorded value the screen read: the trace's own message
-            return UnitResult(UnitStatus.TRACE_ERROR, message=str(exc))
+            return ChainResult(UnitStatus.TRACE_ERROR, message=str(exc))
         finally:
             log.close()
             self.chain_values = {}
-            if self.read_ahead is not None:
-                self.read_ahead.close()
-                self.read_ahead = None
+            self._stop_read_ahead()
+
+    def _chain_from(self, chain: ChainRequest, start: int, digest: str, memo: RunMemo | None, log: ChainLogWriter,
+                    found: "_ChainFound") -> ChainResult:
+        """The chain's units from `start` on (the ones before: a checkpoint's values), `digest` the
+        memo's digest there."""
+        last_read = _last_reads(chain)
+        last_use = _last_uses(chain, last_read)
+        checkpoints = checkpoint_positions(len(chain.units)) if memo is not None else ()
+        for position in range(start, len(chain.units)):
+            name, unit = chain.names[position], chain.units[position]
+            if position in checkpoints and position > start and not found.suspects:
+                self._save_checkpoint(memo, digest, position, last_read, chain.isolated_screen)
+            if self.config.together:
+                self._build_together(chain.units, position)
+            reply = self._unit(unit, keep_on_device=True, sync=chain.sync_each)
+            if not reply.ok:
+                return found.failed(chain, name, reply)
+            found.keys.append((reply.key, reply.cached))
+            self.chain_values[name] = reply.outputs[0]
+            if checkpoints:
+                digest = memo.step(digest, name, _key_of(reply), unit.inputs, _treated(chain, name))
+            if self._keep(chain, name, unit, reply, log, found):  # its last suspect
+                break
+            for done in last_use.pop(position, ()):  # no later unit reads it: free the device memory
+                self.chain_values.pop(done, None)
+        return found.result(chain, self.read_ahead.read_ahead)
+
+    def _keep(self, chain: ChainRequest, name: str, unit: UnitRequest, reply: UnitResult, log: ChainLogWriter,
+              found: "_ChainFound") -> bool:
+        """What of a chain unit's values comes back (screened, a suspect's; else a kept op's); True
+        when it is the chain's last suspect."""
+        if chain.screen is not None and name not in chain.accept:
+            values = [value.numpy() for value in reply.outputs[0]]
+            if name in chain.unscreened or not self._clear(name, values, chain.screen, log, chain.isolated_screen):
+                log.write(name, False)
+                found.suspects.append(name)
+                found.kept[name] = values
+                found.upstream[name] = {ref[1]: [value.numpy() for value in self.chain_values[ref[1]]]
+                                        for ref in unit.inputs if ref[0] == "chain"}
+                if len(found.suspects) >= chain.suspects:
+                    return True
+        elif name in found.wanted:
+            found.kept[name] = [value.numpy() for value in reply.outputs[0]]
+        if chain.screen is not None and name in chain.accept:  # judged elsewhere: not cleared here
+            log.write(name, False)
+        if chain.screen is not None and name in chain.also_keep:
+            found.also_kept[name] = [value.numpy() for value in reply.outputs[0]]
+        return False
+
+    # -- a batch: units alone, each fed recorded values -----------------------------------
+    def _batch(self, batch: BatchRequest) -> BatchResult:
+        """Each unit alone on recorded values, its value screened as it comes: only suspects come
+        back (`BatchRequest`). With the trace's memo (runtime/run_memo.py), a unit an earlier run
+        cleared is not run again."""
+        try:
+            self._trace()  # open here: the read-ahead's plan only looks things up in it
+            memo = self._memo()
+            remembered: dict[str, tuple[str, str]] = {}
+            earlier = 0  # units not run thanks to an earlier run's records (not this process's own)
+            if memo is not None:
+                memo.begin_request()  # what its search recorded is no earlier run's
+                remembered = self._remembered(batch, memo)
+                earlier = sum(memo.earlier(unit_digest) for _key, unit_digest in remembered.values())
+            self._read_ahead_for(batch.names, batch.units, set(batch.names) - batch.unscreened, 0, set(remembered))
+            return self._batch_units(batch, memo, remembered, earlier)
+        except TraceError as exc:  # a corrupt recorded value the screen read: the trace's own message
+            return BatchResult(UnitStatus.TRACE_ERROR, message=str(exc))
+        finally:
+            self._stop_read_ahead()
+
+    def _batch_units(self, batch: BatchRequest, memo: RunMemo | None, remembered: dict[str, tuple[str, str]],
+                     earlier: int) -> BatchResult:
+        keys: list[tuple[str, bool]] = []  # each unit's cache key, and whether it came from the cache
+        suspects, deferred, kept = [], [], {}  # (deferred: units not built yet, skipped: `defer_unbuilt`)
+        for position, (name, unit) in enumerate(zip(batch.names, batch.units)):
+            if name in remembered:  # an earlier run cleared this very unit
+                keys.append((remembered[name][0], True))
+                continue
+            if batch.defer_unbuilt:
+                unit = self._built_or_none(unit)
+                if unit is None:
+                    deferred.append(name)
+                    continue
+            elif self.config.together:
+                self._build_together(batch.units, position)
+            reply = self._unit(unit, keep_on_device=True)
+            if reply.status in (UnitStatus.TRACE_ERROR, UnitStatus.TRANSFORM_ERROR):  # its own one line
+                return BatchResult(reply.status, message=reply.message)
+            if not reply.ok:  # what ran before it comes back too
+                return BatchResult(reply.status, message=f"op {name}: {reply.message}", failed_op=name,
+                                   outputs=[kept[name] for name in suspects], suspects=suspects, deferred=deferred,
+                                   unit_keys=keys, remembered=earlier)
+            keys.append((reply.key, reply.cached))
+            values = [value.numpy() for value in reply.outputs[0]]
+            if name in batch.unscreened or not self._clear(name, values, batch.screen):
+                suspects.append(name)
+                kept[name] = values
+                if len(suspects) >= batch.suspects:
+                    break
+            elif memo is not None and (key := _key_of(reply)):
+                memo.add_cleared(memo.unit_digest(name, key, unit.inputs, batch.screen))
+        return BatchResult(UnitStatus.OK, outputs=[kept[name] for name in suspects], suspects=suspects,
+                           deferred=deferred, unit_keys=keys, remembered=earlier)
+
+    def _read_ahead_for(self, names: list[str], units: list[UnitRequest], screened: set[str], start: int = 0,
+                        skipped: set[str] = frozenset()) -> None:
+        self.read_ahead = ReadAhead(partial(self._reads_of, names, units, screened, start, skipped), READ_AHEAD_BYTES)
+
+    def _stop_read_ahead(self) -> None:
+        if self.read_ahead is not None:
+            self.read_ahead.close()
+            self.read_ahead = None
 
     # -- the memo (runtime/run_memo.py) -----------------------------------------------------
     def _memo(self) -> RunMemo | None:
@@ -304,7 +351,7 @@ class _WorkerState:
             if name in cleared:
                 self.isolated_cleared.append(name)
 
-    def _build(self, request: BuildRequest) -> UnitResult:
+    def _build(self, request: BuildRequest) -> BuildResult:
         """A builder's units into the cache: together where they can be, the rest one by one (a key
         another worker is building is left to it)."""
         keys = []
@@ -313,7 +360,7 @@ class _WorkerState:
             reply = self._unit(unit.prepared(ahead=True))
             if reply.key:
                 keys.append((reply.key, reply.cached))
-        return UnitResult(UnitStatus.OK, unit_keys=keys)
+        return BuildResult(UnitStatus.OK, unit_keys=keys)
 
     def _build_together(self, units: list[UnitRequest], position: int) -> None:
         """When the unit at `position` is not in the cache, it and the next ones the cache lacks are
@@ -355,10 +402,11 @@ class _WorkerState:
             return unit
         return None if compiled.elsewhere else replace(unit, library=str(compiled.path))
 
-    def _reads_of(self, chain: ChainRequest, start: int = 0, skipped: set[str] = frozenset()) -> list:
-        """What the chain will still read from the trace, in its order: the params and recorded
-        inputs its units from `start` on are fed (but those of `skipped`), the recorded values it
-        screens their outputs against (not those it holds already)."""
+    def _reads_of(self, names: list[str], units: list[UnitRequest], screened: set[str], start: int = 0,
+                  skipped: set[str] = frozenset()) -> list:
+        """What a chain or batch will still read from the trace, in its order: the params and
+        recorded inputs its units from `start` on are fed (but those of `skipped`), the recorded
+        values it screens their outputs against (those of `screened`; not those it holds already)."""
         reader = self._trace()
         reads: dict = {}
 
@@ -367,7 +415,7 @@ class _WorkerState:
             if index is not None and index not in self.recorded:
                 reads.setdefault(("op", index), partial(_recorded_or_none, reader, index))
 
-        for name, unit in zip(chain.names[start:], chain.units[start:]):
+        for name, unit in zip(names[start:], units[start:]):
             if name in skipped:
                 continue
             for ref in unit.inputs:
@@ -375,7 +423,7 @@ class _WorkerState:
                     reads.setdefault(("param", ref[1]), partial(reader.param, ref[1]))
                 elif ref[0] == "op":
                     recorded(ref[1])
-            if chain.screen is not None and name not in chain.accept and name not in chain.unscreened:
+            if name in screened:
                 recorded(name)
         return list(reads.items())
 
@@ -544,11 +592,44 @@ def _recorded_or_none(reader, index: int):
     return reader.op_outputs(index) if reader.has_op(index) else None
 
 
-def _returned(chain: ChainRequest | BatchRequest, suspects: list[str], kept: dict[str, list]) -> list:
-    """The values a chain hands back: its suspects' (a screening chain), else those of `keep` it
-    computed, in `keep`'s order (a chain that failed: the ones before the failed unit)."""
-    names = suspects if chain.screen is not None else [name for name in chain.keep if name in kept]
-    return [kept[name] for name in names]
+def _screened(chain: ChainRequest) -> set[str]:
+    """The chain's ops whose values it checks against their recorded ones (`ChainRequest.screen`)."""
+    if chain.screen is None:
+        return set()
+    return set(chain.names) - chain.accept - chain.unscreened
+
+
+@dataclass
+class _ChainFound:
+    """What a running chain has found so far (`_WorkerState._chain`), and its result."""
+
+    wanted: set[str]  # the chain's `keep`
+    keys: list[tuple[str, bool]] = field(default_factory=list)  # each unit's cache key, and whether it came from the cache
+    kept: dict[str, list] = field(default_factory=dict)
+    also_kept: dict[str, list] = field(default_factory=dict)
+    suspects: list[str] = field(default_factory=list)
+    upstream: dict[str, dict] = field(default_factory=dict)
+    earlier: int = 0  # units not run thanks to an earlier run's checkpoint (not this process's own)
+
+    def result(self, chain: ChainRequest, read_ahead: int) -> ChainResult:
+        return ChainResult(UnitStatus.OK, outputs=self._returned(chain), suspects=self.suspects, upstream=self.upstream,
+                           also_kept=self.also_kept, unit_keys=self.keys, read_ahead=read_ahead,
+                           remembered=self.earlier)
+
+    def failed(self, chain: ChainRequest, name: str, reply: UnitResult) -> ChainResult:
+        """The chain ended at unit `name`, which failed: what ran before it comes back too (a trace's
+        or a transform's error: its own one line only)."""
+        if reply.status in (UnitStatus.TRACE_ERROR, UnitStatus.TRANSFORM_ERROR):
+            return ChainResult(reply.status, message=reply.message)
+        return ChainResult(reply.status, message=f"op {name}: {reply.message}", failed_op=name,
+                           outputs=self._returned(chain), suspects=self.suspects, upstream=self.upstream,
+                           unit_keys=self.keys, remembered=self.earlier)
+
+    def _returned(self, chain: ChainRequest) -> list:
+        """The values a chain hands back: its suspects' (a screening chain), else those of `keep` it
+        computed, in `keep`'s order (a chain that failed: the ones before the failed unit)."""
+        names = self.suspects if chain.screen is not None else [name for name in chain.keep if name in self.kept]
+        return [self.kept[name] for name in names]
 
 
 def _key_of(reply: UnitResult) -> str:
