@@ -14,9 +14,9 @@ def trace_info(path: str) -> dict:
     """Model, source, versions, op/layer counts, sizes, completeness, and the op table."""
     with TraceReader(path) as reader:
         meta = reader.meta
-        ops = reader.ops
-        finished = set(reader.finished_ops())
-        stats_only = set(reader.stats_only_ops())
+        ops = reader.outline.ops
+        finished = set(reader.recorded.finished_ops())
+        stats_only = set(reader.recorded.stats_only_ops())
         layers = OpTable.of(ops).layers()
         activation_bytes = sum(op_bytes(op) for op in ops)
         return {
@@ -30,8 +30,8 @@ def trace_info(path: str) -> dict:
             "num_ops": len(ops),
             "recorded_ops": len(finished),
             "num_layers": len(layers),
-            "num_inputs": len(reader.input_names),
-            "num_params": len(reader.param_names),
+            "num_inputs": len(reader.outline.input_names),
+            "num_params": len(reader.outline.param_names),
             "file_bytes": reader.file_size,
             "activation_bytes": activation_bytes,
             "record_seconds": meta.get("record_seconds"),
@@ -40,11 +40,11 @@ def trace_info(path: str) -> dict:
             "causal_lm": meta.get(META_CAUSAL_LM),  # None: the model ran as build() returned it
             "generation": meta.get(META_GENERATION),  # None: one forward (no --generate)
             "steps": (meta.get(META_GENERATION) or {}).get("steps"),  # the CLI contract's info --json "steps"
-            "source_graph": reader.source_graph_json is not None,
+            "source_graph": reader.outline.source_graph_json is not None,
             "type_changes": _type_changes(reader),
             "stock_import": _stock_import(reader),
             "host_only": meta.get(META_HOST_ONLY) or [],  # ops TVM cannot import, run on the host in every replay
-            "capture": reader.capture,  # None: every op's tensors are stored
+            "capture": reader.outline.capture,  # None: every op's tensors are stored
             "stats_only_ops": len(stats_only),
             "weights": _weights(reader),  # None: every param is stored in the trace
             "ops": [{"index": op["index"], "name": op["name"], "op": op["op"], "layer": op.get("layer", ""),
@@ -59,7 +59,7 @@ def trace_info(path: str) -> dict:
 def _weights(reader: TraceReader) -> dict | None:
     """The params read from checkpoint files (v1.4) and the files a replay needs: each with where it is
     now (`found`, None: missing) and whether it still has its recorded size; None when none is referenced."""
-    weights = reader.weight_refs
+    weights = reader.weights.refs
     if weights is None:
         return None
     return {"params": len(weights.params), "bytes": sum(ref.nbytes for ref in weights.params.values()),
@@ -70,13 +70,13 @@ def _weights(reader: TraceReader) -> dict | None:
 def _type_changes(reader: TraceReader) -> dict | None:
     """How many ops' imports changed the dtype or the shape of what the source computed (a type
     verdict each), and which; None for a trace without a source graph."""
-    text = reader.source_graph_json
+    text = reader.outline.source_graph_json
     if text is None:
         return None
     changes = parse_source_graph(text, str(reader.path)).type_changes
     dtype = {c.op for c in changes if c.declared.dtype != c.source.dtype}
     shape = {c.op for c in changes if c.declared.shape != c.source.shape}
-    index = {op["name"]: op["index"] for op in reader.ops}
+    index = {op["name"]: op["index"] for op in reader.outline.ops}
     ops = sorted({c.op for c in changes}, key=lambda name: index.get(name, -1))
     return {"dtype": len(dtype), "shape": len(shape), "ops": [f"#{index.get(name, '?')} {name}" for name in ops]}
 
@@ -87,12 +87,12 @@ def _stock_import(reader: TraceReader) -> dict | None:
     widens a float (fp16 -> fp32: no verdict), and its error when it fails outright; None when the
     comparison was not made (no fix changes any node, or a trace recorded before it existed)."""
     stock = reader.meta.get(META_STOCK_IMPORT)
-    text = reader.source_graph_json
+    text = reader.outline.source_graph_json
     if not stock:
         return None
-    index = {op["name"]: op["index"] for op in reader.ops}
+    index = {op["name"]: op["index"] for op in reader.outline.ops}
     graph_changes = parse_source_graph(text, str(reader.path)).type_changes if text is not None else []
-    changes = stock_type_changes([OpInfo.from_json(op) for op in reader.ops], graph_changes, stock.get("fixes") or [])
+    changes = stock_type_changes([OpInfo.from_json(op) for op in reader.outline.ops], graph_changes, stock.get("fixes") or [])
 
     def named(found) -> list[str]:
         names = sorted({c.op for c in found}, key=lambda name: index.get(name, -1))

@@ -29,7 +29,7 @@ class RecentOpOutputs:
         if index in self._kept:
             self._kept.move_to_end(index)
             return self._kept[index]
-        values = self.reader.op_outputs(index)
+        values = self.reader.tensors.op_outputs(index)
         self.keep(index, values)
         return values
 

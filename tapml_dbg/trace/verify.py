@@ -86,20 +86,21 @@ class _Checker:
 
     def run(self) -> None:
         reader = self.reader
-        tables = self.check("the op table", lambda: _one(reader.ops))
-        self.check("the graph", lambda: _one(reader.graph()))
-        for name in self.listed(f"/{S.GROUP_GRAPH}", reader.text_names):
+        outline, tensors = reader.outline, reader.tensors
+        tables = self.check("the op table", lambda: _one(outline.ops))
+        self.check("the graph", lambda: _one(outline.graph()))
+        for name in self.listed(f"/{S.GROUP_GRAPH}", outline.text_names):
             path = f"{S.GROUP_GRAPH}/{name}"
             if path == S.DS_SOURCE_GRAPH:
-                self.check(f"/{path}", lambda: _one(parse_source_graph(reader.source_graph_json, reader.path)))
+                self.check(f"/{path}", lambda: _one(parse_source_graph(outline.source_graph_json, reader.path)))
             elif path not in (S.DS_IR_JSON, S.DS_OP_TABLE):  # both read above
-                self.check(f"/{path}", lambda name=name: _one(reader.text(name)))
-        for name in self.listed(f"/{S.GROUP_INPUTS}", lambda: reader.input_names):
-            self.check(f"input {name!r}", lambda name=name: _one(reader.input(name), reader.input_stats(name)))
-        weights = reader.weight_refs if self.check(f"/{S.DS_WEIGHT_REFS}", lambda: _one(reader.weight_refs)) else None
-        for name in self.listed(f"/{S.GROUP_PARAMS}", lambda: reader.param_names):
+                self.check(f"/{path}", lambda name=name: _one(outline.text(name)))
+        for name in self.listed(f"/{S.GROUP_INPUTS}", lambda: outline.input_names):
+            self.check(f"input {name!r}", lambda name=name: _one(tensors.input(name), tensors.input_stats(name)))
+        weights = reader.weights.refs if self.check(f"/{S.DS_WEIGHT_REFS}", lambda: _one(reader.weights.refs)) else None
+        for name in self.listed(f"/{S.GROUP_PARAMS}", lambda: outline.param_names):
             if weights is None or name not in weights.params:
-                self.check(f"param {name!r}", lambda name=name: _one(reader.param(name), reader.param_stats(name)))
+                self.check(f"param {name!r}", lambda name=name: _one(tensors.param(name), tensors.param_stats(name)))
         if weights is not None:
             self.weight_files(weights)
         if tables:
@@ -120,16 +121,18 @@ class _Checker:
 
     def ops(self) -> None:
         reader = self.reader
-        names = self.listed(f"/{S.GROUP_OPS}", reader.op_group_names)
-        for name in sorted(set(names) - {str(i) for i in range(len(reader.ops))})[:MAX_LISTED]:
+        recorded = reader.recorded
+        names = self.listed(f"/{S.GROUP_OPS}", recorded.op_group_names)
+        for name in sorted(set(names) - {str(i) for i in range(len(reader.outline.ops))})[:MAX_LISTED]:
             self.damage(f"/{S.GROUP_OPS}", f"{reader.path}: /{S.GROUP_OPS}/{name[:40]} is not an op of the op "
                                            "table; the trace was edited")
         stored = _stored_ops(reader.meta.get(S.META_CAPTURE))
-        for index in range(len(reader.ops)):
-            if reader.has_op(index):
+        for index in range(len(reader.outline.ops)):
+            if recorded.has_op(index):
                 self.check(f"op {index}", lambda index=index: _op_values(reader, index))
-            elif reader.stats_only(index):
-                self.check(f"op {index}", lambda index=index: _one(reader.op_stats(index), reader.op_note(index)) - 1)
+            elif recorded.stats_only(index):
+                self.check(f"op {index}",
+                           lambda index=index: _one(reader.tensors.op_stats(index), recorded.op_note(index)) - 1)
                 if index in stored:
                     self.damage(f"op {index}", f"{reader.path}: op {index} is in the capture window's stored ops "
                                                "but has only stats; the trace is damaged")
@@ -147,9 +150,9 @@ def _one(*_values) -> int:
 
 
 def _op_values(reader: TraceReader, index: int) -> int:
-    outputs = reader.op_outputs(index)
-    reader.op_stats(index)
-    reader.op_note(index)
+    outputs = reader.tensors.op_outputs(index)
+    reader.tensors.op_stats(index)
+    reader.recorded.op_note(index)
     return len(outputs)
 
 
