@@ -182,7 +182,7 @@ def build_tvm(target: str = "llvm") -> dict:
         params.append((name, np.ascontiguousarray(weight)))
     cfg = model.config
     kv = {"num_layers": cfg.num_hidden_layers, "num_kv_heads": cfg.num_key_value_heads,
-          "head_dim": cfg.hidden_size // cfg.num_attention_heads, "dtype": "float32"}
+          "head_dim": cfg.hidden_size // cfg.num_attention_heads, "dtype": "float32", "rope_theta": rope_theta(cfg)}
     return {"mod": mod, "params": params, "prompt": ids.numpy().astype("int32"), "functions": dict(FUNCTIONS),
             "cache": dict(CACHE), "kv": kv, "target": target if isinstance(target, str) else str(target)}
 

@@ -158,12 +158,12 @@ def _graph(mod, arg_names: list[str | None], num_input: int) -> Graph:
     main = mod["main"]
     inputs = [(p.name, flatten_ty(p.ty)[0]) for p in main.params[:num_input]]
     params = [(p.name, flatten_ty(p.ty)[0]) for p in main.params[num_input:]]
-    module_of = {p.name: _module_path(name) for p, name in zip(main.params, arg_names) if name}
+    module_of = {p.name: module_path(name) for p, name in zip(main.params, arg_names) if name}
     layers: dict[str, str] = {}
     ops = []
     for index, binding in enumerate(b for block in main.body.blocks for b in block.bindings):
         reads = ordered_free_vars(binding.value)
-        layer = _layer(reads, module_of, layers)
+        layer = op_layer(reads, module_of, layers)
         layers[binding.var.name] = layer
         name = relax_op_name(binding.value)
         ops.append(OpInfo(index=index, name=binding.var.name, op=name, relax_op=name, layer=layer,
@@ -176,23 +176,23 @@ def _graph(mod, arg_names: list[str | None], num_input: int) -> Graph:
     return Graph(mod=mod, ops=ops, inputs=inputs, params=params, outputs=output_names(main))
 
 
-def _module_path(param_name: str) -> str:
+def module_path(param_name: str) -> str:
     """`blocks.0.up.weight` -> `blocks.0.up`: the module that owns a parameter."""
     return param_name.rpartition(".")[0]
 
 
-def _layer(reads: list[str], module_of: dict[str, str], layers: dict[str, str]) -> str:
+def op_layer(reads: list[str], module_of: dict[str, str], layers: dict[str, str]) -> str:
     """The module of the parameters an op reads, else the layer of the latest op it reads (a weight's
     transpose and the matmul that reads it share the weight's module)."""
     owned = [module_of[name] for name in reads if module_of.get(name)]
     if owned:
-        return _common(owned)
+        return common_path(owned)
     order = {name: position for position, name in enumerate(layers)}
     upstream = sorted((name for name in reads if name in layers), key=order.__getitem__)
     return layers[upstream[-1]] if upstream else ""
 
 
-def _common(paths: list[str]) -> str:
+def common_path(paths: list[str]) -> str:
     parts = [path.split(".") for path in paths]
     common = []
     for level in zip(*parts):

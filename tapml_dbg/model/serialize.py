@@ -13,6 +13,7 @@ turns whatever TVM still refuses into a `TraceError`.
 from __future__ import annotations
 
 import base64
+import json
 import math
 import re
 import threading
@@ -21,6 +22,8 @@ import numpy as np
 
 from tapml_dbg.errors import TraceError
 from tapml_dbg.model.host_only import is_host_only_call, placeholder
+from tapml_dbg.model.paged_kv import call_parts, is_paged_kv_call, paged_kv_call
+from tapml_dbg.portable.paged_kv import config_text, parse_config
 
 SCHEMA = "tapml-relax-graph/1"
 ALLOWED_ATTRS_PREFIX = "relax.attrs."  # a trace may only rebuild op attributes, no other TVM object
@@ -128,6 +131,8 @@ def _check_ops_exist(data: dict) -> None:
             stack.extend(expr["tuple"])
         elif "host_only" in expr:
             stack.extend(expr["host_only"])
+        elif "paged_kv" in expr:
+            stack.extend(expr["paged_kv"])
         elif "get_item" in expr:
             stack.append(expr["get_item"])
     for name in sorted(names):
@@ -211,6 +216,8 @@ def _check_expr(expr, defined: set[str], where: str, depth: int) -> None:
             if "tuple" in _dict(ty, f"{where}.ty_args[{k}]"):
                 raise GraphFormatError(f"{where}.ty_args[{k}]: a host-only op's outputs are tensors")
             _check_type(ty, f"{where}.ty_args[{k}]", depth + 1)
+    elif "paged_kv" in expr:
+        _check_paged_kv(expr, defined, where, depth)
     elif "tuple" in expr:
         for k, field in enumerate(_list(expr["tuple"], f"{where}.tuple")):
             _check_expr(field, defined, f"{where}.tuple[{k}]", depth + 1)
@@ -229,6 +236,27 @@ def _check_expr(expr, defined: set[str], where: str, depth: int) -> None:
         _dtype(expr["dtype_imm"], f"{where}.dtype_imm")
     else:
         raise GraphFormatError(f"{where} is no known expression (keys {sorted(expr)[:6]})")
+
+
+def _check_paged_kv(expr: dict, defined: set[str], where: str, depth: int) -> None:
+    """A paged-KV attention call (model/paged_kv.py): one or three tensor inputs, a config of numbers,
+    three tensor outputs."""
+    args = _list(expr["paged_kv"], f"{where}.paged_kv")
+    if len(args) not in (1, 3):
+        raise GraphFormatError(f"{where}: a paged-KV call takes qkv and optionally the keys and values before it")
+    for k, arg in enumerate(args):
+        _check_expr(arg, defined, f"{where}.paged_kv[{k}]", depth + 1)
+    try:
+        parse_config(json.dumps(_dict(expr.get("config"), f"{where}.config")))
+    except (ValueError, TypeError) as exc:
+        raise GraphFormatError(f"{where}.config: {exc}") from None
+    types = _list(expr.get("ty_args"), f"{where}.ty_args")
+    if len(types) != 3:
+        raise GraphFormatError(f"{where}: a paged-KV call returns out, keys and values")
+    for k, ty in enumerate(types):
+        if "tuple" in _dict(ty, f"{where}.ty_args[{k}]"):
+            raise GraphFormatError(f"{where}.ty_args[{k}]: a paged-KV call's outputs are tensors")
+        _check_type(ty, f"{where}.ty_args[{k}]", depth + 1)
 
 
 def _check_type(ty, where: str, depth: int) -> None:
@@ -377,6 +405,10 @@ def _expr_to_json(expr) -> dict:
     if isinstance(expr, relax.Call) and is_host_only_call(expr):  # its own kind: no function name stored
         return {"host_only": [_expr_to_json(a) for a in expr.args[1].fields],
                 "ty_args": [_type_to_json(t) for t in expr.ty_args]}
+    if isinstance(expr, relax.Call) and is_paged_kv_call(expr):  # its own kind: the config is data
+        tensors, config, out_types = call_parts(expr)
+        return {"paged_kv": [_expr_to_json(a) for a in tensors], "config": json.loads(config_text(config)),
+                "ty_args": [_type_to_json(t) for t in out_types]}
     if isinstance(expr, relax.Call):
         if not hasattr(expr.op, "name") or isinstance(expr.op, relax.GlobalVar):
             raise ValueError(f"cannot serialize a call to {expr.op}")
@@ -417,6 +449,9 @@ def _expr_from_json(data: dict, env: dict):
     if "host_only" in data:  # model/host_only.py: the placeholder's function is our constant
         return placeholder([_expr_from_json(a, env) for a in data["host_only"]],
                            [_type_from_json(t) for t in data["ty_args"]])
+    if "paged_kv" in data:  # model/paged_kv.py: the packed function is our constant
+        return paged_kv_call([_expr_from_json(a, env) for a in data["paged_kv"]], data["config"],
+                             [_type_from_json(t) for t in data["ty_args"]])
     if "tuple" in data:
         return relax.Tuple([_expr_from_json(f, env) for f in data["tuple"]])
     if "get_item" in data:

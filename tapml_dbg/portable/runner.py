@@ -19,6 +19,7 @@ import numpy as np
 from .codec import contiguous
 from .errors import PortableError, one_line
 from .loader import apply_transform
+from .paged_kv import register as register_paged_kv
 
 DEFAULT_TARGET = "llvm"
 TARGET_HINT = "use e.g. llvm, cuda, or '{\"kind\":\"cuda\",\"arch\":\"sm_90\"}'"
@@ -248,6 +249,8 @@ class Runner:
         self._loaded: dict[str, object] = {}  # exported library path -> VirtualMachine
         self._entries: dict[int, str] = {}  # id of a loaded VirtualMachine -> its unit's entry
         self._tmp = None
+        if not self.is_remote:
+            register_paged_kv()  # a recorded paged-KV call runs here (portable/paged_kv.py)
 
     @property
     def where(self) -> str:

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from tapml_dbg.errors import ModelError, TargetError
-from tapml_dbg.frontend.native import load_native, native_spec
+from tapml_dbg.frontend.native import NativeModel, load_native, native_spec
 from tapml_dbg.portable import flatten
 from tapml_dbg.portable.runner import device_kind, parse_target
 from tapml_dbg.record.recorder import (WRITE_IN_BACKGROUND, Progress, RecordResult, TraceSink, ValueStore,
@@ -51,13 +51,23 @@ def record_native(model_spec: str, out_path: str | Path, target: str, *, entry: 
     np.random.seed(seed)
     spec = native_spec(model_spec)
     model = load_native(spec, entry)
+    return record_model(model, spec, out_path, target, lambda: _whole_run(model.graph, model, target),
+                        started=started, seed=seed, compression=compression, progress=progress, window=window,
+                        max_bytes=max_bytes)
+
+
+def record_model(model: NativeModel, spec: str, out_path: str | Path, target: str, whole_run, *, started: float,
+                 seed: int = 0, compression: str | None = None, progress: Progress | None = None,
+                 window: str | None = None, max_bytes: int | str | None = None, meta: dict | None = None,
+                 result_fields: dict | None = None) -> RecordResult:
+    """Record a loaded native model op by op on `target`; `whole_run()` -> (seconds, outputs or None) is
+    the module's own run the op-by-op values are checked against; `meta` is added to the trace's."""
     graph = model.graph
     ops_json = [op.to_json() for op in graph.ops]
     plan = plan_capture(ops_json, window, parse_size(max_bytes))
-    meta = _meta(spec, model, target, seed, plan)
-    header = dict(meta=meta, graph_json=graph_json_of(graph), tvmscript=_script(graph.mod), ops=ops_json,
-                  inputs=model.inputs, params=model.params, compression=compression, capture=plan is not None,
-                  source_graph=None)
+    header = dict(meta={**_meta(spec, model, target, seed, plan), **(meta or {})}, graph_json=graph_json_of(graph),
+                  tvmscript=_script(graph.mod), ops=ops_json, inputs=model.inputs, params=model.params,
+                  compression=compression, capture=plan is not None, source_graph=None)
     run_started = time.perf_counter()
     runner = LocalRunner(graph.mod["main"], target=target)
     store = ValueStore(graph, {name: [value] for name, value in {**model.inputs, **model.params}.items()})
@@ -77,13 +87,14 @@ def record_native(model_spec: str, out_path: str | Path, target: str, *, entry: 
         sink.abort()
         raise
     phases = {"import": run_started - started, "run": time.perf_counter() - run_started}
-    whole_seconds, difference = _finish(writer, graph, model, target, values, phases, time.perf_counter() - started)
+    whole_seconds, difference = _finish(writer, whole_run, values, phases, time.perf_counter() - started)
     path = Path(out_path)
     return NativeRecordResult(path, len(graph.ops), time.perf_counter() - started, whole_seconds, 0,
                               path.stat().st_size, prepare_seconds=phases["import"], run_seconds=phases["run"],
                               stored_ops=len(stored) if stored is not None else len(graph.ops),
                               capture=plan.to_meta() if plan is not None else None, phases=phases,
-                              entry=model.entry, source=f"tvm:{target}", whole_difference=difference)
+                              entry=model.entry, source=f"tvm:{target}", whole_difference=difference,
+                              **(result_fields or {}))
 
 
 def _op_values(runner: LocalRunner, op, values: dict, target: str) -> list[np.ndarray]:
@@ -122,11 +133,11 @@ def _script(mod) -> str:
         return ""
 
 
-def _finish(writer, graph, model, target: str, last_values, phases: dict, seconds: float):
-    """The whole module's own run on `target`, timed and compared with the op-by-op values; the trace
+def _finish(writer, whole_run, last_values, phases: dict, seconds: float):
+    """The whole module's own run (`whole_run()`), timed and compared with the op-by-op values; the trace
     marked complete. Returns the whole run's seconds (0.0 where it could not run) and that difference."""
     try:
-        whole, outputs = _whole_run(graph, model, target)
+        whole, outputs = whole_run()
         difference = None
         if outputs is not None:
             diffs = [float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64)))) if a.size else 0.0

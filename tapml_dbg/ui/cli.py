@@ -6,6 +6,7 @@ Exit codes: 0 done (a divergence found is still "done"), 1 a `TapmlError`, 2 bad
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -13,7 +14,7 @@ import shlex
 import sys
 from importlib import metadata
 
-from tapml_dbg.api import Replay, diff
+from tapml_dbg.api import COMMANDS, KEEP, REFERENCE, TARGET, TRACE_HELP, Command, Replay, find_command
 from tapml_dbg.engine.kept import blocks_target, kept_selector
 from tapml_dbg.engine.report import build_report, migration_points
 from tapml_dbg.engine.triage import triage
@@ -22,9 +23,8 @@ from tapml_dbg.errors import TapmlError, UsageError
 from tapml_dbg.frontend.generation import parse_steps
 from tapml_dbg.frontend.native import defines_native
 from tapml_dbg.record.native import record_native
+from tapml_dbg.record.native_llm import record_native_generation
 from tapml_dbg.record.recorder import record
-from tapml_dbg.repro.carve import carve
-from tapml_dbg.repro.dump import dump_op
 from tapml_dbg.runtime import fork_server
 from tapml_dbg.runtime.target import TargetSpec
 from tapml_dbg.trace.inspect import trace_info
@@ -36,7 +36,6 @@ from tapml_dbg.ui.repl.app import run_replay
 from tapml_dbg.ui.report.html import prepare_folder, write_report
 from tapml_dbg.ui.report.model_explorer import write_model_explorer
 from tapml_dbg.ui import verbs
-from tapml_dbg.ui.verbs import Verb
 
 DESCRIPTION = """\
 Record a model's every operator once on PyTorch, replay it on a TVM target, find the
@@ -48,10 +47,6 @@ start with:
 
 `tapml-dbg COMMAND --help` explains a command. Exit status: 0 done (a divergence found is
 a completed search), 1 a user error (one line says what to do), 2 bad usage."""
-TRACE_HELP = "a trace written by `tapml-dbg record` (.h5)"
-TARGET_HELP = ("TVM target: a kind (llvm, cuda, opencl, metal, webgpu) or, with options, a JSON dict such as "
-               "'{\"kind\":\"llvm\",\"mcpu\":\"haswell\"}' (TVM 0.27 refuses the old \"llvm -mcpu=...\" "
-               "string form); default llvm")
 DEFAULT_REPORT_DIR = "report/"  # what `next:` lines suggest for -o
 DEFAULT_REPRO_DIR = "repro/"
 TRIAGE_DUMPS_SUGGESTED = 3  # `next:` lines after a triage: a dump of each of the first causes
@@ -69,58 +64,32 @@ def version_text() -> str:
     return f"tapml-dbg {version('tapml-dbg')} ({', '.join(f'{name} {version(name)}' for name in VERSIONED)})"
 
 
-def _add_target_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--target", default="llvm", metavar="T", help=TARGET_HELP)
-    remote = parser.add_mutually_exclusive_group()
-    remote.add_argument("--rpc", metavar="HOST:PORT", help="run on a TVM RPC server")
-    remote.add_argument("--tracker", metavar="HOST:PORT", help="lease devices from a TVM RPC tracker")
-    parser.add_argument("--key", help="device key at the tracker")
-    parser.add_argument("--transform", metavar="FILE.py:FUNC",
-                        help="IRModule -> IRModule pass applied before every target compile")
-    parser.add_argument("--timeout", type=float, default=None, metavar="S",
-                        help="seconds one unit may take to compile and run (default 300)")
-    parser.add_argument("--parallel", type=int, default=None, metavar="N",
-                        help="worker lanes for independent units (sweep batches, per-op compiles); default: "
-                             "one per free tracker server for --tracker/--key, else 1")
-
-
-def _add_reference_options(parser: argparse.ArgumentParser) -> None:
-    """A trusted TVM target to judge the target against, instead of the recorded source (TapML's way)."""
-    parser.add_argument("--reference-target", metavar="T",
-                        help="judge the target against the same units on this trusted TVM target (computed once "
-                             "and kept), not against the recorded source: a divergence T shares is listed as "
-                             "TVM-wide, never the culprit (docs/reference-target.md)")
-    parser.add_argument("--reference-rpc", metavar="HOST:PORT", help="the reference target over TVM RPC")
-    parser.add_argument("--reference-transform", metavar="FILE.py:FUNC",
-                        help="a pass you trust, applied to the reference target's builds (default: none)")
-
-
-KEEP_HELP = ("ops kept on the source (a known bug, or one assumed fixed): cut out of the target's units, so the "
-             "search goes on past them; op selectors as in the REPL (14,37 | cumsum | 30:40 | a layer); "
-             "docs/keep.md")
-
-
-def _add_keep_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--keep", metavar="OPS", help=KEEP_HELP)
-
-
-def _subcommand(commands, name: str, summary: str, description: str) -> argparse.ArgumentParser:
-    """A subcommand whose `--help` opens with what it does (`summary` is its line in `tapml-dbg --help`)."""
-    return commands.add_parser(name, help=summary, description=f"{summary[0].upper()}{summary[1:]}. {description}")
-
-
-def _verb(commands, verb: Verb) -> argparse.ArgumentParser:
-    """The subcommand of a verb the REPL has too (ui/verbs.py), its help from the shared declaration."""
-    return _subcommand(commands, verb.name, verb.summary, verb.description)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tapml-dbg", description=DESCRIPTION, epilog=EPILOG,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=version_text())
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in _subcommand_order():
+        if name in _OWN_PARSERS:
+            _OWN_PARSERS[name](commands)
+        else:
+            verbs.add_command(commands, find_command(name))
+    return parser
 
-    rec = _subcommand(commands, "record", "run a model on the source and write a trace",
+
+# the order of `tapml-dbg --help`: the CLI's own subcommands and the table's (tapml_dbg.api.COMMANDS); a
+# table entry not named here comes before the last
+SUBCOMMAND_ORDER = ("record", "info", "replay", "bisect", "triage", "fix", "run", "migrate", "dump", "carve", "compile",
+                    "report", "diff", "serve")
+
+
+def _subcommand_order() -> list[str]:
+    unnamed = [entry.name for entry in COMMANDS if entry.name not in SUBCOMMAND_ORDER]
+    return [*SUBCOMMAND_ORDER[:-1], *unnamed, SUBCOMMAND_ORDER[-1]]
+
+
+def _record_parser(commands) -> None:
+    rec = verbs.add_subcommand(commands, "record", "run a model on the source and write a trace",
                       "Exports the model with torch.export, imports it into TVM Relax and runs it op by op in "
                       "torch eager, storing every op's inputs and outputs in one HDF5 file.")
     rec.add_argument("model", metavar="MODEL", help="FILE.py[:FUNC], FUNC() -> (module, inputs)")
@@ -145,7 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="budget for stored op tensors (e.g. 200M, 1.5G): tensors of ops from the window's "
                           "start (or op 0) until the budget is spent; every op keeps its stats")
 
-    info = _subcommand(commands, "info", "summarize a trace",
+
+def _info_parser(commands) -> None:
+    info = verbs.add_subcommand(commands, "info", "summarize a trace",
                        "Model, source, versions, sizes, op and layer counts; --json adds the op table "
                        "(index, name, source op, layer of every op).")
     info.add_argument("trace", metavar="TRACE", help=TRACE_HELP)
@@ -154,95 +125,19 @@ def build_parser() -> argparse.ArgumentParser:
                       help="read every part of the trace and check its checksums; list each damaged part "
                            "(exit 1 when there is one)")
 
-    replay = _subcommand(commands, "replay", "interactive replay on a target",
+
+def _replay_parser(commands) -> None:
+    replay = verbs.add_subcommand(commands, "replay", "interactive replay on a target",
                          "A debugger over the trace: step op by op, continue to a divergence or breakpoint, "
                          "compare, print, plot, bisect and dump without leaving the session (docs/repl.md).")
     replay.add_argument("trace", metavar="TRACE", help=TRACE_HELP)
-    _add_target_options(replay)
-    _add_reference_options(replay)
+    verbs.add_arguments(replay, TARGET + REFERENCE)
     replay.add_argument("-c", dest="commands", metavar='"CMD; CMD"', help="run commands and exit")
     replay.add_argument("--script", metavar="FILE", help="run commands from FILE and exit")
 
-    bisect = _verb(commands, verbs.BISECT)
-    bisect.add_argument("trace", metavar="TRACE", help=TRACE_HELP)
-    _add_target_options(bisect)
-    _add_reference_options(bisect)
-    bisect.add_argument("--json", action="store_true", help="one JSON object on stdout")
-    verbs.BISECT.add_options(bisect)
-    bisect.add_argument("--report", metavar="DIR", help="also write the HTML report (as `tapml-dbg report`) to DIR")
-    _add_keep_option(bisect)
 
-    tri = _subcommand(commands, "triage", "list every divergent op, grouped by cause",
-                      "Both verdicts of every op (as `report`), then every op that diverges by itself (its "
-                      "isolated verdict fails, the import changes its type, or its propagated verdict fails with "
-                      "nothing wrong upstream), grouped by source op, class and failure signature; failures "
-                      "inherited from a cause are folded into it (docs/triage.md).")
-    tri.add_argument("trace", metavar="TRACE", help=TRACE_HELP)
-    _add_target_options(tri)
-    _add_reference_options(tri)
-    tri.add_argument("--json", action="store_true", help="one JSON object on stdout")
-    _add_keep_option(tri)
-
-    fixer = _subcommand(commands, "fix", "write a verified fix transform for every cause triage finds",
-                        "Triage, then for each cause the rewrites its class suggests (precision: the op in float32, "
-                        "the fewest ops as Polygraphy's `debug precision`; type: casts to the source's dtype; bool "
-                        "operands that do not build: integer casts; pow(x, 2|3): multiplies; x[-1] read out of "
-                        "bounds: the index wrapped; on GPU targets a failing schedule: DefaultGPUSchedule), each kept "
-                        "only when the op's isolated verdict passes under it; the whole transform is verified with "
-                        "a mixed run of the model (`run --offload all`). Writes DIR/fix.py (FUNC `fix`, for "
-                        "`--transform DIR/fix.py:fix` or your own TVM pipeline) and DIR/README.md (docs/fix.md).")
-    fixer.add_argument("trace", metavar="TRACE", help=TRACE_HELP)
-    fixer.add_argument("-o", "--output", required=True, metavar="DIR", help="the folder to write fix.py and README.md into")
-    _add_target_options(fixer)
-    fixer.add_argument("--json", action="store_true", help="one JSON object on stdout")
-
-    mixed = _verb(commands, verbs.RUN)
-    mixed.add_argument("trace", metavar="TRACE", help=TRACE_HELP)
-    mixed.add_argument("--offload", default="all", metavar="SPEC",
-                       help="what runs on the target: all (default), none, or op selectors as in the REPL "
-                            "(0:120, a name, transformer.h.0,transformer.h.3)")
-    _add_target_options(mixed)
-    mixed.add_argument("--json", action="store_true", help="one JSON object on stdout")
-    _add_keep_option(mixed)
-
-    migrate = _verb(commands, verbs.MIGRATE)
-    migrate.add_argument("trace", metavar="TRACE", help=TRACE_HELP)
-    verbs.MIGRATE.add_options(migrate)
-    _add_target_options(migrate)
-    migrate.add_argument("--json", action="store_true", help="one JSON object on stdout")
-    _add_keep_option(migrate)
-
-    dump = _verb(commands, verbs.DUMP)
-    dump.add_argument("trace", metavar="TRACE", help=TRACE_HELP)
-    which = dump.add_mutually_exclusive_group(required=True)
-    which.add_argument("--op", metavar="OP", help="op index or name (`tapml-dbg info TRACE --json` lists them); "
-                                                  "an op that fails only compiled with its producers (fused) is "
-                                                  "written as that unit")
-    which.add_argument("--ops", metavar="A:B", help="a range of ops written as one unit (one function), fed its "
-                                                    "recorded inputs, compared at the values it hands on")
-    dump.add_argument("-o", "--output", required=True, metavar="DIR", help="the folder to write the repro into")
-    dump.add_argument("--minimize", action="store_true",
-                      help="shrink the inputs to the smallest shapes that still fail (expected values from the "
-                           "source re-executed in float64 at those shapes) and write the repro at them")
-    _add_target_options(dump)
-
-    carve = _subcommand(commands, "carve", "write every op as a pytest suite",
-                        "One test per op with its recorded inputs, runnable without the model or tapml-dbg.")
-    carve.add_argument("trace", metavar="TRACE", help=TRACE_HELP)
-    carve.add_argument("-o", "--output", required=True, metavar="DIR", help="the folder to write the suite into")
-    carve.add_argument("--max-mb", type=float, default=None, help="size budget for the suite's data")
-    carve.add_argument("--unit", choices=("op", "layer"), default="op",
-                       help="one test per op (default), or per layer: its consecutive ops compiled as one function")
-    _add_target_options(carve)
-
-    check = _subcommand(commands, "compile", "compile every op for a target without running it",
-                        "A codegen-only check: needs no device, so it works for a GPU target on a machine "
-                        "without one.")
-    check.add_argument("trace", metavar="TRACE", help=TRACE_HELP)
-    _add_target_options(check)
-    check.add_argument("--json", action="store_true", help="one JSON object on stdout (the failures)")
-
-    report = _subcommand(commands, "report", "write an HTML report of every op's error",
+def _report_parser(commands) -> None:
+    report = verbs.add_subcommand(commands, "report", "write an HTML report of every op's error",
                          "A self-contained index.html (no network): every op's isolated and propagated error "
                          "along the model, layers as bands, the culprit marked, its card and the trace's summary.")
     report.add_argument("trace", metavar="TRACE", help=TRACE_HELP)
@@ -254,27 +149,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="also write DIR/model_explorer/: the op graph and every op's error as JSON for Google's "
                              "AI Edge Model Explorer (pip install ai-edge-model-explorer), and print the command "
                              "that opens it")
-    _add_target_options(report)
-    _add_reference_options(report)
-    _add_keep_option(report)
+    verbs.add_arguments(report, TARGET + REFERENCE + KEEP)
 
-    differ = _subcommand(commands, "diff", "compare two recordings of one model op by op and layer by layer",
-                         "Ops pair by name (and by step in generation traces): one model recorded twice, with two torch "
-                         "versions, --source torch and tvm:T, or in float32 and bfloat16. B is compared against A with "
-                         "the judge's compare rule, values of two dtypes in float64; every layer is compared at its "
-                         "last op, so you see where the recordings part. No target, nothing run (docs/diff.md).")
-    differ.add_argument("trace", metavar="TRACE_A", help="the reference recording (.h5)")
-    differ.add_argument("trace_b", metavar="TRACE_B", help="the recording compared against it (.h5)")
-    differ.add_argument("--rtol", type=float, metavar="X",
-                        help="one tolerance for every float op: max_abs <= atol + X * absmax(A) (default: the "
-                             "judge's for the lowest precision the op is computed from in either trace: float32 "
-                             "1e-4, bfloat16 4e-2)")
-    differ.add_argument("--atol", type=float, metavar="Y", help="with --rtol: the absolute part (default 0)")
-    differ.add_argument("--ops", metavar="SEL", help="compare only these ops of TRACE_A (op selectors: 0:40, a name, "
-                                                     "a layer, @K) and the layers that end in them")
-    differ.add_argument("--json", action="store_true", help="one JSON object on stdout")
 
-    server = _subcommand(commands, "serve", "keep TVM and torch imported: later commands start in a fraction of a second",
+def _serve_parser(commands) -> None:
+    server = verbs.add_subcommand(commands, "serve", "keep TVM and torch imported: later commands start in a fraction of a second",
                          "A fork server for this compile cache (TAPML_CACHE_DIR): every later `tapml-dbg` command "
                          "but `replay` starts as a fork of a process that imported TVM and torch, and is otherwise "
                          "the process it would have been (docs/serve.md). It runs until Ctrl-C, `serve --stop` or "
@@ -284,7 +163,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="stop after MIN minutes without a command (default 30; 0: never)")
     server.add_argument("--detach", action="store_true", help="leave it running in the background and return")
     server.add_argument("--stop", action="store_true", help="stop the running server (the commands it runs finish)")
-    return parser
+
+
+_OWN_PARSERS = {"record": _record_parser, "info": _info_parser, "replay": _replay_parser, "report": _report_parser,
+                "serve": _serve_parser}  # the subcommands that are no API method: the command line's own
 
 
 def _quiet_libraries() -> None:
@@ -306,7 +188,9 @@ def main(argv: list[str] | None = None) -> int:
     _quiet_libraries()
     out, err = make_console(sys.stdout), make_console(sys.stderr)
     try:
-        handler = _HANDLERS[args.command]
+        handler = _HANDLERS.get(args.command)
+        if handler is None:
+            return _call(find_command(args.command), args, out, err)
         return handler(args, out, err) or 0
     except TapmlError as exc:
         if exc.detail and settings.value(settings.DEBUG):  # the full text behind the line (torch's message)
@@ -333,12 +217,17 @@ def _record(args, out, err) -> int:
                          "a file that defines build_tvm()")
     with progress("recording", err) as report:
         if native:  # a TVM-native model: build_tvm() -> (IRModule, args), recorded on the source target
-            if args.generate is not None or args.inputs:
-                raise UsageError("--generate and --inputs are for PyTorch models; a TVM-native model's "
-                                 "build_tvm() returns its own arguments")
-            result = record_native(args.model, args.output, source_target, entry=args.entry, seed=args.seed,
-                                   compression=compression, progress=report, window=args.window,
-                                   max_bytes=args.max_bytes)
+            if args.inputs:
+                raise UsageError("--inputs is for PyTorch models; a TVM-native model's build_tvm() returns its own "
+                                 "arguments")
+            if args.generate is not None:  # a native LLM: prefill + N decode steps on TVM's paged KV cache
+                result = record_native_generation(args.model, args.output, source_target, parse_steps(args.generate),
+                                                  seed=args.seed, compression=compression, progress=report,
+                                                  window=args.window, max_bytes=args.max_bytes)
+            else:
+                result = record_native(args.model, args.output, source_target, entry=args.entry, seed=args.seed,
+                                       compression=compression, progress=report, window=args.window,
+                                       max_bytes=args.max_bytes)
         else:
             result = record(args.model, args.output, source=args.source, inputs_npz=args.inputs, seed=args.seed,
                             compression=compression, progress=report, window=args.window, max_bytes=args.max_bytes,
@@ -485,31 +374,35 @@ def _bisect(args, out, err) -> int:
     return 0
 
 
-def _run(args, out, err) -> int:
-    with _open(args) as replay:
-        with progress("mixed run", err, show=_bar(args)) as report:
-            result = replay.run(args.offload, progress=report)
-    if args.json:
+def _call(entry: Command, args, out, err) -> int:
+    """A command of the table (tapml_dbg.api.COMMANDS): its API method on the trace opened from the options
+    (or its function of its own arguments) under a progress bar; `--json` prints the result's JSON, else it
+    is rendered, then the commands to type next (`_NEXT`, where the command has some)."""
+    with _open(args) if entry.on_replay else contextlib.nullcontext() as replay:
+        with progress(entry.progress, err, show=_bar(args)) as report:
+            result = entry.function(*([replay] if entry.on_replay else []), **entry.params(vars(args)),
+                                    progress=report)
+    if getattr(args, "json", False):
         print(strict_json(result.to_json()))
         return 0
     render(result, out)
+    if entry.name in _NEXT:
+        render(_NEXT[entry.name](args, result), out)
+    return 0
+
+
+def _run_next(args, result) -> NextCommands:
+    """After a mixed run: offload block by block; first, when a unit did not build or run, find the bugs."""
     lines = [(_command("migrate", args.trace, args=args), "offload block by block: where the output breaks, and "
                                                           "the op that breaks it")]
     if result.failure:  # a unit that does not build or run: find the bugs, to keep them on the source
         lines.insert(0, (_command("triage", args.trace, args=args), "every bug of the model; then --keep them on "
                                                                     "the source to run past them"))
-    render(NextCommands(lines), out)
-    return 0
+    return NextCommands(lines)
 
 
-def _migrate(args, out, err) -> int:
-    with _open(args) as replay:
-        with progress("migrating", err, show=_bar(args)) as report:
-            result = replay.migrate(args.by, args.one_at_a_time, progress=report)
-    if args.json:
-        print(strict_json(result.to_json()))
-        return 0
-    render(result, out)
+def _migrate_next(args, result) -> NextCommands:
+    """After a migration: the culprit's repro and verdicts, and getting past it; else the whole picture."""
     culprit = result.culprit
     if culprit is not None:
         past = _keep_next(args, [culprit.index], f"keep #{culprit.index} on the source and migrate on past it")
@@ -517,26 +410,13 @@ def _migrate(args, out, err) -> int:
                   "the culprit as a standalone repro (tvm + numpy only)"),
                  (_command("replay", args.trace, args=args) + f' -c "compare {culprit.index}"',
                   "both verdicts side by side")]
-        render(NextCommands([past, *lines] if blocks_target(culprit) else [*lines, past]), out)
-    else:  # the output stays right (or no op could be blamed): every op alone, and the whole picture
-        render(NextCommands([(_command("bisect", args.trace, args=args),
-                              "judge every op alone too: an op whose error the output washes out"
-                              if result.first_failing_step is None else "find the first op that diverges"),
-                             (_command("report", args.trace, "-o", DEFAULT_REPORT_DIR, args=args),
-                              "every op's error along the model, as a page")]), out)
-    return 0
-
-
-def _triage(args, out, err) -> int:
-    with _open(args) as replay:
-        with progress("triage", err, show=_bar(args)) as report:
-            result = replay.triage(progress=report)
-    if args.json:
-        print(strict_json(result.to_json()))
-        return 0
-    render(result, out)
-    render(_triage_next(args, result), out)
-    return 0
+        return NextCommands([past, *lines] if blocks_target(culprit) else [*lines, past])
+    # the output stays right (or no op could be blamed): every op alone, and the whole picture
+    return NextCommands([(_command("bisect", args.trace, args=args),
+                          "judge every op alone too: an op whose error the output washes out"
+                          if result.first_failing_step is None else "find the first op that diverges"),
+                         (_command("report", args.trace, "-o", DEFAULT_REPORT_DIR, args=args),
+                          "every op's error along the model, as a page")])
 
 
 def _cause_dump(args, group) -> str:
@@ -557,20 +437,13 @@ def _triage_next(args, result) -> NextCommands:
                                          "every op's error along the model, as a page")])
 
 
-def _fix(args, out, err) -> int:
-    with _open(args) as replay:
-        with progress("fix", err, show=_bar(args)) as report:
-            result = replay.fix(args.output, progress=report)
-    if args.json:
-        print(strict_json(result.to_json()))
-        return 0
-    render(result, out)
+def _fix_next(args, result) -> NextCommands:
+    """After a fix: the model run, and triaged, with the fix as the transform."""
     args_fixed = argparse.Namespace(**{**vars(args), "transform": result.transform})
-    render(NextCommands([(_command("run", args.trace, "--offload", "all", args=args_fixed),
+    return NextCommands([(_command("run", args.trace, "--offload", "all", args=args_fixed),
                           "the whole model on the target with the fix" + ("" if result.output_passed else
                                                                          " (still failing: see unfixed)")),
-                         (_command("triage", args.trace, args=args_fixed), "what is left with the fix applied")]), out)
-    return 0
+                         (_command("triage", args.trace, args=args_fixed), "what is left with the fix applied")])
 
 
 def _write_report(args, session, err, folder, bisect=None):
@@ -606,38 +479,9 @@ def _report(args, out, err) -> int:
 def _dump(args, out, err) -> int:
     with _open(args) as replay:
         with progress("minimizing", err, show=args.minimize and _bar(args)) as report:
-            result = dump_op(replay.session, args.op, args.output, command=" ".join(["tapml-dbg"] + args.argv),
-                             ops=args.ops, minimize=args.minimize, progress=report)
+            result = replay.dump(args.op, args.output, minimize=args.minimize, progress=report, ops=args.ops,
+                                 command=" ".join(["tapml-dbg"] + args.argv))
     render(result, out)
-    return 0
-
-
-def _carve(args, out, err) -> int:
-    with _open(args) as replay:
-        with progress("carving", err) as report:
-            result = carve(replay.session, args.output, max_mb=args.max_mb, progress=report, unit=args.unit)
-    render(result, out)
-    return 0
-
-
-def _compile(args, out, err) -> int:
-    with _open(args) as replay:
-        with progress("compiling", err, show=_bar(args)) as report:
-            result = replay.session.compile_all(progress=report)
-    if args.json:
-        print(strict_json(result.to_json()))
-    else:
-        render(result, out)
-    return 0
-
-
-def _diff(args, out, err) -> int:
-    with progress("diff", err, show=_bar(args)) as report:
-        result = diff(args.trace, args.trace_b, rtol=args.rtol, atol=args.atol, ops=args.ops, progress=report)
-    if args.json:
-        print(strict_json(result.to_json()))
-    else:
-        render(result, out)
     return 0
 
 
@@ -684,9 +528,11 @@ def _serve(args, out, err) -> int:
     return 0
 
 
-_HANDLERS = {"record": _record, "info": _info, "bisect": _bisect, "run": _run, "migrate": _migrate, "dump": _dump, "carve": _carve,
-             "compile": _compile, "replay": _replay, "report": _report, "triage": _triage,
-             "fix": _fix, "diff": _diff, "serve": _serve}
+# the CLI's own subcommands, and the table's whose handler does more than `_call` (bisect writes a report too;
+# dump writes its command line into the repro)
+_HANDLERS = {"record": _record, "info": _info, "replay": _replay, "report": _report, "serve": _serve,
+             "bisect": _bisect, "dump": _dump}
+_NEXT = {"run": _run_next, "migrate": _migrate_next, "triage": _triage_next, "fix": _fix_next}  # `next:` lines
 
 
 if __name__ == "__main__":
