@@ -184,7 +184,8 @@ def build_tvm(target: str = "llvm") -> dict:
     kv = {"num_layers": cfg.num_hidden_layers, "num_kv_heads": cfg.num_key_value_heads,
           "head_dim": cfg.hidden_size // cfg.num_attention_heads, "dtype": "float32", "rope_theta": rope_theta(cfg)}
     return {"mod": mod, "params": params, "prompt": ids.numpy().astype("int32"), "functions": dict(FUNCTIONS),
-            "cache": dict(CACHE), "kv": kv, "target": target if isinstance(target, str) else str(target)}
+            "cache": dict(CACHE), "kv": kv, "target": target if isinstance(target, str) else str(target),
+            "model_class": type(native).__name__}
 
 
 # ---- the deployment loop ----

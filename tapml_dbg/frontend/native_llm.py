@@ -184,7 +184,7 @@ def _step(builder, steps, step: int, func, env: dict, state: dict, native: Nativ
             env[binding.var] = _emit(builder, steps, step, _substitute(value, env), f"{binding.var.name}_step{step}")
     result = _substitute(func.body.body, env)
     if not isinstance(result, relax.Tuple):
-        raise ModelError(f"prefill/decode must return (logits, cache), as MLC-LLM's do")
+        raise ModelError("prefill/decode must return (logits, cache), as MLC-LLM's do")
     return result.fields[0]
 
 
@@ -262,8 +262,10 @@ def _graph(mod, arg_names: list[str], steps: list[int]) -> Graph:
     for index, (binding, step) in enumerate(zip(bindings, steps)):
         reads = ordered_free_vars(binding.value)
         layer = op_layer(reads, module_of, layers)
+        name = relax_op_name(binding.value)
+        if is_paged_kv_call(binding.value):  # the attention module, parent of the projections that feed it
+            name, layer = PAGED_KV_OP, layer.rpartition(".")[0]
         layers[binding.var.name] = layer
-        name = PAGED_KV_OP if is_paged_kv_call(binding.value) else relax_op_name(binding.value)
         ops.append(OpInfo(index=index, name=binding.var.name, op=name, relax_op=name, layer=layer,
                           inputs=reads, outputs=flatten_ty(binding.var.ty) or [],
                           is_tuple=isinstance(binding.var.ty, relax.TupleType), step=step))

@@ -45,11 +45,16 @@ def _mutated(mutator_class, mod):
 
 
 def scale(mod):
-    """Multiply the op's result by TAPML_FAULT_SCALE (default 1.01)."""
+    """Multiply the op's result by TAPML_FAULT_SCALE (default 1.01); of an op that returns a tuple (a
+    paged-KV attention call: out, keys, values), its first field."""
     factor = float(_setting("scale", "1.01"))
 
     def make(mutator, value):
         inner = mutator.builder_.emit(value)
+        if isinstance(inner.ty, relax.TupleType):
+            fields = [mutator.builder_.emit(relax.TupleGetItem(inner, k)) for k in range(len(inner.ty.fields))]
+            first = relax.op.multiply(fields[0], relax.const(factor, fields[0].ty.dtype))
+            return relax.Tuple([mutator.builder_.emit(first), *fields[1:]])
         return relax.op.multiply(inner, relax.const(factor, inner.ty.dtype))
 
     return _rewrite(mod, make)
