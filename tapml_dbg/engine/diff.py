@@ -301,7 +301,7 @@ class _Pair:
         self._done: dict[tuple[int, int], Comparison] = {}
         # the precision each op is computed from: only the default rule asks (a fixed rule is one for all)
         self._floors = ({}, {}) if rule.rtol is not None else \
-            tuple(precision_floors(reader.graph(), reader.ops) for reader in self.readers)
+            tuple(precision_floors(reader.outline.graph(), reader.outline.ops) for reader in self.readers)
 
     def compare(self, ia: int, ib: int) -> Comparison:
         if (ia, ib) not in self._done:
@@ -311,12 +311,12 @@ class _Pair:
     def _compare(self, ia: int, ib: int) -> Comparison:
         values = []
         for side, (reader, index) in zip("AB", zip(self.readers, (ia, ib))):
-            if not reader.has_op(index):
+            if not reader.recorded.has_op(index):
                 a_types, b_types = _declared(self.readers[0].ops[ia]), _declared(self.readers[1].ops[ib])
                 return Comparison(DiffStatus.NOT_COMPARED, a_types, b_types,
-                                  note=f"no values in {side}: {reader.missing_values_message(index)}")
-            values.append(reader.op_outputs(index))
-        floors = tuple(floor.get(reader.ops[index]["name"], "")
+                                  note=f"no values in {side}: {reader.recorded.missing_values_message(index)}")
+            values.append(reader.tensors.op_outputs(index))
+        floors = tuple(floor.get(reader.outline.ops[index]["name"], "")
                        for floor, reader, index in zip(self._floors, self.readers, (ia, ib)))
         return compare_values(*values, self.rule, floors)
 
@@ -345,13 +345,13 @@ def layer_boundaries(ops: list[dict], by_step: bool) -> dict[tuple, int]:
 def _side(path, reader: TraceReader) -> Side:
     meta = reader.meta
     return Side(str(path), str(meta.get("source") or ""), str(meta.get("model") or ""),
-                len(reader.ops), _has_steps(reader.ops))
+                len(reader.outline.ops), _has_steps(reader.outline.ops))
 
 
 def _selected(reader: TraceReader, ops: str | None) -> set[int] | None:
     if ops is None:
         return None
-    return set(OpTable.of(reader.ops, listing="`tapml-dbg info TRACE_A --json` lists them").select_many(ops))
+    return set(OpTable.of(reader.outline.ops, listing="`tapml-dbg info TRACE_A --json` lists them").select_many(ops))
 
 
 def diff_traces(path_a, path_b, tolerance: DiffTolerance = DiffTolerance(), ops: str | None = None,
@@ -362,24 +362,24 @@ def diff_traces(path_a, path_b, tolerance: DiffTolerance = DiffTolerance(), ops:
     and a UsageError for two traces with no op in common."""
     started = time.perf_counter()
     with TraceReader(path_a) as a, TraceReader(path_b) as b:
-        by_step = _has_steps(a.ops) and _has_steps(b.ops)
+        by_step = _has_steps(a.outline.ops) and _has_steps(b.outline.ops)
         chosen = _selected(a, ops)
-        in_b = {_key(op, by_step): op["index"] for op in b.ops}
-        keys_a = {_key(op, by_step) for op in a.ops}
+        in_b = {_key(op, by_step): op["index"] for op in b.outline.ops}
+        keys_a = {_key(op, by_step) for op in a.outline.ops}
         if not keys_a & set(in_b):
             raise UsageError(f"{path_a} and {path_b} share no op name{' in any step' if by_step else ''}: diff pairs "
                              "ops by name, so both must be recordings of one model (`tapml-dbg info TRACE --json` "
                              "lists each trace's op names)")
         result = DiffResult(_side(path_a, a), _side(path_b, b), by_step, tolerance, selected=ops)
-        result.only_in_a = [op["name"] for op in a.ops if _key(op, by_step) not in in_b]
-        result.only_in_b = [op["name"] for op in b.ops if _key(op, by_step) not in keys_a]
+        result.only_in_a = [op["name"] for op in a.outline.ops if _key(op, by_step) not in in_b]
+        result.only_in_b = [op["name"] for op in b.outline.ops if _key(op, by_step) not in keys_a]
         pair = _Pair(a, b, tolerance)
-        matched = [op for op in a.ops if _key(op, by_step) in in_b and (chosen is None or op["index"] in chosen)]
+        matched = [op for op in a.outline.ops if _key(op, by_step) in in_b and (chosen is None or op["index"] in chosen)]
         for done, op in enumerate(matched):
             progress(done, len(matched), op["name"])
             ib = in_b[_key(op, by_step)]
             result.ops.append(OpDiff(op["name"], op.get("step"), op.get("op", ""), op.get("layer", ""), op["index"],
-                                     ib, pair.compare(op["index"], ib), b.ops[ib].get("op", "")))
+                                     ib, pair.compare(op["index"], ib), b.outline.ops[ib].get("op", "")))
         progress(len(matched), len(matched), "layers")
         _compare_layers(result, a, b, pair, chosen)
     result.seconds = time.perf_counter() - started
@@ -388,7 +388,7 @@ def diff_traces(path_a, path_b, tolerance: DiffTolerance = DiffTolerance(), ops:
 
 def _compare_layers(result: DiffResult, a: TraceReader, b: TraceReader, pair: _Pair, chosen: set[int] | None) -> None:
     """Each layer of both traces (per step) compared at its last op in each, in the order A reaches them."""
-    ends_a, ends_b = layer_boundaries(a.ops, result.by_step), layer_boundaries(b.ops, result.by_step)
+    ends_a, ends_b = layer_boundaries(a.outline.ops, result.by_step), layer_boundaries(b.outline.ops, result.by_step)
     # a nested layer before the layer holding it when both end at one op (`blocks.2` then `blocks`)
     both = sorted((key for key in ends_a if key in ends_b),
                   key=lambda key: (ends_a[key], -key[0].count(LAYER_SEP), key[0]))
@@ -397,4 +397,4 @@ def _compare_layers(result: DiffResult, a: TraceReader, b: TraceReader, pair: _P
         ia, ib = ends_a[(layer, step)], ends_b[(layer, step)]
         if chosen is not None and ia not in chosen:
             continue
-        result.layers.append(LayerDiff(layer, step, ia, a.ops[ia]["name"], ib, b.ops[ib]["name"], pair.compare(ia, ib)))
+        result.layers.append(LayerDiff(layer, step, ia, a.outline.ops[ia]["name"], ib, b.outline.ops[ib]["name"], pair.compare(ia, ib)))

@@ -47,7 +47,7 @@ def tvm_wide_indices(meta: dict) -> set[int]:
 
 def load_source_graph(reader: TraceReader) -> SourceGraph | None:
     """The trace's validated source graph, or None when it has none (a TraceError when it is bad)."""
-    text = reader.source_graph_json
+    text = reader.outline.source_graph_json
     return None if text is None else parse_source_graph(text, str(reader.path))
 
 
@@ -60,7 +60,7 @@ class SourceReference:
         self.by_name = {op.name: op for op in ops}
         self.main = main
         self.graph = graph
-        self.recorded = set(reader.finished_ops())
+        self.recorded = set(reader.recorded.finished_ops())
         self.runner = SourceRunner(graph, self._fetch_op, self._fetch_placeholder) if graph is not None else None
         self._bindings = None
         self._recorded = RecentOpOutputs(reader, RECORDED_CACHE_BYTES)
@@ -101,7 +101,7 @@ class SourceReference:
             return changes
         for op in self.ops:  # an older trace: the recorder cast the value and said so in the note
             if op.index in self.recorded and len(op.outputs) == 1:
-                note = self.reader.op_note(op.index)
+                note = self.reader.recorded.op_note(op.index)
                 if note.startswith(CAST_NOTE_PREFIX):
                     declared = op.outputs[0]
                     source = TensorSpec(declared.shape, note[len(CAST_NOTE_PREFIX):])
@@ -182,7 +182,7 @@ class SourceReference:
         """Drop reference values whose shape is not the recorded one (the reference would mislead)."""
         if not reference.values or index not in self.recorded:
             return reference
-        stats = self.reader.op_stats(index)
+        stats = self.reader.tensors.op_stats(index)
         if len(reference.values) != len(stats) or any(
                 int(np.size(value)) != int(stat.get("numel", -1)) for value, stat in zip(reference.values, stats)):
             reference.values, reference.note = [], "the float64 reference does not line up with the recorded value"
@@ -208,8 +208,8 @@ class SourceReference:
                         continue
         except SourceRunError as exc:
             self._full_error = f"the float64 run of the model stopped ({exc})"
-        values = {name: [_promoted(self.reader.input(name))] for name in self.reader.input_names}
-        values.update({name: [_promoted(self.reader.param(name))] for name in self.reader.param_names})
+        values = {name: [_promoted(self.reader.tensors.input(name))] for name in self.reader.outline.input_names}
+        values.update({name: [_promoted(self.reader.tensors.param(name))] for name in self.reader.outline.param_names})
         for op in self.ops:  # helper bindings, in order, from the float64 values before them
             if op.index in full:
                 values[op.name] = full[op.index]
@@ -289,10 +289,10 @@ class SourceReference:
                 if recorded is None:
                     raise _NoValue(f"input {name} has no recorded value")
                 values[name] = recorded
-            elif name in self.reader.input_names:
-                values[name] = [self.reader.input(name)]
+            elif name in self.reader.outline.input_names:
+                values[name] = [self.reader.tensors.input(name)]
             else:
-                values[name] = [self.reader.param(name)]
+                values[name] = [self.reader.tensors.param(name)]
         return values
 
     def _fetch_op(self, name: str) -> list[np.ndarray] | None:
@@ -302,7 +302,7 @@ class SourceReference:
         return self._recorded.get(op.index)
 
     def _fetch_placeholder(self, kind: str, name: str) -> np.ndarray:
-        return self.reader.input(name) if kind == "input" else self.reader.param(name)
+        return self.reader.tensors.input(name) if kind == "input" else self.reader.tensors.param(name)
 
 
 class _NoValue(Exception):

@@ -34,9 +34,9 @@ class RequestBuilder:
         self.graph = graph  # `main` as the trace stores it (model/serialize's JSON), when the caller has it
         self.ops = ops
         self.by_name = {op.name: op for op in ops}
-        self.input_names = set(reader.input_names)
-        self.param_names = set(reader.param_names)
-        self.recorded = set(reader.finished_ops())
+        self.input_names = set(reader.outline.input_names)
+        self.param_names = set(reader.outline.param_names)
+        self.recorded = set(reader.recorded.finished_ops())
         self.casts = dict(casts or {})  # (op name, output) -> the declared type its recorded value is cast to
         self._cast_values: dict[tuple[str, int], np.ndarray] = {}
         self._one_op: dict[str, tuple[dict, UnitSpec]] = {}  # op name -> its one-op unit (json, spec)
@@ -50,11 +50,11 @@ class RequestBuilder:
     def missing(self, index: int) -> str | None:
         """Why op `index` has no isolated verdict in this trace (it or an input has no values), or None."""
         if index not in self.recorded:
-            return self.reader.missing_values_message(index)
+            return self.reader.recorded.missing_values_message(index)
         for name in self.ops[index].inputs:
             op = self.by_name.get(name)
             if op is not None and op.index not in self.recorded:
-                return self.reader.missing_values_message(op.index, needed_by=index)
+                return self.reader.recorded.missing_values_message(op.index, needed_by=index)
         return None
 
     def recorded_ref(self, name: str, field: int) -> tuple:
@@ -65,7 +65,7 @@ class RequestBuilder:
             return ("param", name)
         op = self.by_name[name]
         if op.index not in self.recorded:
-            raise TraceError(self.reader.missing_values_message(op.index))
+            raise TraceError(self.reader.recorded.missing_values_message(op.index))
         if (name, max(field, 0)) in self.casts:
             return ("value", self.cast_value(name, max(field, 0)))
         return ("op", name, field)
@@ -75,7 +75,7 @@ class RequestBuilder:
         key = (name, output)
         if key not in self._cast_values:
             spec = self.casts[key]
-            value = self.reader.op_outputs(self.by_name[name].index)[output]
+            value = self.reader.tensors.op_outputs(self.by_name[name].index)[output]
             if value.size != int(np.prod(spec.shape, dtype=np.int64)):
                 raise TraceError(f"op {name}'s source value has shape {tuple(value.shape)} but its import declares "
                                  f"{tuple(spec.shape)}: nothing can feed its consumers on the target (the type "

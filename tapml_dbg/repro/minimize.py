@@ -159,12 +159,12 @@ class HostReference:
             other = self.session.by_name.get(name)
             if other is None or other.index not in self.session.recorded:
                 return None
-            return reader.op_outputs(other.index)
+            return reader.tensors.op_outputs(other.index)
 
         def fetch_placeholder(kind: str, name: str):
             if name in given:
                 return given[name]
-            return reader.input(name) if kind == "input" else reader.param(name)
+            return reader.tensors.input(name) if kind == "input" else reader.tensors.param(name)
 
         runner = SourceRunner(self.graph, fetch_op, fetch_placeholder)
         try:

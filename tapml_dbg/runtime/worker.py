@@ -420,7 +420,7 @@ class _WorkerState:
                 continue
             for ref in unit.inputs:
                 if ref[0] == "param" and ref[1] not in self.param_cache:
-                    reads.setdefault(("param", ref[1]), partial(reader.param, ref[1]))
+                    reads.setdefault(("param", ref[1]), partial(reader.tensors.param, ref[1]))
                 elif ref[0] == "op":
                     recorded(ref[1])
             if name in screened:
@@ -441,7 +441,7 @@ class _WorkerState:
         With a `log` (a chain's): a value that does is logged, cleared when it passes `isolated` too."""
         reader = self._trace()
         index = self.op_index.get(name)
-        if index is None or (index not in self.recorded and not reader.has_op(index)):
+        if index is None or (index not in self.recorded and not reader.recorded.has_op(index)):
             return False
         if log is None or log.fd is None:
             return clearly_passes(values, self._recorded(index), rule)
@@ -559,7 +559,7 @@ class _WorkerState:
     def _trace(self):
         if self.reader is None:
             self.reader = TraceReader(self.config.trace_path)
-            self.op_index = {op["name"]: op["index"] for op in self.reader.ops}
+            self.op_index = {op["name"]: op["index"] for op in self.reader.outline.ops}
             self.recorded = RecentOpOutputs(self.reader, RECORDED_CACHE_BYTES)
         return self.reader
 
@@ -589,7 +589,7 @@ _LOST_CONNECTION_MARKERS = ("RPCCode", "kShutdown", "Socket", "socket", "Connect
 
 
 def _recorded_or_none(reader, index: int):
-    return reader.op_outputs(index) if reader.has_op(index) else None
+    return reader.tensors.op_outputs(index) if reader.recorded.has_op(index) else None
 
 
 def _screened(chain: ChainRequest) -> set[str]:
