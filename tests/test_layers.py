@@ -31,7 +31,8 @@ RANKS = {
 # process (entry.serve_main) imports what a zygote and a command import, each on its side of a fork
 LAZY_IMPORTS = {("tapml_dbg", "tapml_dbg.api"), ("tapml_dbg.entry", "tapml_dbg.ui.cli"),
                 ("tapml_dbg.entry", "tapml_dbg.runtime.tvm_import"), ("tapml_dbg.entry", "tapml_dbg.runtime.zygote"),
-                ("tapml_dbg.entry", "tapml_dbg.engine.session")}
+                ("tapml_dbg.entry", "tapml_dbg.engine.session"),
+                ("tapml_dbg.runtime.fork_server", "tapml_dbg.runtime.zygote")}  # (a served command's fresh one)
 SIDEWAYS = {("record", "frontend")}  # the recorder runs the model the frontend imported
 UI_LIBRARIES = ("rich", "prompt_toolkit")  # only ui/ may draw on a terminal
 

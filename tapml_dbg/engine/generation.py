@@ -99,7 +99,7 @@ def free_running(session) -> TokenReport:
     answer to another prompt: its KL and error say how far apart the two generations are, not a verdict."""
     info = require_generation(session)
     report = TokenReport(FREE_RUNNING, session.where)
-    tokens = np.array(session.reader.input(TOKENS_INPUT), copy=True)
+    tokens = np.array(session.reader.tensors.input(TOKENS_INPUT), copy=True)
     while True:
         logits = _target_logits(session, tokens, report)
         if logits is None:

@@ -433,7 +433,7 @@ class MixedRunner:
             if values is not None:
                 state.values[op.name] = values
             elif not tainted:
-                raise TraceError(self.session.reader.missing_values_message(op.index))
+                raise TraceError(self.session.reader.recorded.missing_values_message(op.index))
             elif self.graph is None:
                 raise TraceError(NO_GRAPH_REFUSAL.format(index=op.index, name=op.name))
             return
@@ -470,8 +470,8 @@ class MixedRunner:
         values = dict(state.values)
         for name in op.inputs:
             if name not in values:
-                values[name] = [self.session.reader.input(name) if name in self.session.input_names
-                                else self.session.reader.param(name)]
+                values[name] = [self.session.reader.tensors.input(name) if name in self.session.input_names
+                                else self.session.reader.tensors.param(name)]
         computed = helper_value(self._bindings[op.name], values)
         if computed is None or len(computed) != len(op.outputs):
             return None
@@ -518,7 +518,7 @@ class MixedRunner:
                 continue
             values = state.values.get(name)
             if op.index not in session.recorded:  # a capture window or an incomplete trace: nothing to compare
-                missing = session.reader.missing_values_message(op.index)
+                missing = session.reader.recorded.missing_values_message(op.index)
                 checks.append(OutputCheck(name, 0, False, None, message=missing))
                 continue
             if values is None:

@@ -219,14 +219,14 @@ def _write_derived(session, path: Path, spec: TargetSpec, wide: list[TvmWideOp],
     reader = session.reader
     meta = dict(reader.meta)
     meta[META_REFERENCE] = {"target": spec.where, "of": os.fspath(of), "tvm_wide": [op.to_json() for op in wide]}
-    refs = reader.weight_refs  # params the recorded trace reads from checkpoint files: referenced here too
+    refs = reader.weights.refs  # params the recorded trace reads from checkpoint files: referenced here too
     referenced = set(refs.params) if refs is not None else set()
-    writer = TraceWriter(path, meta=meta, graph_json=reader.graph_json, tvmscript=reader.tvmscript, ops=reader.ops,
-                         inputs={name: reader.input(name) for name in reader.input_names},
-                         params={name: reader.param(name) for name in reader.param_names if name not in referenced},
-                         source_graph=reader.source_graph_json,
-                         weight_refs=reader.text(WEIGHT_REFS_TEXT) if refs is not None else None,
-                         weight_views={name: reader.param(name) for name in referenced} if refs is not None else None)
+    writer = TraceWriter(path, meta=meta, graph_json=reader.outline.graph_json, tvmscript=reader.outline.tvmscript, ops=reader.outline.ops,
+                         inputs={name: reader.tensors.input(name) for name in reader.outline.input_names},
+                         params={name: reader.tensors.param(name) for name in reader.outline.param_names if name not in referenced},
+                         source_graph=reader.outline.source_graph_json,
+                         weight_refs=reader.outline.text(WEIGHT_REFS_TEXT) if refs is not None else None,
+                         weight_views={name: reader.tensors.param(name) for name in referenced} if refs is not None else None)
     complete = False
     try:
         written: set[int] = set()
@@ -235,11 +235,11 @@ def _write_derived(session, path: Path, spec: TargetSpec, wide: list[TvmWideOp],
             if values is not None and result is not None and result.ok:
                 writer.write_op(index, [np.asarray(v) for v in values], note=note)
             else:
-                writer.write_op(index, reader.op_outputs(index), note=FAILED_NOTE)
+                writer.write_op(index, reader.tensors.op_outputs(index), note=FAILED_NOTE)
             written.add(index)
         for op in session.ops:  # ops without a value of their own (no outputs) keep the recorded entry
-            if op.index not in written and reader.has_op(op.index):
-                writer.write_op(op.index, reader.op_outputs(op.index), note=reader.op_note(op.index))
+            if op.index not in written and reader.recorded.has_op(op.index):
+                writer.write_op(op.index, reader.tensors.op_outputs(op.index), note=reader.recorded.op_note(op.index))
         complete = True
     finally:
         writer.close(complete=complete)

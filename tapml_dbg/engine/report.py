@@ -325,7 +325,7 @@ def propagated_chain(session, progress: Progress = _noop, last: int | None = Non
         op = session.ops[index]
         verdicts[index] = (session.verdicts.judge(index, PROPAGATED, result, outputs) if result is not None else
                            Verdict(index, op.name, PROPAGATED, Status.MISSING,
-                                   message=session.reader.missing_values_message(index)))
+                                   message=session.reader.recorded.missing_values_message(index)))
     if series is not None:
         progress(1, 1, "propagated chain done")
     return verdicts

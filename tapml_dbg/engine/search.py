@@ -568,7 +568,7 @@ class Bisection:
         """
         session = self.session
         count = len(session.ops)
-        capture = session.reader.capture
+        capture = session.reader.outline.capture
         if capture is None:
             last = self._last_recorded(0)
             incomplete = last < count - 1

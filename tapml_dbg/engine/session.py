@@ -78,10 +78,10 @@ class Session:
 
     def _build(self, reader: TraceReader, policy: TolerancePolicy | None) -> None:
         check_setup(self.spec)  # fail early on a bad target string or FILE.py:FUNC
-        reader.require_weights()  # a referenced checkpoint file missing or changed: one line, before any unit runs
-        graph = reader.graph()
+        reader.weights.require()  # a referenced checkpoint file missing or changed: one line, before any unit runs
+        graph = reader.outline.graph()
         self.main = function_from_json(graph)
-        self.ops = [OpInfo.from_json(op) for op in reader.ops]
+        self.ops = [OpInfo.from_json(op) for op in reader.outline.ops]
         self.by_name = {op.name: op for op in self.ops}
         self.op_table = OpTable.of(self.ops)
         self.consumers = consumers_of(self.ops)
@@ -210,8 +210,8 @@ class Session:
     # ---------------------------------------------------------------- values and verdicts
     def source_values(self, index: int) -> list[np.ndarray]:
         if index not in self.recorded:
-            raise TraceError(self.reader.missing_values_message(index))
-        return self.reader.op_outputs(index)
+            raise TraceError(self.reader.recorded.missing_values_message(index))
+        return self.reader.tensors.op_outputs(index)
 
     def isolated(self, index: int) -> Verdict:
         """The op alone, fed recorded source inputs: is this kernel wrong? (A host-only op: no verdict.)"""

@@ -58,7 +58,7 @@ class Verdicts:
         in the graph (engine/references.py): no note to read (a search asks for every op's)."""
         if self.reference.graph is not None:
             return None
-        note = self.reader.op_note(index) if index in self.recorded else ""
+        note = self.reader.recorded.op_note(index) if index in self.recorded else ""
         return note[len(CAST_NOTE_PREFIX):] if note.startswith(CAST_NOTE_PREFIX) else None
 
     def judge(self, index: int, mode: Mode, result: UnitResult, outputs: list[np.ndarray] | None,
@@ -72,7 +72,7 @@ class Verdicts:
             changes = [c for c in self.reference.type_changes.get(index, []) if c.output not in dead]
             return failed_run(index, op.name, mode, result.status, result.message, Facts(changes))
         if index not in self.recorded:
-            return Verdict(index, op.name, mode, Status.MISSING, message=self.reader.missing_values_message(index))
+            return Verdict(index, op.name, mode, Status.MISSING, message=self.reader.recorded.missing_values_message(index))
         reference = self.reference.isolated(index) if mode == ISOLATED else self.reference.propagated(index)
         if fed_by_target is None:
             fed_by_target = set(self.session.replay.values) if mode == PROPAGATED else set()

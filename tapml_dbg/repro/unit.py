@@ -248,9 +248,9 @@ def _input_ref(session, name: str, field_index: int) -> ValueRef:
     ref = session.requests.recorded_ref(name, field_index)
     reader = session.reader
     if ref[0] == "input":
-        return ValueRef(f"input/{name}", "input", name, -1, reader.input(name))
+        return ValueRef(f"input/{name}", "input", name, -1, reader.tensors.input(name))
     if ref[0] == "param":
-        return ValueRef(f"param/{name}", "param", name, -1, reader.param(name))
+        return ValueRef(f"param/{name}", "param", name, -1, reader.tensors.param(name))
     op = session.by_name[name]
     k = max(field_index, 0)
     if ref[0] == "value":  # the source's value cast to the type the import declares (engine/requests.py)

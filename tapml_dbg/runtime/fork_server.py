@@ -712,31 +712,19 @@ def run_command() -> None:
 
 
 # ------------------------------------------------------------------ sessions' zygotes from the server
-class _SysForTheZygoteModule:
-    """`sys` as tapml_dbg.runtime.zygote sees it: `sys.executable` the zygote client (when the server
-    runs), everything else the interpreter's."""
-
-    def __init__(self, executable):
-        self._executable = executable
-
-    def __getattr__(self, name):
-        if name == "executable":
-            return self._executable() or REAL_PYTHON
-        return getattr(sys, name)
-
-
 def use_zygote_server(executable) -> None:
-    """Start sessions' zygotes with `executable` (a path, or a callable giving one or None)."""
-    import importlib
+    """Start sessions' zygotes with `executable` (a path, or a callable giving one or None). Imported
+    here, when called: this module imports the standard library only (a client loads it with -I -S),
+    and a served command's own tapml_dbg is imported afresh after the fork (`_forget_tapml_dbg`)."""
+    import tapml_dbg.runtime.zygote as zygote
 
-    module = importlib.import_module(ZYGOTE_MODULE)
-    module.sys = _SysForTheZygoteModule(executable if callable(executable) else lambda: executable)
+    zygote.start_zygotes_with(executable)
 
 
 def use_real_zygotes() -> None:
-    module = sys.modules.get(ZYGOTE_MODULE)
-    if module is not None:
-        module.sys = sys
+    import tapml_dbg.runtime.zygote as zygote
+
+    zygote.start_zygotes_with(None)
 
 
 # ------------------------------------------------------------------ `tapml-dbg serve`'s process

@@ -35,6 +35,7 @@ import tempfile
 import threading
 import time
 import traceback
+from typing import Callable
 
 import psutil
 
@@ -47,6 +48,23 @@ SEND_BUFFER_BYTES = 1 << 20
 EXIT_POLL_S = 0.005  # how often `wait` asks whether a worker has exited
 KEPT_EXITS = 4096  # exit statuses of reaped workers the zygote remembers
 CLOSE_WAIT_S = 0.5  # a closed zygote exits at once once it serves; one still importing is killed
+
+
+_started_with: Callable[[], str | None] | None = None  # `start_zygotes_with`'s choice (None: this interpreter)
+
+
+def start_zygotes_with(executable: str | Callable[[], str | None] | None) -> None:
+    """Start this process's zygotes with `executable` (a path, or a callable giving one or None when
+    asked): a fork server's shim, which forks the zygote from a process that imported TVM already
+    (runtime/fork_server.py's `use_zygote_server`); None: this interpreter."""
+    global _started_with
+    _started_with = executable if executable is None or callable(executable) else (lambda: executable)
+
+
+def zygote_python() -> str:
+    """What starts a zygote now (`start_zygotes_with`), this interpreter unless chosen."""
+    chosen = _started_with() if _started_with is not None else None
+    return chosen or sys.executable
 
 
 class ZygoteError(RuntimeError):
@@ -67,7 +85,7 @@ class Zygote:
         self._replies: dict[int, dict] = {}
         self._next_id = 1
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        command = [sys.executable, "-m", "tapml_dbg.runtime.zygote", "--fd", str(child.fileno())]
+        command = [zygote_python(), "-m", "tapml_dbg.runtime.zygote", "--fd", str(child.fileno())]
         self._popen = subprocess.Popen(command, pass_fds=[child.fileno()], stdin=subprocess.DEVNULL,
                                        env=settings.child_environment(self.env), start_new_session=True)
         child.close()

@@ -465,8 +465,8 @@ def _report(args, out, err) -> int:
     with _open(args) as replay:
         written = _write_report(args, replay.session, err, folder)
         session = replay.session
-        explorer = (write_model_explorer(written.report, session.ops, session.reader.input_names,
-                                         session.reader.param_names, folder) if args.model_explorer else None)
+        explorer = (write_model_explorer(written.report, session.ops, session.reader.outline.input_names,
+                                         session.reader.outline.param_names, folder) if args.model_explorer else None)
     render(written, out)
     if explorer is not None:
         render(explorer, out)

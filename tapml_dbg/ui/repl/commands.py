@@ -184,14 +184,14 @@ def cmd_show(ctx: Context, args: list[str]):
             spec = ", ".join(f"{tuple(o.shape)} {o.dtype}" for o in source.outputs[:2])
             inputs.append(R.InputRow(name, f"op #{source.index}", spec))
         elif name in session.param_names:
-            inputs.append(R.InputRow(name, "param", _stored_spec(session.reader.param_stats, name)))
+            inputs.append(R.InputRow(name, "param", _stored_spec(session.reader.tensors.param_stats, name)))
         elif name in session.input_names:
-            inputs.append(R.InputRow(name, "input", _stored_spec(session.reader.input_stats, name)))
+            inputs.append(R.InputRow(name, "input", _stored_spec(session.reader.tensors.input_stats, name)))
         else:
             inputs.append(R.InputRow(name, "?", ""))
     recorded = op.index in session.recorded
-    stats = session.reader.op_stats(op.index) if recorded else []
-    note = session.reader.op_note(op.index) if recorded else "not recorded"
+    stats = session.reader.tensors.op_stats(op.index) if recorded else []
+    note = session.reader.recorded.op_note(op.index) if recorded else "not recorded"
     return R.ShowResult(op, func.script(), inputs, stats, note, op.index in session.replay.offload,
                         ctx.debugger.seen.get(op.index))
 
