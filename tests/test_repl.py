@@ -113,28 +113,35 @@ def test_help_is_generated_from_the_table(t):
     assert "usage: continue" in out and "aliases: c, cont" in out and "new divergence" in out
 
 
-def test_the_verbs_both_front_ends_share_are_declared_once():
-    """bisect, run, migrate and dump: the CLI's options and the REPL's usage, help and parsing from ui/verbs.py."""
+def test_the_commands_both_front_ends_share_are_declared_once():
+    """bisect, run, migrate, triage and dump: the CLI's options and the REPL's usage, help and parsing from
+    one entry of the table of commands (tapml_dbg.api.COMMANDS)."""
     import argparse
     import re
 
+    from tapml_dbg.api import COMMANDS, find_command
     from tapml_dbg.ui import cli, verbs
 
     parser = cli.build_parser()
     subcommands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
-    for verb in (verbs.BISECT, verbs.RUN, verbs.MIGRATE, verbs.DUMP):
-        command = C.lookup(verb.name)
-        assert (command.usage, command.help) == (verb.usage, verb.repl_help)
-        cli_options = {a.option_strings[-1]: a for a in subcommands[verb.name]._actions if a.option_strings}
-        for option in verb.options:
+    shared = [entry for entry in COMMANDS if entry.repl_help is not None]
+    assert {entry.name for entry in shared} == {"bisect", "run", "migrate", "triage", "dump"}
+    for entry in COMMANDS:
+        assert subcommands[entry.name].description[1:].startswith(entry.summary[1:])
+        cli_options = {a.option_strings[-1]: a for a in subcommands[entry.name]._actions if a.option_strings}
+        for option in (arg for arg in entry.arguments if not arg.positional):
             assert cli_options[option.flag].help == option.help
             assert tuple(cli_options[option.flag].choices or ()) == option.choices
+    for entry in shared:
+        command = C.lookup(entry.name)
+        assert (command.usage, command.help) == (verbs.usage(entry), entry.repl_help)
     assert C.lookup("migrate").usage == "migrate [--by layer|op] [--one-at-a-time]"
-    assert verbs.BISECT.parse([]) == {"no_sweep": False} and verbs.BISECT.parse(["--no-sweep"]) == {"no_sweep": True}
-    assert verbs.MIGRATE.parse(["--one-at-a-time", "--by", "op"]) == {"by": "op", "one_at_a_time": True}
+    bisect, migrate = find_command("bisect"), find_command("migrate")
+    assert verbs.parse(bisect, []) == {"no_sweep": False} and verbs.parse(bisect, ["--no-sweep"]) == {"no_sweep": True}
+    assert verbs.parse(migrate, ["--one-at-a-time", "--by", "op"]) == {"by": "op", "one_at_a_time": True}
     for words in (["--by"], ["layer"]):
         with pytest.raises(ArgError, match=re.escape("give --by layer|op and/or --one-at-a-time")):
-            verbs.MIGRATE.parse(words)
+            verbs.parse(migrate, words)
 
 
 def test_suggest_commands_ops_layers_keywords(faulty_session):
@@ -365,7 +372,7 @@ def test_errors_never_show_a_traceback(t, monkeypatch):
     def broken():
         raise RuntimeError("boom\nsecond line")
 
-    monkeypatch.setattr(t.repl.session, "layers", broken)
+    monkeypatch.setattr(t.repl.session.op_table, "layers", broken)
     monkeypatch.delenv("TAPML_DEBUG", raising=False)
     out = t.run("layers", "step x", "step 1 2", "where")
     assert "internal error: RuntimeError: boom (set TAPML_DEBUG=1 for the traceback)" in out

@@ -3,7 +3,10 @@
 Each `Command` carries its name, aliases, usage line, help text, what to complete for each
 argument, and a handler `handler(ctx, args) -> result`. Handlers call the engine and return a
 result object (see `results.py`); they never print. `help`, the completer and the
-unknown-command hint are all generated from `COMMANDS`.
+unknown-command hint are all generated from `COMMANDS`. The commands the CLI has too are the
+entries of the one table of commands (`tapml_dbg.api.COMMANDS` with a `repl_help`): their usage,
+help and completion come from it, and so does their handler, the entry's API method on this
+session, unless the REPL's words need one of their own (`run OPS`, `dump OP DIR`).
 
 The execution model (step / next / continue, breakpoints, divergence stops) is the engine's:
 see `tapml_dbg.engine.stops`; these handlers only call it. docs/repl.md documents it.
@@ -17,23 +20,23 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Callable
 
+from tapml_dbg.api import COMMANDS as TABLE, Replay, find_command
+from tapml_dbg.api import Command as Entry
 from tapml_dbg.engine.generation import free_running, teacher_forced, trace_generation
 from tapml_dbg.engine.kept import KEEP_NONE, kept_text, parse_kept, with_node_groups
 from tapml_dbg.engine.mixed import parse_offload, spans_text
 from tapml_dbg.engine.report import error_points, first_divergent
 from tapml_dbg.engine.session import Session
 from tapml_dbg.engine.stops import BreakKind, Debugger
-from tapml_dbg.engine.triage import triage
 from tapml_dbg.errors import TapmlError, UsageError
 from tapml_dbg.judge.compare import DEFAULT_TOLERANCES, PolicyKind, Tolerance, TolerancePolicy
 from tapml_dbg.judge.verdict import PROPAGATED, Mode
 from tapml_dbg.model.select import INDEX_MARK, OP, RANGE, STEP, is_index, is_positional
 from tapml_dbg.model.units import build_unit
-from tapml_dbg.repro.dump import dump_op
 from tapml_dbg.trace.inspect import trace_info
 from tapml_dbg.ui.repl import results as R
 from tapml_dbg.ui.repl.parsing import ArgError, format_slice, parse_float, parse_int, parse_slice
-from tapml_dbg.ui.verbs import BISECT, DUMP, MIGRATE, RUN, Verb
+from tapml_dbg.ui import verbs
 
 OPS_PAGE = 200  # `ops` shows at most this many rows; narrow with a pattern or a range
 UNKNOWN_COMMAND_CUTOFF = 0.6  # difflib similarity needed to suggest a command for a typo
@@ -325,7 +328,7 @@ def cmd_delete(ctx: Context, args: list[str]):
 
 
 def cmd_bisect(ctx: Context, args: list[str]):
-    sweep = not BISECT.parse(args)["no_sweep"]
+    sweep = not verbs.parse(find_command("bisect"), args)["no_sweep"]
     with ctx.progress(f"bisect on {ctx.session.target}") as progress:
         return R.BisectDone(ctx.session.bisect(sweep=sweep, progress=progress))
 
@@ -336,18 +339,6 @@ def cmd_run(ctx: Context, args: list[str]):
     offload = parse_offload(session.op_table, args[0]) if args else None  # default: the offload set
     with ctx.progress(f"mixed run on {session.target}") as progress:
         return session.run_mixed(offload, progress=progress)
-
-
-def cmd_migrate(ctx: Context, args: list[str]):
-    options = MIGRATE.parse(args)
-    with ctx.progress(f"migrate on {ctx.session.target}") as progress:
-        return ctx.session.migrate(options["by"], options["one_at_a_time"], progress)
-
-
-def cmd_triage(ctx: Context, args: list[str]):
-    _need(args, 0, 0)
-    with ctx.progress(f"triage on {ctx.session.target}") as progress:
-        return triage(ctx.session, progress)
 
 
 def cmd_tokens(ctx: Context, args: list[str]):
@@ -508,7 +499,7 @@ def cmd_dump(ctx: Context, args: list[str]):
             parts += [option, str(value)]
     command = " ".join(shlex.quote(p) for p in parts)
     with ctx.progress(f"dump #{op.index}"):
-        result = dump_op(ctx.session, op.name, args[1], command=command, ops=ops)
+        result = Replay(ctx.session).dump(op.name, args[1], ops=ops, command=command)
     return R.DumpDone(result)
 
 
@@ -532,9 +523,24 @@ def _tol_completion(previous: list[str]) -> tuple:
     return ()
 
 
-def _shared(verb: Verb, handler: Callable) -> Command:
-    """The command of a verb the CLI has too: usage, help and completion from its one declaration (ui/verbs.py)."""
-    return Command(verb.name, (), verb.usage, verb.repl_help, handler, verb.completion)
+def _from_table(name: str, handler: Callable | None = None) -> Command:
+    """The REPL command of an entry of the table of commands: usage, help and completion from the entry,
+    and its handler (`_table_handler`) unless the REPL's words need one of their own."""
+    entry = find_command(name)
+    return Command(entry.name, (), verbs.usage(entry), entry.repl_help, handler or _table_handler(entry),
+                   verbs.completion(entry))
+
+
+def _table_handler(entry: Entry) -> Callable:
+    """The entry's API method on this session, its options parsed from the words after it."""
+    def handle(ctx: Context, args: list[str]):
+        if not entry.repl_options:
+            _need(args, 0, 0)
+        values = verbs.parse(entry, args)
+        with ctx.progress(f"{entry.name} on {ctx.session.target}") as progress:
+            return entry.function(Replay(ctx.session), **entry.params(values), progress=progress)
+
+    return handle
 
 
 COMMANDS: list[Command] = [
@@ -595,15 +601,10 @@ COMMANDS: list[Command] = [
             (("nan", "diverge", "<op>", "<layer>"),)),
     Command("delete", ("d",), "delete [N]", "Delete breakpoint N, or all of them.", cmd_delete,
             (("<breakpoint>",),)),
-    _shared(BISECT, cmd_bisect),
-    _shared(RUN, cmd_run),
-    _shared(MIGRATE, cmd_migrate),
-    Command("triage", (), "triage",
-            "Every divergent op of the model, grouped by cause.\n"
-            "Both verdicts of every op (as `plot`), then the ops that diverge by themselves (isolated\n"
-            "failure, a type the import changed, or a propagated failure with nothing wrong upstream),\n"
-            "grouped by source op, class and failure signature; inherited failures folded in.",
-            cmd_triage),
+    _from_table("bisect", cmd_bisect),
+    _from_table("run", cmd_run),
+    _from_table("migrate"),
+    _from_table("triage"),
     Command("tokens", (), "tokens [free]",
             "A generation trace's tokens: the target's beside the source's, step by step.\n"
             "Teacher-forced (default): every op chained on the target with its own KV cache, each step fed\n"
@@ -638,13 +639,16 @@ COMMANDS: list[Command] = [
             "Choose the verdict that decides divergence stops.\n"
             "It counts for `continue`, `next` and `break diverge`, and picks the target value `print`\n"
             "shows. Default: propagated.", cmd_mode, (("isolated", "propagated"),)),
-    _shared(DUMP, cmd_dump),
+    _from_table("dump", cmd_dump),
     Command("reset", (), "reset",
             "Back to op 0, every op offloaded, no target values.\n"
             "Breakpoints, mode and tolerances are kept.", cmd_reset),
     Command("quit", ("q", "exit"), "quit", "Leave the REPL (Ctrl-D does too).", cmd_quit),
 ]
 
+# the table's other REPL commands (a command added there), before `reset` and `quit`
+COMMANDS[-2:-2] = [_from_table(entry.name) for entry in TABLE
+                   if entry.repl_help is not None and entry.name not in {command.name for command in COMMANDS}]
 _BY_NAME = {c.name: c for c in COMMANDS}
 _BY_ALIAS = {alias: c for c in COMMANDS for alias in c.aliases}
 
