@@ -342,6 +342,12 @@ def layer_boundaries(ops: list[dict], by_step: bool) -> dict[tuple, int]:
     return last
 
 
+def _shared_layers(ops_a: list[dict], ops_b: list[dict], by_step: bool) -> bool:
+    """Two recordings of one model written twice (a transformers model and its port to Relax, whose
+    module paths are transformers' names) share layers but no op name: they compare layer by layer."""
+    return bool(set(layer_boundaries(ops_a, by_step)) & set(layer_boundaries(ops_b, by_step)))
+
+
 def _side(path, reader: TraceReader) -> Side:
     meta = reader.meta
     return Side(str(path), str(meta.get("source") or ""), str(meta.get("model") or ""),
@@ -366,10 +372,10 @@ def diff_traces(path_a, path_b, tolerance: DiffTolerance = DiffTolerance(), ops:
         chosen = _selected(a, ops)
         in_b = {_key(op, by_step): op["index"] for op in b.outline.ops}
         keys_a = {_key(op, by_step) for op in a.outline.ops}
-        if not keys_a & set(in_b):
-            raise UsageError(f"{path_a} and {path_b} share no op name{' in any step' if by_step else ''}: diff pairs "
-                             "ops by name, so both must be recordings of one model (`tapml-dbg info TRACE --json` "
-                             "lists each trace's op names)")
+        if not keys_a & set(in_b) and not _shared_layers(a.outline.ops, b.outline.ops, by_step):
+            raise UsageError(f"{path_a} and {path_b} share no op name and no layer{' in any step' if by_step else ''}: "
+                             "diff pairs ops by name and layers by module path, so both must be recordings of one "
+                             "model (`tapml-dbg info TRACE --json` lists each trace's op names and layers)")
         result = DiffResult(_side(path_a, a), _side(path_b, b), by_step, tolerance, selected=ops)
         result.only_in_a = [op["name"] for op in a.outline.ops if _key(op, by_step) not in in_b]
         result.only_in_b = [op["name"] for op in b.outline.ops if _key(op, by_step) not in keys_a]

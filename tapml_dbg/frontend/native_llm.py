@@ -29,7 +29,7 @@ import numpy as np
 
 from tapml_dbg.errors import ModelError
 from tapml_dbg.frontend.importer import flatten_ty, ordered_free_vars, output_names, relax_op_name
-from tapml_dbg.frontend.native import module_path, op_layer
+from tapml_dbg.frontend.native import common_path, module_path
 from tapml_dbg.model.generation import PREFILL_STEP, TOKENS_INPUT, step_kind
 from tapml_dbg.model.graph import Graph, OpInfo
 from tapml_dbg.model.paged_kv import PAGED_KV_OP, is_paged_kv_call, paged_kv_call
@@ -256,19 +256,72 @@ def _graph(mod, arg_names: list[str], steps: list[int]) -> Graph:
     inputs = [(p.name, flatten_ty(p.ty)[0]) for p in main.params[:2]]
     params = [(p.name, flatten_ty(p.ty)[0]) for p in main.params[2:]]
     module_of = {p.name: module_path(name) for p, name in zip(main.params, arg_names) if "." in name}
-    layers: dict[str, str] = {}
-    ops = []
     bindings = [b for block in main.body.blocks for b in block.bindings]
+    layers = _layers(bindings, module_of)
+    ops = []
     for index, (binding, step) in enumerate(zip(bindings, steps)):
-        reads = ordered_free_vars(binding.value)
-        layer = op_layer(reads, module_of, layers)
-        name = relax_op_name(binding.value)
-        if is_paged_kv_call(binding.value):  # the attention module, parent of the projections that feed it
-            name, layer = PAGED_KV_OP, layer.rpartition(".")[0]
-        layers[binding.var.name] = layer
-        ops.append(OpInfo(index=index, name=binding.var.name, op=name, relax_op=name, layer=layer,
-                          inputs=reads, outputs=flatten_ty(binding.var.ty) or [],
+        name = PAGED_KV_OP if is_paged_kv_call(binding.value) else relax_op_name(binding.value)
+        ops.append(OpInfo(index=index, name=binding.var.name, op=name, relax_op=name, layer=layers[index],
+                          inputs=ordered_free_vars(binding.value), outputs=flatten_ty(binding.var.ty) or [],
                           is_tuple=isinstance(binding.var.ty, relax.TupleType), step=step))
     if len({op.name for op in ops}) != len(ops):
         raise ModelError("prefill/decode bind two variables of one name: give them distinct names")
     return Graph(mod=mod, ops=ops, inputs=inputs, params=params, outputs=output_names(main))
+
+
+LAYOUT_OPS = ("relax.reshape", "relax.permute_dims", "relax.squeeze", "relax.expand_dims", "get_item")
+
+
+def _layers(bindings, module_of: dict[str, str]) -> list[str]:
+    """Each op's layer, as transformers' module paths would place it (so that `diff` meets a transformers
+    recording of the model at its layers' boundaries):
+    - an op that reads weights (or values computed from weights alone: a weight's transpose) belongs to
+      their module (`model.layers.0.self_attn.q_proj`);
+    - a layout op (reshape, transpose, get_item) to the layer of the latest op it reads (an Embedding's
+      reshape after its take);
+    - any other op to the module that calls it: the deeper of the modules common to everything it reads
+      (out of a module that owns weights: those compute one op) and common to the latest op it reads and
+      the next op that reads weights (`silu` between gate_proj and up_proj: `mlp`; a residual add between
+      o_proj and post_attention_layernorm: the decoder layer);
+    - the logits picked per step and gathered: the model's own (`""`)."""
+    derived = dict(module_of)  # value -> the module of the weights it is computed from alone
+    owners = set(module_of.values())
+    weighted: list[str | None] = []
+    for binding in bindings:
+        reads = ordered_free_vars(binding.value)
+        from_weights = [derived[name] for name in reads if name in derived]
+        if reads and len(from_weights) == len(reads):
+            derived[binding.var.name] = common_path(from_weights)
+        weighted.append(common_path(from_weights) if from_weights else None)
+    following: list[str | None] = [None] * len(bindings)
+    upcoming = None
+    for index in range(len(bindings) - 1, -1, -1):
+        following[index] = upcoming
+        upcoming = weighted[index] if weighted[index] is not None else upcoming
+    layers: dict[str, str] = {}
+    for index, binding in enumerate(bindings):
+        reads = [name for name in ordered_free_vars(binding.value) if name in layers]
+        op = relax_op_name(binding.value)
+        if binding.var.name.startswith(LOGITS_OUTPUT):
+            layer = ""
+        elif weighted[index] is not None:
+            layer = weighted[index]
+        elif not reads:
+            layer = ""
+        elif op in LAYOUT_OPS and len(reads) == 1:
+            layer = layers[reads[0]]
+        else:
+            layer = _caller(reads, layers, owners, following[index])
+        layers[binding.var.name] = layer
+    return list(layers.values())
+
+
+def _caller(reads: list[str], layers: dict[str, str], owners: set[str], upcoming: str | None) -> str:
+    """The module that calls a compute op without weights (see `_layers`)."""
+    common = common_path([layers[name] for name in reads])
+    if common in owners:
+        common = common.rpartition(".")[0]
+    latest = layers[reads[-1]] if len(reads) == 1 else layers[max(reads, key=list(layers).index)]
+    around = common_path([latest, upcoming]) if upcoming is not None else common
+    deeper, shallower = (around, common) if around.count(".") > common.count(".") else (common, around)
+    return deeper if deeper.startswith(shallower) else common
