@@ -3,6 +3,8 @@
 # Importing the package changes nothing in the environment: the process entry points (tapml_dbg.entry)
 # and the workers tapml-dbg starts set their own defaults (settings.PROCESS_DEFAULTS).
 
+import importlib.util
+
 __version__ = "0.1.0"
 WEIGHT_FILES_ATTR = "tapml_weight_files"  # where `weights_from` leaves the files (record/weight_refs.py reads it)
 
@@ -16,12 +18,18 @@ def open(trace, target: str = "llvm", **options):
     return open_trace(trace, target, **options)
 
 
-def diff(a, b, **options):
-    """Two recordings of one model compared op by op and layer by layer, B against A:
-    `tapml_dbg.diff("fp32.h5", "bf16.h5").to_json()` (`tapml_dbg.api.diff`; docs/diff.md). No target, no replay."""
-    from tapml_dbg.api import diff as diff_traces
+def __getattr__(name: str):
+    """`tapml_dbg.diff(...)` and every other command of the table of commands (`tapml_dbg.api.COMMANDS`)
+    that is a function of its own arguments, not a `Replay` method: the API's, imported when first asked
+    for (as `open`). A submodule's name is left to the import system."""
+    if name.startswith("__") or importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from tapml_dbg.api import COMMANDS
 
-    return diff_traces(a, b, **options)
+    for entry in COMMANDS:
+        if entry.function.__name__ == name and not entry.on_replay:
+            return entry.function
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def weights_from(model, *paths):

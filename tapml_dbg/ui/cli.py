@@ -90,8 +90,8 @@ def _subcommand_order() -> list[str]:
 
 def _record_parser(commands) -> None:
     rec = verbs.add_subcommand(commands, "record", "run a model on the source and write a trace",
-                      "Exports the model with torch.export, imports it into TVM Relax and runs it op by op in "
-                      "torch eager, storing every op's inputs and outputs in one HDF5 file.")
+                               "Exports the model with torch.export, imports it into TVM Relax and runs it op by op in "
+                               "torch eager, storing every op's inputs and outputs in one HDF5 file.")
     rec.add_argument("model", metavar="MODEL", help="FILE.py[:FUNC], FUNC() -> (module, inputs)")
     rec.add_argument("-o", "--output", required=True, metavar="TRACE",
                      help="the trace file to write (.h5); its folder must exist")
@@ -117,8 +117,8 @@ def _record_parser(commands) -> None:
 
 def _info_parser(commands) -> None:
     info = verbs.add_subcommand(commands, "info", "summarize a trace",
-                       "Model, source, versions, sizes, op and layer counts; --json adds the op table "
-                       "(index, name, source op, layer of every op).")
+                                "Model, source, versions, sizes, op and layer counts; --json adds the op table "
+                                "(index, name, source op, layer of every op).")
     info.add_argument("trace", metavar="TRACE", help=TRACE_HELP)
     info.add_argument("--json", action="store_true", help="one JSON object with the op table")
     info.add_argument("--verify", action="store_true",
@@ -128,8 +128,8 @@ def _info_parser(commands) -> None:
 
 def _replay_parser(commands) -> None:
     replay = verbs.add_subcommand(commands, "replay", "interactive replay on a target",
-                         "A debugger over the trace: step op by op, continue to a divergence or breakpoint, "
-                         "compare, print, plot, bisect and dump without leaving the session (docs/repl.md).")
+                                  "A debugger over the trace: step op by op, continue to a divergence or breakpoint, "
+                                  "compare, print, plot, bisect and dump without leaving the session (docs/repl.md).")
     replay.add_argument("trace", metavar="TRACE", help=TRACE_HELP)
     verbs.add_arguments(replay, TARGET + REFERENCE)
     replay.add_argument("-c", dest="commands", metavar='"CMD; CMD"', help="run commands and exit")
@@ -138,8 +138,9 @@ def _replay_parser(commands) -> None:
 
 def _report_parser(commands) -> None:
     report = verbs.add_subcommand(commands, "report", "write an HTML report of every op's error",
-                         "A self-contained index.html (no network): every op's isolated and propagated error "
-                         "along the model, layers as bands, the culprit marked, its card and the trace's summary.")
+                                  "A self-contained index.html (no network): every op's isolated and propagated "
+                                  "error along the model, layers as bands, the culprit marked, its card and the "
+                                  "trace's summary.")
     report.add_argument("trace", metavar="TRACE", help=TRACE_HELP)
     report.add_argument("-o", "--output", required=True, metavar="DIR", help="the folder to write index.html into")
     report.add_argument("--migrate", action="store_true",
@@ -153,12 +154,14 @@ def _report_parser(commands) -> None:
 
 
 def _serve_parser(commands) -> None:
-    server = verbs.add_subcommand(commands, "serve", "keep TVM and torch imported: later commands start in a fraction of a second",
-                         "A fork server for this compile cache (TAPML_CACHE_DIR): every later `tapml-dbg` command "
-                         "but `replay` starts as a fork of a process that imported TVM and torch, and is otherwise "
-                         "the process it would have been (docs/serve.md). It runs until Ctrl-C, `serve --stop` or "
-                         "--idle minutes without a command; TAPML_SERVER=0 runs a command without it. Unless TAPML_SERVER is "
-                         "0 or 1, a command that ran by itself and imported TVM or torch starts one as it leaves.")
+    server = verbs.add_subcommand(commands, "serve",
+                                  "keep TVM and torch imported: later commands start in a fraction of a second",
+                                  "A fork server for this compile cache (TAPML_CACHE_DIR): every later `tapml-dbg` "
+                                  "command but `replay` starts as a fork of a process that imported TVM and torch, "
+                                  "and is otherwise the process it would have been (docs/serve.md). It runs until "
+                                  "Ctrl-C, `serve --stop` or --idle minutes without a command; TAPML_SERVER=0 runs a "
+                                  "command without it. Unless TAPML_SERVER is 0 or 1, a command that ran by itself "
+                                  "and imported TVM or torch starts one as it leaves.")
     server.add_argument("--idle", type=float, default=fork_server.DEFAULT_IDLE_S / 60, metavar="MIN",
                         help="stop after MIN minutes without a command (default 30; 0: never)")
     server.add_argument("--detach", action="store_true", help="leave it running in the background and return")
