@@ -78,9 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # the order of `tapml-dbg --help`: the CLI's own subcommands and the table's (tapml_dbg.api.COMMANDS); a
-# table entry not named here comes before the last
+# table entry not named here (diff, a command added) comes before the last
 SUBCOMMAND_ORDER = ("record", "info", "replay", "bisect", "triage", "fix", "run", "migrate", "dump", "carve", "compile",
-                    "report", "diff", "serve")
+                    "report", "serve")
 
 
 def _subcommand_order() -> list[str]:
