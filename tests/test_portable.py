@@ -22,7 +22,7 @@ from tapml_dbg.frontend.model_loader import load_python_function
 from tapml_dbg.model.serialize import function_to_json
 from tapml_dbg.portable import runner as portable_runner
 from tapml_dbg.runtime import compile_cache
-from tapml_dbg.runtime.messages import UnitRequest, UnitStatus, WorkerConfig
+from tapml_dbg.runtime.messages import CompileRequest, UnitRequest, UnitStatus, WorkerConfig
 from tapml_dbg.runtime.target import TargetSpec, parse_target
 from tapml_dbg.runtime.worker import _WorkerState
 
@@ -183,13 +183,13 @@ def test_kernels_without_a_device_module_are_a_compile_error_in_the_engine_and_i
 
     # as TVM builds it, the unit has device code: the check lets it through (no false alarm)
     assert not compile_cache.compile_unit(unit_json, CUDA, None, cache).cached
-    assert worker.handle(UnitRequest(unit_json, [], compile_only=True)).status == UnitStatus.OK
+    assert worker.handle(CompileRequest(UnitRequest(unit_json, []), code_only=True)).status == UnitStatus.OK
 
     # the same unit when its kernels stay on the host (what an unscheduled PrimFunc gives)
     monkeypatch.setattr(portable_runner, "has_device_module", lambda executable: False)
     fresh = tmp_path / "fresh-cache"
     worker.config.cache_dir = str(fresh)
-    for request in (UnitRequest(unit_json, []), UnitRequest(unit_json, [], compile_only=True)):
+    for request in (UnitRequest(unit_json, []), CompileRequest(UnitRequest(unit_json, []), code_only=True)):
         reply = worker.handle(request)
         assert reply.status == UnitStatus.COMPILE_ERROR and NO_DEVICE_CODE in reply.message, reply
     assert not list(fresh.glob("*.so")), "a unit without device code must not be cached"

@@ -11,8 +11,6 @@ replay time, before it feeds them (`casts`; `cast_inputs` says which inputs of a
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 
 from tapml_dbg.errors import TraceError
@@ -20,7 +18,7 @@ from tapml_dbg.model.graph import OpInfo, TensorSpec
 from tapml_dbg.model.serialize import function_to_json
 from tapml_dbg.model.units import UnitSpec, build_unit, one_op_json
 from tapml_dbg.portable.screen import ScreenRule
-from tapml_dbg.runtime.messages import BatchRequest, ChainRequest, UnitRequest
+from tapml_dbg.runtime.messages import BatchRequest, ChainRequest, CompileRequest, UnitRequest
 from tapml_dbg.trace import TraceReader
 
 
@@ -182,12 +180,12 @@ class RequestBuilder:
 
     def to_build(self, index: int) -> UnitRequest:
         """Op `index`'s one-op unit with no inputs: to compile into the cache ahead of its run
-        (`UnitRequest.prepared`), or to generate code only (`compile_only`)."""
+        (`CompileRequest.of`), or to generate code only (`compile_only`)."""
         unit_json, _spec = self.one_op_unit(self.ops[index].name)
         return UnitRequest(unit_json=unit_json, inputs=[])
 
-    def compile_only(self, index: int) -> UnitRequest:
-        return replace(self.to_build(index), compile_only=True)
+    def compile_only(self, index: int) -> CompileRequest:
+        return CompileRequest(self.to_build(index), code_only=True)
 
 
 def _numpy_dtype(name: str) -> np.dtype:

@@ -43,7 +43,7 @@ from pathlib import Path
 from tapml_dbg import settings
 from tapml_dbg.runtime import zygote
 from tapml_dbg.runtime.compile_cache import shared_units
-from tapml_dbg.runtime.messages import (AnyResult, BatchRequest, BatchResult, BuildRequest, ChainRequest, Request,
+from tapml_dbg.runtime.messages import (AnyResult, BatchRequest, BatchResult, ChainRequest, Request, UnitRequest,
                                        UnitStatus, WorkerConfig, WorkerReply, ended, poisons_worker)
 
 REPLY_POLL_S = 0.2  # how often a waiting request checks that its worker is still alive
@@ -362,9 +362,7 @@ class _Process:
 
 def _on_device(request: Request) -> bool:
     """Whether a request runs units on the device (a compile lane's and `compile`'s do not)."""
-    if isinstance(request, (ChainRequest, BatchRequest)):
-        return True
-    return not isinstance(request, BuildRequest) and not (request.prepare or request.compile_only)
+    return isinstance(request, (UnitRequest, ChainRequest, BatchRequest))
 
 
 def _describe_exit(code: int | None) -> str:

@@ -31,7 +31,8 @@ from tapml_dbg.errors import TargetError, TraceError, TransformError, UsageError
 from tapml_dbg.runtime.background import Background, StopFlag
 from tapml_dbg.runtime.compile_cache import UnitIndex
 from tapml_dbg.runtime.executor import TargetExecutor
-from tapml_dbg.runtime.messages import BuildRequest, ChainRequest, UnitRequest, UnitResult, UnitStatus, WorkerConfig
+from tapml_dbg.runtime.messages import (BuildRequest, ChainRequest, CompileRequest, CompileResult, UnitRequest,
+                                       UnitResult, UnitStatus, WorkerConfig)
 from tapml_dbg.runtime.pool import Deferred, Dispatch, ExecutorPool, LanePlan, Pipeline, plan_lanes
 from tapml_dbg.runtime.target import TargetSpec
 from tapml_dbg.runtime.zygote import ZygoteSlot
@@ -228,7 +229,7 @@ class Lanes:
             worker.interrupt()  # (its thread reaps it)
 
     def prepare(self, requests: list[UnitRequest], per_lane: int | None = None,
-                cancel: threading.Event | None = None) -> list[UnitResult | None]:
+                cancel: threading.Event | None = None) -> list[CompileResult | None]:
         """Compile units into the cache without running them (a chain's, before it runs): side by
         side on the compile lanes when there are enough (one per `per_lane` units, default
         UNITS_PER_COMPILE_LANE), else on the run lanes. A unit that fails to compile is left for
@@ -236,10 +237,10 @@ class Lanes:
         a unit not started before `cancel` was set: the units being built finish, no more start).
         A lane does not wait for a key another lane is building (units of different ops often
         have one key): it goes on to the next unit."""
-        results: list[UnitResult | None] = [None] * len(requests)
+        results: list[CompileResult | None] = [None] * len(requests)
         with self.dispatch(per_lane=per_lane) as work:
             for number, request in enumerate(requests):
-                work.submit(number, number, request.prepared(ahead=True))
+                work.submit(number, number, CompileRequest.of(request, ahead=True))
             for number, result in work:
                 results[number] = self.counted(result, ran=False)
                 if cancel is not None and cancel.is_set():

@@ -76,30 +76,33 @@ class WorkerConfig:
 class UnitRequest:
     """Run one unit. Inputs are ("input"|"param", name), ("op", name, field) or ("value", array).
 
-    `compile_only`: generate code, no cache, no device (`tapml-dbg compile`). `prepare`: compile
-    into the cache and say where the library is, without running (what a compile lane does).
-    `ahead`: a prepare that leaves a key another worker is building to that worker (its reply has
-    the key, no library yet) instead of waiting for it. `library`: the unit's library, already in
-    the cache: load and run it without compiling. `unit_id`: its id in the compile cache's index and
-    ledger, computed once in the session (`compile_cache.shared_units`; "": the worker computes it).
+    `library`: the unit's library, already in the cache (a compile lane built it: `Pipeline`): load
+    and run it without compiling. `unit_id`: its id in the compile cache's index and ledger, computed
+    once in the session (`compile_cache.shared_units`; "": the worker computes it).
     """
 
     unit_json: dict
     inputs: list[tuple]
     outputs: list[str] = field(default_factory=list)
-    compile_only: bool = False
-    prepare: bool = False
     library: str = ""
-    ahead: bool = False
     unit_id: str = ""
 
-    def prepared(self, ahead: bool = False) -> "UnitRequest":
-        """This unit for a compile lane: compile it into the cache, send no inputs (`ahead`: above)."""
-        return replace(self, inputs=[], prepare=True, library="", ahead=ahead)
 
-    def from_library(self, library: str) -> "UnitRequest":
-        """This unit for a run lane, once a compile lane has put its library in the cache."""
-        return replace(self, prepare=False, library=library)
+@dataclass
+class CompileRequest:
+    """Compile one unit without running it: into the cache, the result saying where its library is
+    (what a compile lane does), or, `code_only`, generate its code only: no cache, no device
+    (`tapml-dbg compile`). `ahead`: a key another worker is building is left to that worker (the
+    result has the key, no library yet) instead of waited for."""
+
+    unit: UnitRequest
+    ahead: bool = False
+    code_only: bool = False
+
+    @classmethod
+    def of(cls, unit: UnitRequest, ahead: bool = False) -> "CompileRequest":
+        """`unit` for a compile lane: into the cache, none of its inputs sent."""
+        return cls(replace(unit, inputs=[], library=""), ahead=ahead)
 
 
 @dataclass
@@ -196,6 +199,18 @@ class UnitResult(Result):
 
 
 @dataclass(frozen=True)
+class CompileResult(Result):
+    """What a compile (`CompileRequest`) gave: the unit's key and library in the cache."""
+
+    cached: bool = False  # the library was in the cache already (False: compiled for this request, or not at all)
+    key: str = ""  # the compile cache's key of the unit (empty when it did not compile, or only its code was made)
+    library: str = ""  # the compiled library's path in the cache
+
+    def units_built(self) -> list[tuple[str, bool]]:
+        return [(self.key, self.cached)] if self.key else []
+
+
+@dataclass(frozen=True)
 class ChainResult(Result):
     """What a chain (`ChainRequest`) gave: the kept values (a screening chain: its suspects'), and
     the op whose unit failed (`failed_op`), when one did."""
@@ -255,9 +270,10 @@ class BuildResult(Result):
         return self.unit_keys
 
 
-Request = UnitRequest | ChainRequest | BatchRequest | BuildRequest
-AnyResult = UnitResult | ChainResult | BatchResult | BuildResult
-_RESULT_OF = {UnitRequest: UnitResult, ChainRequest: ChainResult, BatchRequest: BatchResult, BuildRequest: BuildResult}
+Request = UnitRequest | CompileRequest | ChainRequest | BatchRequest | BuildRequest
+AnyResult = UnitResult | CompileResult | ChainResult | BatchResult | BuildResult
+_RESULT_OF = {UnitRequest: UnitResult, CompileRequest: CompileResult, ChainRequest: ChainResult,
+              BatchRequest: BatchResult, BuildRequest: BuildResult}
 
 
 def ended(request: Request, status: UnitStatus, message: str = "", seconds: float = 0.0) -> AnyResult:

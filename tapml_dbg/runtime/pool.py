@@ -27,7 +27,7 @@ from typing import Any, Iterator
 from tapml_dbg.errors import UsageError
 from tapml_dbg.portable import split_host_port
 from tapml_dbg.runtime.executor import TargetExecutor
-from tapml_dbg.runtime.messages import UnitRequest, UnitResult, WorkerConfig
+from tapml_dbg.runtime.messages import AnyResult, CompileRequest, Request, UnitRequest, WorkerConfig
 from tapml_dbg.runtime.zygote import ZygoteSlot
 
 DEFAULT_PARALLEL = 1  # lanes for a local target or one `--rpc` server unless `--parallel N` says more
@@ -153,7 +153,7 @@ class ExecutorPool:
         """Workers replaced for their memory (see executor.WORKER_GROWTH_MIB)."""
         return sum(lane.recycled for lane in self.lanes)
 
-    def run(self, request: UnitRequest, timeout_s: float | None = None) -> UnitResult:
+    def run(self, request: Request, timeout_s: float | None = None) -> AnyResult:
         """One unit on lane 0, in this thread (sequential work)."""
         self.lanes[0].interrupted = False
         result = self.lanes[0].run(request, timeout_s)
@@ -207,7 +207,7 @@ class Dispatch:
         self.timeout_s = timeout_s
         self.lane_count = min(pool.size, lanes or pool.size)  # the pool's first lanes do the work
         self._threaded = done is not None or self.lane_count > 1  # a pipeline's stages always run in lane threads
-        self._heap: list[tuple[Any, int, Any, UnitRequest]] = []
+        self._heap: list[tuple[Any, int, Any, Request]] = []
         self._count = 0
         self._limit = None
         self._cv = threading.Condition()
@@ -218,7 +218,7 @@ class Dispatch:
         self._threads: list[threading.Thread] = []
 
     # -- queue -------------------------------------------------------------------------------
-    def submit(self, key, tag, request: UnitRequest) -> None:
+    def submit(self, key, tag, request: Request) -> None:
         with self._cv:
             if self._limit is not None and key > self._limit:
                 return
@@ -240,7 +240,7 @@ class Dispatch:
             return len(self._heap) + self._running
 
     # -- results -----------------------------------------------------------------------------
-    def __iter__(self) -> Iterator[tuple[Any, UnitResult]]:
+    def __iter__(self) -> Iterator[tuple[Any, AnyResult]]:
         if not self._threaded:
             yield from self._inline()
             return
@@ -258,7 +258,7 @@ class Dispatch:
                 raise result
             yield tag, result
 
-    def _inline(self) -> Iterator[tuple[Any, UnitResult]]:
+    def _inline(self) -> Iterator[tuple[Any, AnyResult]]:
         lane = self.pool.lanes[0]
         while True:
             with self._cv:
@@ -349,7 +349,7 @@ class Pipeline:
     interface is `Dispatch`'s (`submit`, `cancel_above`, iterate, `with`); a result that comes back
     says whether its library was compiled for it or found in the cache, as one lane's would. A
     unit that fails to compile (or crashes the compiler) is reported from the compile stage; a
-    `compile_only` or `prepare` unit is done there.
+    `CompileRequest` is done there.
     """
 
     def __init__(self, compile_pool: ExecutorPool, run_pool: ExecutorPool, timeout_s: float | None,
@@ -358,11 +358,11 @@ class Pipeline:
         self.compiles = Dispatch(compile_pool, timeout_s, _Stage(self._results, COMPILE), compile_lanes)
         self.runs = Dispatch(run_pool, timeout_s, _Stage(self._results, RUN))
 
-    def submit(self, key, tag, request: UnitRequest) -> None:
-        if request.compile_only or request.prepare:  # done once compiled
+    def submit(self, key, tag, request: UnitRequest | CompileRequest) -> None:
+        if isinstance(request, CompileRequest):  # done once compiled
             self.compiles.submit(key, (key, tag, None), request)
         else:
-            self.compiles.submit(key, (key, tag, request), request.prepared())
+            self.compiles.submit(key, (key, tag, request), CompileRequest.of(request))
 
     def cancel_above(self, key) -> None:
         self.compiles.cancel_above(key)
@@ -372,7 +372,7 @@ class Pipeline:
     def pending(self) -> int:
         return self.compiles.pending + self.runs.pending + self._results.qsize()
 
-    def __iter__(self) -> Iterator[tuple[Any, UnitResult]]:
+    def __iter__(self) -> Iterator[tuple[Any, AnyResult]]:
         while True:
             try:
                 stage, tag, result = self._results.get(timeout=RESULT_POLL_S)
@@ -391,7 +391,7 @@ class Pipeline:
             if request is None or not result.ok:
                 yield user_tag, result
             else:
-                self.runs.submit(key, (user_tag, result), request.from_library(result.library))
+                self.runs.submit(key, (user_tag, result), replace(request, library=result.library))
 
     def __enter__(self) -> "Pipeline":
         return self
@@ -415,7 +415,7 @@ class Deferred:
         self._queued: list[tuple] = []
         self._limit = None
 
-    def submit(self, key, tag, request: UnitRequest) -> None:
+    def submit(self, key, tag, request: Request) -> None:
         if self.work is not None:
             self.work.submit(key, tag, request)
         elif self._limit is None or key <= self._limit:
@@ -432,7 +432,7 @@ class Deferred:
     def pending(self) -> int:
         return self.work.pending if self.work is not None else len(self._queued)
 
-    def __iter__(self) -> Iterator[tuple[Any, UnitResult]]:
+    def __iter__(self) -> Iterator[tuple[Any, AnyResult]]:
         if self.work is None:
             self.work = self.choose(len(self._queued))
             for item in self._queued:

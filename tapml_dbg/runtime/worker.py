@@ -29,8 +29,8 @@ from tapml_dbg.runtime.compile_cache import (TOGETHER_KINDS, TOGETHER_MAX_UNITS,
                                              build_together, compile_only, compile_unit, environment_scope,
                                              library_key, load_transform, transform_identity, unit_id)
 from tapml_dbg.runtime.messages import (AnyResult, BatchRequest, BatchResult, BuildRequest, BuildResult, ChainRequest,
-                                       ChainResult, Request, UnitRequest, UnitResult, UnitStatus, WorkerConfig,
-                                       WorkerReply)
+                                       ChainResult, CompileRequest, CompileResult, Request, UnitRequest, UnitResult,
+                                       UnitStatus, WorkerConfig, WorkerReply)
 from tapml_dbg.runtime.run_memo import ACCEPTED, SCREENED, UNSCREENED, RunMemo, checkpoint_positions
 from tapml_dbg.runtime.target import NO_DEVICE_HINT, parse_target
 from tapml_dbg.trace import TraceReader
@@ -126,6 +126,8 @@ class _WorkerState:
             return self._batch(request)
         if isinstance(request, BuildRequest):
             return self._build(request)
+        if isinstance(request, CompileRequest):
+            return self._compile(request)
         return self._unit(request)
 
     # -- a chain: units fed one another's values on the device ----------------------------
@@ -357,7 +359,7 @@ class _WorkerState:
         keys = []
         for position, unit in enumerate(request.units):
             self._build_together(request.units, position)
-            reply = self._unit(unit.prepared(ahead=True))
+            reply = self._compile(CompileRequest.of(unit, ahead=True))
             if reply.key:
                 keys.append((reply.key, reply.cached))
         return BuildResult(UnitStatus.OK, unit_keys=keys)
@@ -452,30 +454,45 @@ class _WorkerState:
                 self.isolated_cleared.append(name)
         return passed
 
+    def _compile(self, request: CompileRequest) -> CompileResult:
+        """Compile a unit into the cache (or generate its code only), without running it."""
+        compiled = self._compile_unit(request.unit, request.ahead, request.code_only)
+        return compiled if isinstance(compiled, CompileResult) else self._built(compiled)
+
+    def _compile_unit(self, unit: UnitRequest, ahead: bool = False,
+                      code_only: bool = False) -> CompiledUnit | CompileResult:
+        """The unit's library; or why it has none (its result): the user's transform raised, it did
+        not compile, or only its code was asked for."""
+        spec = self.config.spec
+        try:
+            if code_only:
+                compile_only(unit.unit_json, spec.target, spec.transform)  # raises without device code
+                return CompileResult(UnitStatus.OK)
+            return self._compiled(unit, ahead=ahead)
+        except TransformFailed as exc:  # the user's pass raised: theirs to fix, not the op's verdict
+            ops = f"op {', '.join(unit.outputs)}: " if unit.outputs else ""
+            return CompileResult(UnitStatus.TRANSFORM_ERROR, message=f"{ops}{exc}")
+        except (TapmlError, PortableError) as exc:
+            return CompileResult(UnitStatus.COMPILE_ERROR, message=str(exc))
+        except Exception as exc:
+            return CompileResult(UnitStatus.COMPILE_ERROR, message=one_line(exc))
+
+    def _built(self, compiled: CompiledUnit) -> CompileResult:
+        """A unit's library as its result says it: a unit left to the worker building it is not one
+        this request compiled; one built together with others is, the first time a request meets it."""
+        built_together = compiled.key in self.together
+        self.together.discard(compiled.key)
+        return CompileResult(UnitStatus.OK, cached=(compiled.cached or compiled.elsewhere) and not built_together,
+                             key=compiled.key, library=str(compiled.path))
+
     def _unit(self, request: UnitRequest, keep_on_device: bool = False, sync: bool = False) -> UnitResult:
         """Compile (or load) and run one unit. `sync`: wait for the device before replying, so that an
         asynchronous kernel fault is this unit's error (a chain kept on the device runs on otherwise)."""
         spec = self.config.spec
-        try:
-            if request.compile_only:
-                compile_only(request.unit_json, spec.target, spec.transform)  # raises without device code
-                return UnitResult(UnitStatus.OK)
-            compiled = self._compiled(request)
-        except TransformFailed as exc:  # the user's pass raised: theirs to fix, not the op's verdict
-            ops = f"op {', '.join(request.outputs)}: " if request.outputs else ""
-            return UnitResult(UnitStatus.TRANSFORM_ERROR, message=f"{ops}{exc}")
-        except (TapmlError, PortableError) as exc:
-            return UnitResult(UnitStatus.COMPILE_ERROR, message=str(exc))
-        except Exception as exc:
-            return UnitResult(UnitStatus.COMPILE_ERROR, message=one_line(exc))
-        # (a unit left to the worker building it is not one this request compiled; one built together
-        # with others is, the first time a request meets it)
-        built_together = compiled.key in self.together
-        self.together.discard(compiled.key)
-        done = UnitResult(UnitStatus.OK, cached=(compiled.cached or compiled.elsewhere) and not built_together,
-                          key=compiled.key, library=str(compiled.path))
-        if request.prepare:
-            return done
+        compiled = self._compile_unit(request)
+        if isinstance(compiled, CompileResult):
+            return UnitResult(compiled.status, message=compiled.message)
+        built = self._built(compiled)
         try:
             runner = self._runner()
             runner.device()
@@ -500,18 +517,19 @@ class _WorkerState:
                                   message=f"lost the RPC connection to {spec.rpc or spec.tracker} ({one_line(exc)}); "
                                           "the next command reconnects once the server is back")
             return UnitResult(UnitStatus.ERROR, message=one_line(exc))
-        return replace(done, outputs=outputs)
+        return UnitResult(UnitStatus.OK, outputs=outputs, cached=built.cached, key=built.key, library=built.library)
 
-    def _compiled(self, request: UnitRequest, rebuild: bool = False, build: bool = True) -> CompiledUnit:
+    def _compiled(self, request: UnitRequest, rebuild: bool = False, build: bool = True,
+                  ahead: bool = False) -> CompiledUnit:
         """The unit's library: the one a compile lane named, or whose key another worker of the
-        session computed (the ledger), else from (or into) the cache (`build=False`: not into it,
-        `compile_unit`)."""
+        session computed (the ledger), else from (or into) the cache (`build=False`: not into it;
+        `ahead`: not waiting for a key another worker is building; `compile_unit`)."""
         if request.library and not rebuild and Path(request.library).is_file():
             return CompiledUnit(Path(request.library), True)
         spec, cache_dir = self.config.spec, Path(self.config.cache_dir)
         fetch = partial(compile_unit, request.unit_json, spec.target, spec.transform, cache_dir, rebuild=rebuild,
                         meanwhile=self.read_ahead.meanwhile if self.read_ahead is not None else nullcontext,
-                        wait=not request.ahead, build=build)
+                        wait=not ahead, build=build)
         if self.ledger is None:
             return fetch()
         if self.identity is None:
