@@ -113,12 +113,12 @@ class Command:
     repl_help: str | None = None
     operands: str = ""
     operand_completion: tuple = ()
-    searching: bool = False  # the trace is opened with the worker a bisect's chain runs on
     function: Callable | None = None  # set by `command`
 
     @property
     def on_replay(self) -> bool:
-        """A `Replay` method (the trace opened on a target first), or a function of its own arguments."""
+        """A `Replay` method (the trace opened on a target first), or a function of its own arguments
+        (declared outside a class)."""
         return "." in self.function.__qualname__
 
     @property
@@ -143,7 +143,11 @@ def command(entry: Command) -> Callable:
 
 
 def find_command(name: str) -> Command:
-    return next(entry for entry in COMMANDS if entry.name == name)
+    """The entry of the command `name` (a KeyError when the table has none)."""
+    for entry in COMMANDS:
+        if entry.name == name:
+            return entry
+    raise KeyError(f"no command {name!r} in the table of commands")
 
 
 HELP_WIDTH = 95  # a REPL help body written from one paragraph is wrapped at this width
