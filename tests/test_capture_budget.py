@@ -42,7 +42,7 @@ def _same_bits(a, b) -> bool:
 
 
 def _op_tensor_bytes(reader: TraceReader) -> int:
-    return sum(sum(a.nbytes for a in reader.op_outputs(i)) for i in reader.finished_ops())
+    return sum(sum(a.nbytes for a in reader.tensors.op_outputs(i)) for i in reader.recorded.finished_ops())
 
 
 def _boundary(ops: list[dict], first: int, end: int) -> set[int]:
@@ -54,24 +54,24 @@ def _boundary(ops: list[dict], first: int, end: int) -> set[int]:
 def test_window_stores_tensors_only_there_and_stats_everywhere(recorded, full, windowed, first, end):
     paths, results = recorded
     with TraceReader(paths[full]) as whole, TraceReader(paths[windowed]) as part:
-        ops = part.ops
-        capture = part.capture
+        ops = part.outline.ops
+        capture = part.outline.capture
         if first is None:  # a layer: the window spans the layer's ops
             inside = [op["index"] for op in ops if op["layer"] == LAYER or op["layer"].startswith(LAYER + ".")]
             first, end = min(inside), max(inside) + 1
             assert capture["layer"] == LAYER
         assert (capture["first"], capture["end"]) == (first, end)
         assert part.complete and part.version >= (1, 1)
-        stored = set(part.finished_ops())
+        stored = set(part.recorded.finished_ops())
         assert stored == set(range(first, end)) | _boundary(ops, first, end)
         assert stored == set(CapturePlan.from_meta(capture).stored)
-        assert set(part.stats_only_ops()) == set(range(len(ops))) - stored
+        assert set(part.recorded.stats_only_ops()) == set(range(len(ops))) - stored
         for index in range(len(ops)):  # every op has stats, and the same as in the full trace
-            assert part.has_stats(index)
-            assert part.op_stats(index) == whole.op_stats(index), index
-            assert part.op_note(index) == whole.op_note(index)
+            assert part.recorded.has_stats(index)
+            assert part.tensors.op_stats(index) == whole.tensors.op_stats(index), index
+            assert part.recorded.op_note(index) == whole.recorded.op_note(index)
         for index in stored:  # stored values are the full recording's, bit for bit
-            assert all(_same_bits(a, b) for a, b in zip(part.op_outputs(index), whole.op_outputs(index)))
+            assert all(_same_bits(a, b) for a, b in zip(part.tensors.op_outputs(index), whole.tensors.op_outputs(index)))
         window_bytes, full_bytes = _op_tensor_bytes(part), _op_tensor_bytes(whole)
         assert window_bytes == capture["stored_bytes"]
         assert window_bytes < 0.6 * full_bytes
@@ -82,7 +82,7 @@ def test_window_stores_tensors_only_there_and_stats_everywhere(recorded, full, w
 def test_isolated_verdicts_inside_pass_outside_say_what_to_record(recorded):
     paths, _ = recorded
     with Session.open(paths["gpt2_layer"]) as session:
-        capture = session.reader.capture
+        capture = session.reader.outline.capture
         first, end = capture["first"], capture["end"]
         verdicts = session.verdicts.isolated_many(list(range(first, end)))
         assert all(v.status == "pass" for v in verdicts.values()), [v for v in verdicts.values() if not v.passed]
@@ -109,7 +109,7 @@ def test_isolated_verdicts_inside_pass_outside_say_what_to_record(recorded):
 def test_planted_fault_inside_the_window_is_found(recorded, tmp_path):
     paths, _ = recorded
     with Session.open(paths["gpt2_layer"]) as session:
-        first, end = session.reader.capture["first"], session.reader.capture["end"]
+        first, end = session.reader.outline.capture["first"], session.reader.outline.capture["end"]
         target = next(op for op in session.ops[first + (end - first) // 2:end]
                       if op.relax_op.startswith("relax.") and op.outputs and op.outputs[0].dtype == "float32"
                       and not op.is_tuple and "reshape" not in op.relax_op)
@@ -127,18 +127,18 @@ def test_max_bytes_is_respected(tmp_path):
     full = tmp_path / "full.h5"
     record(GPT2, full)
     with TraceReader(full) as whole:
-        ops = whole.ops
+        ops = whole.outline.ops
         budget = sum(op_bytes(op) for op in ops[:40]) + 1  # roughly the first 40 ops
     result = record(GPT2, path, max_bytes=budget)
     with TraceReader(path) as part:
-        capture = part.capture
+        capture = part.outline.capture
         assert capture["first"] == 0 and capture["truncated"] and capture["max_bytes"] == budget
         stored_bytes = _op_tensor_bytes(part)
         assert stored_bytes == capture["stored_bytes"] <= budget
         end = capture["end"]
-        assert set(part.finished_ops()) == set(range(end))
+        assert set(part.recorded.finished_ops()) == set(range(end))
         assert stored_bytes + op_bytes(ops[end]) > budget  # the next op would not have fitted
-        assert len(part.stats_only_ops()) == len(ops) - end
+        assert len(part.recorded.stats_only_ops()) == len(ops) - end
     assert result.stored_ops == end
     # a window and a budget together: the budget cuts the window short
     plan = plan_capture(ops, "50:150", budget)
@@ -197,12 +197,12 @@ def test_writer_stats_only_ops_and_what_a_v1_0_reader_sees(tmp_path):
         with pytest.raises(ValueError, match="already written"):
             writer.write_op(1, [x])
     with TraceReader(path) as reader:
-        assert reader.finished_ops() == [0] and reader.stats_only_ops() == [1]
-        assert reader.has_stats(1) and not reader.has_stats(2) and not reader.has_op(1)
-        assert reader.op_stats(1) == [tensor_stats(np.ascontiguousarray(x.T))] and reader.op_note(1) == "b"
+        assert reader.recorded.finished_ops() == [0] and reader.recorded.stats_only_ops() == [1]
+        assert reader.recorded.has_stats(1) and not reader.recorded.has_stats(2) and not reader.recorded.has_op(1)
+        assert reader.tensors.op_stats(1) == [tensor_stats(np.ascontiguousarray(x.T))] and reader.recorded.op_note(1) == "b"
         with pytest.raises(TraceError, match=r"op 1 \(lv1\) has only stats in this trace \(recorded with "
                                              r"--window 0:1.*record that window: tapml-dbg record m.py --window"):
-            reader.op_outputs(1)
+            reader.tensors.op_outputs(1)
     with h5py.File(path, "r") as f:  # what a v1.0 reader looks at: op 1 is simply not recorded
         assert f["ops/1"].attrs["done"] == 0 and len(f["ops/1"]) == 0 and f["ops/0"].attrs["done"] == 1
     plain = tmp_path / "plain.h5"
@@ -255,9 +255,9 @@ def test_sigkill_during_a_capture_recording_leaves_readable_stats(tmp_path):
         child.stdout.close()
     with TraceReader(path) as reader:
         assert not reader.complete
-        with_stats = [i for i in range(3000) if reader.has_stats(i)]
+        with_stats = [i for i in range(3000) if reader.recorded.has_stats(i)]
         assert set(printed) <= set(with_stats) and len(with_stats) < 3000
         for i in with_stats:
             want = tensor_stats(np.full((i % 5 + 1, 40), i, np.float32))
-            assert reader.op_stats(i) == [want] and reader.op_note(i) == f"op {i}"
-            assert reader.has_op(i) == (i % 3 == 0)
+            assert reader.tensors.op_stats(i) == [want] and reader.recorded.op_note(i) == f"op {i}"
+            assert reader.recorded.has_op(i) == (i % 3 == 0)

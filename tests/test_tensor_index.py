@@ -47,8 +47,8 @@ def set_index(path, index) -> None:
 
 
 def everything(reader):
-    return ([reader.input("x"), reader.param("w"), reader.param("tied")]
-            + [value for index in OUTPUTS for value in reader.op_outputs(index)])
+    return ([reader.tensors.input("x"), reader.tensors.param("w"), reader.tensors.param("tied")]
+            + [value for index in OUTPUTS for value in reader.tensors.op_outputs(index)])
 
 
 def same(a, b):
@@ -68,10 +68,10 @@ def test_a_finished_trace_is_read_through_its_index_bit_for_bit(tmp_path, monkey
     assert set(index["ops"]) == {"0", "1", "2"} and set(index["params"]) == {"w", "tied"}  # op 3 is empty
     assert index["params"]["w"][0] == index["params"]["tied"][0]  # a tied tensor: one dataset, one offset
     with TraceReader(path) as reader:
-        read_ahead = [reader.op_outputs(index) for index in (0, 1, 2)] + [reader.input("x"), reader.param("w")]
+        read_ahead = [reader.tensors.op_outputs(index) for index in (0, 1, 2)] + [reader.tensors.input("x"), reader.tensors.param("w")]
         monkeypatch.setattr(h5safe, "read_array", lambda *a, **k: pytest.fail("read through HDF5"))
-        assert [reader.has_op(i) for i in range(4)] == [True] * 4
-        assert reader.op_outputs(1)[0].dtype == ml_dtypes.bfloat16 and reader.op_outputs(1)[1].dtype == np.bool_
+        assert [reader.recorded.has_op(i) for i in range(4)] == [True] * 4
+        assert reader.tensors.op_outputs(1)[0].dtype == ml_dtypes.bfloat16 and reader.tensors.op_outputs(1)[1].dtype == np.bool_
         assert read_ahead
     monkeypatch.undo()
     with TraceReader(path) as reader:
@@ -90,7 +90,7 @@ def test_no_index_where_the_bytes_are_not_one_run_or_the_recording_stopped(tmp_p
         else:
             assert json.loads(f[S.DS_TENSOR_INDEX][()].tobytes())["ops"] == {}
     with TraceReader(path) as reader:
-        assert same(reader.op_outputs(0)[0], OUTPUTS[0][0]) and reader.has_op(2)
+        assert same(reader.tensors.op_outputs(0)[0], OUTPUTS[0][0]) and reader.recorded.has_op(2)
 
 
 def test_a_flipped_bit_in_an_indexed_value_is_the_op_s_checksum_error(tmp_path):
@@ -103,8 +103,8 @@ def test_a_flipped_bit_in_an_indexed_value_is_the_op_s_checksum_error(tmp_path):
         f.write(bytes([byte[0] ^ 0x10]))
     with TraceReader(path) as reader:
         with pytest.raises(TraceError, match=r"op 0's recorded output 0 is corrupt \(checksum mismatch\)"):
-            reader.op_outputs(0)
-        assert same(reader.op_outputs(2)[1], OUTPUTS[2][1])  # the others still read (through HDF5 now)
+            reader.tensors.op_outputs(0)
+        assert same(reader.tensors.op_outputs(2)[1], OUTPUTS[2][1])  # the others still read (through HDF5 now)
 
 
 def crafted_entries(entry, file_size):
@@ -133,8 +133,8 @@ def test_a_crafted_entry_is_never_trusted(tmp_path, case):
     index["params"]["w"] = index["ops"]["0"][0]
     set_index(path, index)
     with TraceReader(path) as reader:
-        assert same(reader.op_outputs(0)[0], OUTPUTS[0][0]) and same(reader.param("w"), np.eye(3, dtype=np.float32))
-        assert reader.has_op(0) and same(reader.op_outputs(2)[1], OUTPUTS[2][1])
+        assert same(reader.tensors.op_outputs(0)[0], OUTPUTS[0][0]) and same(reader.tensors.param("w"), np.eye(3, dtype=np.float32))
+        assert reader.recorded.has_op(0) and same(reader.tensors.op_outputs(2)[1], OUTPUTS[2][1])
 
 
 @pytest.mark.parametrize("index", [[], {"ops": []}, {"ops": {}, "inputs": {}}, "text", None,
@@ -143,7 +143,7 @@ def test_an_index_of_the_wrong_outline_reads_through_hdf5(tmp_path, index):
     path = write(tmp_path / "t.h5")
     set_index(path, index)
     with TraceReader(path) as reader:
-        assert same(reader.op_outputs(0)[0], OUTPUTS[0][0]) and not reader.has_op(99)
+        assert same(reader.tensors.op_outputs(0)[0], OUTPUTS[0][0]) and not reader.recorded.has_op(99)
 
 
 def test_a_damaged_index_reads_through_hdf5(tmp_path):
@@ -151,7 +151,7 @@ def test_a_damaged_index_reads_through_hdf5(tmp_path):
     with h5py.File(path, "r+") as f:
         f[S.DS_TENSOR_INDEX].attrs[S.ATTR_CHECKSUM] = np.uint32(0)
     with TraceReader(path) as reader:
-        assert same(reader.op_outputs(0)[0], OUTPUTS[0][0])
+        assert same(reader.tensors.op_outputs(0)[0], OUTPUTS[0][0])
 
 
 def test_a_value_replaced_after_the_recording_is_read_as_it_is_now(tmp_path):
@@ -168,8 +168,8 @@ def test_a_value_replaced_after_the_recording_is_read_as_it_is_now(tmp_path):
         f["params/w"].attrs[S.ATTR_DTYPE] = S.encode_str("float32")
         f["params/w"].attrs[S.ATTR_CHECKSUM] = np.uint32(S.checksum(np.zeros((3, 3), np.float32)))
     with TraceReader(path) as reader:
-        assert same(reader.op_outputs(0)[0], new) and not reader.param("w").any()
-        assert same(reader.param("tied"), np.eye(3, dtype=np.float32))
+        assert same(reader.tensors.op_outputs(0)[0], new) and not reader.tensors.param("w").any()
+        assert same(reader.tensors.param("tied"), np.eye(3, dtype=np.float32))
 
 
 def test_without_a_vectored_positioned_read_the_index_reads_the_same(tmp_path, monkeypatch):
@@ -178,7 +178,7 @@ def test_without_a_vectored_positioned_read_the_index_reads_the_same(tmp_path, m
         expected = everything(reader)
     monkeypatch.delattr("os.preadv")
     with TraceReader(path) as reader:
-        assert reader.has_op(0)  # the op table and the index are texts, read through HDF5 first
+        assert reader.recorded.has_op(0)  # the op table and the index are texts, read through HDF5 first
         monkeypatch.setattr(h5safe, "read_array", lambda *a, **k: pytest.fail("read through HDF5"))
-        assert all(same(a, b) for a, b in zip([reader.op_outputs(i)[k] for i in (0, 1, 2) for k in range(len(OUTPUTS[i]))],
+        assert all(same(a, b) for a, b in zip([reader.tensors.op_outputs(i)[k] for i in (0, 1, 2) for k in range(len(OUTPUTS[i]))],
                                                expected[3:]))

@@ -102,10 +102,10 @@ def test_round_trip_is_bit_exact(tmp_path, compression):
         for i, name in enumerate(names):
             w.write_op(i, [SAMPLES[name], SAMPLES[name]])
     with TraceReader(path) as r:
-        assert r.input_names == names and r.param_names == names
+        assert r.outline.input_names == names and r.outline.param_names == names
         for i, name in enumerate(names):
             want = SAMPLES[name]
-            for got in (r.input(name), r.param(name), *r.op_outputs(i)):
+            for got in (r.tensors.input(name), r.tensors.param(name), *r.tensors.op_outputs(i)):
                 assert got.dtype == want.dtype and got.shape == want.shape, name
                 assert same_bits(got, want), name
 
@@ -162,9 +162,9 @@ def test_stats_are_stored_beside_tensors(tmp_path):
     x = np.array([1.0, np.nan, -3.0], np.float32)
     path = write_trace(tmp_path / "t.h5", outputs={1: [x, np.array([], np.int64)]}, inputs={"x": x})
     with TraceReader(path) as r:
-        assert r.input_stats("x") == tensor_stats(x)
-        assert r.op_stats(1) == [tensor_stats(x), tensor_stats(np.array([], np.int64))]
-        assert r.param_stats("w")["absmax"] == 1.0
+        assert r.tensors.input_stats("x") == tensor_stats(x)
+        assert r.tensors.op_stats(1) == [tensor_stats(x), tensor_stats(np.array([], np.int64))]
+        assert r.tensors.param_stats("w")["absmax"] == 1.0
 
 
 # ---- data only ---------------------------------------------------------------------------
@@ -205,13 +205,13 @@ def test_text_and_meta(tmp_path):
             w.set_meta("bad", object())
         assert w.meta["elapsed_s"] == 1.25 and "bad" not in w.meta
     with TraceReader(path) as r:
-        assert r.graph_json == graph
-        assert r.tvmscript.startswith("@R.function")
-        assert r.ops == [{**OP_DEFAULTS, "index": 0, "name": "a", "op": "relax.add"}]
+        assert r.outline.graph_json == graph
+        assert r.outline.tvmscript.startswith("@R.function")
+        assert r.outline.ops == [{**OP_DEFAULTS, "index": 0, "name": "a", "op": "relax.add"}]
         assert r.meta == {"model": "m", "created": "now", "elapsed_s": 1.25, "notes": "x" * 5000}
         assert r.version == FORMAT_VERSION and r.complete
-        assert r.finished_ops() == [] and not r.has_op(0)
-        assert r.input_names == [] and r.param_names == []
+        assert r.recorded.finished_ops() == [] and not r.recorded.has_op(0)
+        assert r.outline.input_names == [] and r.outline.param_names == []
     with h5py.File(path, "r") as f:
         assert f.attrs["format"] == FORMAT_NAME.encode()
 
@@ -232,9 +232,9 @@ def test_opening_reads_no_tensor(tmp_path, monkeypatch):
     monkeypatch.setattr(h5py.Dataset, "read_direct", boom)
     with TraceReader(path) as r:
         assert r.complete and r.meta["model"] == "t.py:build"
-        assert r.finished_ops() == [0, 1, 2, 3, 4] and r.op_note(3) == "op3"
-        assert r.input_stats("x")["numel"] == 3
-        assert r.tensor_bytes() == 3 * 4 + 4 * 4 + 5 * 6 * 4
+        assert r.recorded.finished_ops() == [0, 1, 2, 3, 4] and r.recorded.op_note(3) == "op3"
+        assert r.tensors.input_stats("x")["numel"] == 3
+        assert r.tensors.tensor_bytes() == 3 * 4 + 4 * 4 + 5 * 6 * 4
         assert r.file_size == os.path.getsize(path)
 
 
@@ -255,14 +255,14 @@ def test_ops_any_order_and_write_errors(tmp_path):
             w.write_op(0, [np.zeros(1), np.array(["s"])])
         w.write_op(0, [np.array([0.5])])  # the failed attempt left nothing behind
     with TraceReader(path) as r:
-        assert r.finished_ops() == [0, 1, 3] and not r.has_op(2) and not r.has_op(9)
-        assert r.op_outputs(1) == [] and r.op_note(1) == ""
-        assert [a.tolist() for a in r.op_outputs(0)] == [[0.5]]
+        assert r.recorded.finished_ops() == [0, 1, 3] and not r.recorded.has_op(2) and not r.recorded.has_op(9)
+        assert r.tensors.op_outputs(1) == [] and r.recorded.op_note(1) == ""
+        assert [a.tolist() for a in r.tensors.op_outputs(0)] == [[0.5]]
         with pytest.raises(TraceError, match=r"op 2 has no recorded values \(the recording "
                                              r"stopped before it; record again\)"):
-            r.op_outputs(2)
+            r.tensors.op_outputs(2)
         with pytest.raises(TraceError, match="no input named 'nope'"):
-            r.input("nope")
+            r.tensors.input("nope")
 
 
 def test_bad_arguments(tmp_path):
@@ -282,7 +282,7 @@ def test_exception_marks_incomplete(tmp_path):
             w.write_op(0, [np.ones(2)])
             raise RuntimeError("source crashed")
     with TraceReader(path) as r:
-        assert not r.complete and r.finished_ops() == [0]
+        assert not r.complete and r.recorded.finished_ops() == [0]
     w.close()  # idempotent
     with pytest.raises(ValueError, match="closed"):
         w.write_op(1, [np.ones(2)])
@@ -295,7 +295,7 @@ def test_compression_shrinks_compressible_data(tmp_path):
                            compression=comp)
         sizes[comp] = os.path.getsize(path)
         with TraceReader(path) as r:
-            assert r.tensor_bytes() == 12 + 16 + 256 * 256 * 4 + 2 * 24
+            assert r.tensors.tensor_bytes() == 12 + 16 + 256 * 256 * 4 + 2 * 24
     assert sizes["lzf"] < sizes[None] / 4 and sizes["gzip"] < sizes[None] / 4
 
 
@@ -348,7 +348,7 @@ def test_version_rules(tmp_path):
         TraceReader(path)
     _set_version(path, 1, 7)  # a newer minor only adds things: still readable
     with TraceReader(path) as r:
-        assert r.version == (1, 7) and r.op_outputs(2)[0][0, 0] == 2.0
+        assert r.version == (1, 7) and r.tensors.op_outputs(2)[0][0, 0] == 2.0
 
 
 def test_trace_modules_never_unpickle_or_eval():
@@ -391,10 +391,10 @@ def test_a_flipped_bit_in_an_op_output_names_the_op(tmp_path):
     offset, _ = data_offset(path, "ops/2/0")
     flip(path, offset + 5, bit=3)
     with TraceReader(path) as r:
-        assert r.op_outputs(1)[0][0, 0] == 1.0  # the rest of the trace still reads
+        assert r.tensors.op_outputs(1)[0][0, 0] == 1.0  # the rest of the trace still reads
         with pytest.raises(TraceError, match=r"op 2's recorded output 0 is corrupt \(checksum mismatch\); "
                                              r"record the model again") as info:
-            r.op_outputs(2)
+            r.tensors.op_outputs(2)
         assert "\n" not in str(info.value)
 
 
@@ -409,7 +409,7 @@ def test_every_single_bit_flip_in_tensor_data_is_detected(tmp_path):
             damaged[byte] ^= 1 << bit
             path.write_bytes(bytes(damaged))
             with TraceReader(path) as r, pytest.raises(TraceError, match="input 'x' is corrupt"):
-                r.input("x")
+                r.tensors.input("x")
 
 
 def test_a_flipped_text_is_detected(tmp_path):
@@ -417,7 +417,7 @@ def test_a_flipped_text_is_detected(tmp_path):
     offset, _ = data_offset(path, "graph/op_table")
     flip(path, offset + 3)  # still JSON text, only a name changes
     with TraceReader(path) as r, pytest.raises(TraceError, match=r"/graph/op_table is corrupt \(checksum mismatch"):
-        r.ops
+        r.outline.ops
 
 
 def test_v1_2_needs_checksums_and_older_traces_read_without(tmp_path):
@@ -426,10 +426,10 @@ def test_v1_2_needs_checksums_and_older_traces_read_without(tmp_path):
         without_index(f)
         del f["ops/1/0"].attrs["crc32"]
     with TraceReader(path) as r, pytest.raises(TraceError, match=r"op 1's recorded output 0 is corrupt \(@crc32 is missing"):
-        r.op_outputs(1)
+        r.tensors.op_outputs(1)
     _set_version(path, 1, 1)  # a v1.1 trace has no checksums: read as before
     with TraceReader(path) as r:
-        assert r.op_outputs(1)[0][0, 0] == 1.0
+        assert r.tensors.op_outputs(1)[0][0, 0] == 1.0
 
 
 FIXTURE_OPS = [{"index": i, "name": name, "inputs": inputs} for i, (name, inputs) in
@@ -439,7 +439,7 @@ FIXTURE_OPS = [{"index": i, "name": name, "inputs": inputs} for i, (name, inputs
 def consistent_trace(path):
     """A v1.2 trace whose graph (the v1.1 fixture's) matches its op table, every op recorded."""
     with TraceReader(FIXTURE_V1_1) as r:
-        graph = r.graph_json
+        graph = r.outline.graph_json
     with TraceWriter(path, meta={"model": "m"}, graph_json=graph, tvmscript="", ops=FIXTURE_OPS,
                      inputs={"x": np.array([[1.0, -2.0, 0.5]], np.float32)}, params={"w": np.eye(2, dtype=np.float32)}) as w:
         for i in range(4):
@@ -487,15 +487,15 @@ def test_external_links_and_external_storage_are_refused(tmp_path):
         f["inputs"] = h5py.SoftLink("/params")
     with TraceReader(path) as r:
         with pytest.raises(TraceError, match="external link to another file; a trace holds its own data"):
-            r.op_outputs(1)
+            r.tensors.op_outputs(1)
         with pytest.raises(TraceError, match="soft link"):
-            r.input_names
+            r.outline.input_names
     raw = tmp_path / "values.bin"
     np.full((2, 3), 99, np.float32).tofile(raw)
     _replace(path, "ops/2/0", lambda f, name: f.create_dataset(name, shape=(2, 3), dtype="f4",
                                                                external=[(str(raw), 0, 24)]))
     with TraceReader(path) as r, pytest.raises(TraceError, match="stored in an external file"):
-        r.op_outputs(2)
+        r.tensors.op_outputs(2)
 
 
 def test_unknown_filters_are_refused_and_plugin_search_is_off(tmp_path):
@@ -508,7 +508,7 @@ def test_unknown_filters_are_refused_and_plugin_search_is_off(tmp_path):
     with TraceReader(path) as r:
         assert h5pl.size() == 0  # HDF5 has nowhere to look for a plugin while a trace is open
         with pytest.raises(TraceError, match="HDF5 filter 32015, which is not one of"):
-            r.op_outputs(0)
+            r.tensors.op_outputs(0)
     assert [h5pl.get(i) for i in range(h5pl.size())] == paths
 
 
@@ -516,7 +516,7 @@ def test_sizes_are_checked_before_anything_is_allocated(tmp_path):
     path = write_trace(tmp_path / "t.h5")
     _replace(path, "ops/0/0", lambda f, name: f.create_dataset(name, shape=(2**33,), dtype="f4", chunks=(2**16,)))
     with TraceReader(path) as r, pytest.raises(TraceError, match=r"declares 34359738368 bytes but stores only 0"):
-        r.op_outputs(0)  # before: a 32 GiB allocation
+        r.tensors.op_outputs(0)  # before: a 32 GiB allocation
 
 
 @pytest.mark.parametrize("edit,needle", [
@@ -530,7 +530,7 @@ def test_a_part_of_the_wrong_kind_is_refused(tmp_path, edit, needle):
         del f["graph/op_table"]
         edit(f)
     with TraceReader(path) as r, pytest.raises(TraceError, match=needle):
-        r.ops
+        r.outline.ops
 
 
 def _write_op_table(path, text):
@@ -568,7 +568,7 @@ def test_op_table_violations_name_the_op_and_key(tmp_path, table, needle):
     path = write_trace(tmp_path / "t.h5", n_ops=1)
     _write_op_table(path, table)
     with TraceReader(path) as r, pytest.raises(TraceError, match=re.escape(needle)) as info:
-        r.ops
+        r.outline.ops
     message = str(info.value)
     assert "\n" not in message and "the op table is corrupt" in message and "record the model again" in message
 
@@ -577,7 +577,7 @@ def test_op_table_keys_are_filled_and_unknown_keys_dropped(tmp_path):
     path = write_trace(tmp_path / "t.h5", n_ops=1)
     _write_op_table(path, '[{"index": 0, "name": "a", "from_a_newer_minor": {"x": 1}}]')
     with TraceReader(path) as r:
-        assert r.ops == [{**OP_DEFAULTS, "index": 0, "name": "a"}]
+        assert r.outline.ops == [{**OP_DEFAULTS, "index": 0, "name": "a"}]
 
 
 META_CASES = [
@@ -600,7 +600,7 @@ def test_meta_violations_are_trace_errors(tmp_path, meta, needle):
         f.attrs["meta"] = schema.encode_str(meta)
     with pytest.raises(TraceError, match=re.escape(needle)):
         with TraceReader(path) as r:
-            r.capture
+            r.outline.capture
 
 
 @pytest.mark.parametrize("name,value,needle", [
@@ -628,11 +628,11 @@ def test_tensor_attributes_and_storage_of_the_wrong_type(tmp_path):
         f["ops/2"].move("0", "7")
     with TraceReader(path) as r:
         with pytest.raises(TraceError, match=r"declared bfloat16 but stored as float32"):
-            r.op_outputs(0)
+            r.tensors.op_outputs(0)
         with pytest.raises(TraceError, match=r"op 1's recorded output 0's stats is corrupt \(stats have no 'min'"):
-            r.op_stats(1)
+            r.tensors.op_stats(1)
         with pytest.raises(TraceError, match=r"op 2's outputs is corrupt \(they are named \['7'\]"):
-            r.op_outputs(2)
+            r.tensors.op_outputs(2)
 
 
 def test_missing_op_attributes_and_objects_of_the_wrong_kind(tmp_path):
@@ -649,14 +649,14 @@ def test_missing_op_attributes_and_objects_of_the_wrong_kind(tmp_path):
         f["ops/4/0"].attrs["crc32"] = np.array([1, 2], np.uint32)
     with TraceReader(path) as r:
         with pytest.raises(TraceError, match=r"op 0's recorded output 0 is corrupt \(@dtype is missing\)"):
-            r.op_outputs(0)
-        assert not r.has_op(1) and not r.stats_only(1)  # a missing marker: not recorded, never an error
+            r.tensors.op_outputs(0)
+        assert not r.recorded.has_op(1) and not r.recorded.stats_only(1)  # a missing marker: not recorded, never an error
         with pytest.raises(TraceError, match=r"op 2's recorded output 0 is corrupt \(/ops/2/0 is not a dataset\)"):
-            r.op_outputs(2)
-        assert not r.has_op(3)  # an op "group" that is a dataset: no marker to read
+            r.tensors.op_outputs(2)
+        assert not r.recorded.has_op(3)  # an op "group" that is a dataset: no marker to read
         with pytest.raises(TraceError, match=re.escape("(@crc32 must be an integer, not uint32 of shape (2,))")):
-            r.op_outputs(4)
-        assert r.finished_ops() == [0, 2, 4]
+            r.tensors.op_outputs(4)
+        assert r.recorded.finished_ops() == [0, 2, 4]
 
 @pytest.mark.parametrize("edit,needle", [
     (lambda ops, inputs: ops[1].update(name="other"), r"bindings do not match the op table \(first difference at op 1"),
@@ -666,7 +666,7 @@ def test_missing_op_attributes_and_objects_of_the_wrong_kind(tmp_path):
 def test_graph_is_checked_against_the_op_table(tmp_path, edit, needle):
     path = consistent_trace(tmp_path / "good.h5")
     with TraceReader(path) as r:
-        graph = r.graph()
+        graph = r.outline.graph()
         assert [b["name"] for b in graph["bindings"]] == ["lv", "lv1", "lv2", "gv"]
     ops = [dict(op) for op in FIXTURE_OPS]
     inputs = {"x": np.zeros((1, 3), np.float32)}
@@ -675,7 +675,7 @@ def test_graph_is_checked_against_the_op_table(tmp_path, edit, needle):
                      inputs=inputs, params={}):
         pass
     with TraceReader(tmp_path / "t.h5") as r, pytest.raises(TraceError, match=needle):
-        r.graph()
+        r.outline.graph()
 
 
 # ---- crash safety: a real SIGKILL --------------------------------------------------------
@@ -724,14 +724,14 @@ def test_sigkill_leaves_readable_trace(tmp_path, after, delay_ms, compression):
     with TraceReader(path) as r:
         assert not r.complete
         assert r.meta["model"] == "kill"
-        finished = r.finished_ops()
+        finished = r.recorded.finished_ops()
         assert set(printed) <= set(finished)
         assert len(finished) < 5000
         for i in finished:  # every op the reader calls finished round-trips, not just printed
-            out = r.op_outputs(i)
+            out = r.tensors.op_outputs(i)
             assert same_bits(out[0], np.full((i % 5 + 1, 40), i, np.float32))
             assert same_bits(out[1], np.arange(i % 37, dtype=np.int64))
-            assert r.op_note(i) == f"op {i}"
+            assert r.recorded.op_note(i) == f"op {i}"
 
 
 # ---- frozen v1 fixture -------------------------------------------------------------------
@@ -743,30 +743,30 @@ def test_frozen_v1_fixture():
         assert r.meta == {"model": "fixture.py:build", "source": "torch",
                           "created": "2025-01-01T00:00:00Z", "versions": {"tapml-dbg": "0.1.0"},
                           "elapsed_s": 0.5}
-        assert r.graph_json == '{"root": 1, "nodes": [{"type_key": ""}]}'
-        assert r.tvmscript == "# from tvm.script import relax as R\n"
-        assert r.ops == [{**OP_DEFAULTS, "index": 0, "name": "lv", "op": "relax.matmul", "layer": "fc"},
+        assert r.outline.graph_json == '{"root": 1, "nodes": [{"type_key": ""}]}'
+        assert r.outline.tvmscript == "# from tvm.script import relax as R\n"
+        assert r.outline.ops == [{**OP_DEFAULTS, "index": 0, "name": "lv", "op": "relax.matmul", "layer": "fc"},
                          {**OP_DEFAULTS, "index": 1, "name": "lv1", "op": "relax.greater", "layer": "fc"},
                          {**OP_DEFAULTS, "index": 2, "name": "gv", "op": "relax.sum", "layer": ""}]
-        assert r.input_names == ["x", "mask"] and r.param_names == ["w"]
-        assert same_bits(r.input("x"), np.array([[1.0, -2.5], [-0.0, np.inf]], np.float32))
-        assert same_bits(r.input("mask"), bits(ml_dtypes.bfloat16, [0x3FC0, 0x8000, 0x7F80, 0x7FC1]))
-        assert same_bits(r.param("w"), np.array([[0.5, -1.0], [2.0, 65504.0]], np.float16))
-        assert r.finished_ops() == [0, 1, 2]
-        assert same_bits(r.op_outputs(0)[0], np.array([[-5.0, 2.0], [np.inf, -0.0]], np.float32))
-        assert same_bits(r.op_outputs(1)[0], np.array([True, False, True]))
-        out2 = r.op_outputs(2)
+        assert r.outline.input_names == ["x", "mask"] and r.outline.param_names == ["w"]
+        assert same_bits(r.tensors.input("x"), np.array([[1.0, -2.5], [-0.0, np.inf]], np.float32))
+        assert same_bits(r.tensors.input("mask"), bits(ml_dtypes.bfloat16, [0x3FC0, 0x8000, 0x7F80, 0x7FC1]))
+        assert same_bits(r.tensors.param("w"), np.array([[0.5, -1.0], [2.0, 65504.0]], np.float16))
+        assert r.recorded.finished_ops() == [0, 1, 2]
+        assert same_bits(r.tensors.op_outputs(0)[0], np.array([[-5.0, 2.0], [np.inf, -0.0]], np.float32))
+        assert same_bits(r.tensors.op_outputs(1)[0], np.array([True, False, True]))
+        out2 = r.tensors.op_outputs(2)
         assert same_bits(out2[0], np.array([7, -8], np.int64))
         assert same_bits(out2[1], np.array(3.25, np.float32))
-        assert r.op_note(2) == "computed by torch"
-        assert r.input_stats("mask") == {"min": -0.0, "max": 1.5, "mean": 0.75, "absmax": 1.5,
+        assert r.recorded.op_note(2) == "computed by torch"
+        assert r.tensors.input_stats("mask") == {"min": -0.0, "max": 1.5, "mean": 0.75, "absmax": 1.5,
                                          "nan": 1, "inf": 1, "numel": 4,
                                          "fp16_headroom": math.log2(65504 / 1.5)}
-        assert r.param_stats("w")["fp16_headroom"] == 0.0
-        assert r.op_stats(2)[0] == {"min": -8.0, "max": 7.0, "mean": -0.5, "absmax": 8.0,
+        assert r.tensors.param_stats("w")["fp16_headroom"] == 0.0
+        assert r.tensors.op_stats(2)[0] == {"min": -8.0, "max": 7.0, "mean": -0.5, "absmax": 8.0,
                                     "nan": 0, "inf": 0, "numel": 2,
                                     "fp16_headroom": math.log2(65504 / 8)}
-        assert r.tensor_bytes() == 16 + 8 + 8 + 16 + 3 + 16 + 4
+        assert r.tensors.tensor_bytes() == 16 + 8 + 8 + 16 + 3 + 16 + 4
 
 
 def test_frozen_v1_1_fixture():
@@ -775,19 +775,19 @@ def test_frozen_v1_1_fixture():
 
     with TraceReader(FIXTURE_V1_1) as r:
         assert r.version == (1, 1) and r.complete and not r.checksummed
-        assert r.capture == {"window": "0:2", "max_bytes": None, "first": 0, "end": 2, "layer": None,
+        assert r.outline.capture == {"window": "0:2", "max_bytes": None, "first": 0, "end": 2, "layer": None,
                              "stored": [[0, 1]], "stored_bytes": 24, "truncated": False}
-        assert r.finished_ops() == [0, 1] and r.stats_only_ops() == [2, 3]
-        assert [op["name"] for op in r.ops] == ["lv", "lv1", "lv2", "gv"]
-        assert r.ops[1]["inputs"] == ["lv"] and r.ops[2]["outputs"] == [{"shape": [], "dtype": "float32"}]
-        assert same_bits(r.input("x"), np.array([[1.0, -2.0, 0.5]], np.float32))
-        assert same_bits(r.op_outputs(0)[0], np.array([[2.0, -4.0, 1.0]], np.float32))
-        assert same_bits(r.op_outputs(1)[0], np.array([[2.0, 0.0, 1.0]], np.float32))
-        assert r.op_stats(3)[0]["min"] == -3.0 and r.op_note(3) == "computed by torch"
-        assert [b["name"] for b in r.graph()["bindings"]] == ["lv", "lv1", "lv2", "gv"]
+        assert r.recorded.finished_ops() == [0, 1] and r.recorded.stats_only_ops() == [2, 3]
+        assert [op["name"] for op in r.outline.ops] == ["lv", "lv1", "lv2", "gv"]
+        assert r.outline.ops[1]["inputs"] == ["lv"] and r.outline.ops[2]["outputs"] == [{"shape": [], "dtype": "float32"}]
+        assert same_bits(r.tensors.input("x"), np.array([[1.0, -2.0, 0.5]], np.float32))
+        assert same_bits(r.tensors.op_outputs(0)[0], np.array([[2.0, -4.0, 1.0]], np.float32))
+        assert same_bits(r.tensors.op_outputs(1)[0], np.array([[2.0, 0.0, 1.0]], np.float32))
+        assert r.tensors.op_stats(3)[0]["min"] == -3.0 and r.recorded.op_note(3) == "computed by torch"
+        assert [b["name"] for b in r.outline.graph()["bindings"]] == ["lv", "lv1", "lv2", "gv"]
         assert r.meta["record_seconds"] == 0.25
         with pytest.raises(TraceError, match="has only stats in this trace"):
-            r.op_outputs(2)
+            r.tensors.op_outputs(2)
     report = verify_trace(FIXTURE_V1_1)
     assert report.ok and not report.checksummed and report.format == "v1.1"
 

@@ -63,7 +63,7 @@ def checkpoint(tmp_path_factory):
 
 def _referenced(trace) -> dict:
     with TraceReader(trace) as reader:
-        return dict(reader.weight_refs.params) if reader.weight_refs is not None else {}
+        return dict(reader.weights.refs.params) if reader.weights.refs is not None else {}
 
 
 def test_a_pretrained_checkpoint_is_referenced_not_copied(checkpoint):
@@ -72,11 +72,11 @@ def test_a_pretrained_checkpoint_is_referenced_not_copied(checkpoint):
     _, weights, trace = checkpoint
     assert os.path.getsize(trace) < os.path.getsize(weights) / 5  # the trace holds activations, not weights
     with TraceReader(trace) as reader, safe_open(str(weights), framework="numpy") as source:
-        refs = reader.weight_refs.params
-        assert reader.version == (1, 4) and len(refs) == len(reader.param_names) == len(reader.meta["params"])
-        for name in reader.param_names:  # read back from the checkpoint, bit for bit
-            assert np.array_equal(reader.param(name), source.get_tensor(refs[name].tensor)), name
-        assert reader.tensor_bytes() < sum(ref.nbytes for ref in refs.values()) / 2
+        refs = reader.weights.refs.params
+        assert reader.version == (1, 4) and len(refs) == len(reader.outline.param_names) == len(reader.meta["params"])
+        for name in reader.outline.param_names:  # read back from the checkpoint, bit for bit
+            assert np.array_equal(reader.tensors.param(name), source.get_tensor(refs[name].tensor)), name
+        assert reader.tensors.tensor_bytes() < sum(ref.nbytes for ref in refs.values()) / 2
     info = trace_info(trace)["weights"]
     assert info["params"] == len(refs) and info["files"][0]["path"] == str(weights)
     assert info["files"][0]["found"] == str(weights)
@@ -89,7 +89,7 @@ def test_bisect_reads_the_referenced_weights(checkpoint, tmp_path):
     assert not clean.diverged, clean.culprit
     refs = _referenced(trace)
     with TraceReader(trace) as reader:  # a fault at the first op that reads a referenced weight
-        target = next(op for op in reader.ops if set(op["inputs"]) & set(refs) and op["op"] != "aten.embedding.default"
+        target = next(op for op in reader.outline.ops if set(op["inputs"]) & set(refs) and op["op"] != "aten.embedding.default"
                       and op["outputs"][0]["dtype"] == "float32")
     with Session.open(trace, transform=fault_transform(tmp_path, "scale", target["name"])) as session:
         found = session.bisect(sweep=False)
@@ -110,10 +110,10 @@ def test_verify_names_a_changed_checkpoint(checkpoint):
         assert message.startswith(f"the checkpoint {weights} changed since the recording: it holds other bytes for "
                                   "tensor '") and "record the model again" in message
         with TraceReader(trace) as reader:  # replay reads it: the same line, not a wrong value
-            changed = next(name for name, ref in reader.weight_refs.params.items()
+            changed = next(name for name, ref in reader.weights.refs.params.items()
                            if f"tensor {ref.tensor!r} " in message)
             with pytest.raises(WeightFileError, match="changed since the recording"):
-                reader.param(changed)
+                reader.tensors.param(changed)
     finally:
         weights.write_bytes(original)
     assert verify_trace(trace).ok
@@ -146,15 +146,15 @@ def test_random_and_modified_weights_are_copied(checkpoint):
     random = folder / "random.h5"
     record(_model_file(folder, f"    model = LlamaForCausalLM(LlamaConfig(**{CONFIG!r}))"), random)
     with TraceReader(random) as reader:
-        assert reader.weight_refs is None and reader.version == (1, 4)
+        assert reader.weights.refs is None and reader.version == (1, 4)
     modified = folder / "modified.h5"  # one weight changed after loading: that one is copied, the rest referenced
     record(_from_pretrained(folder, folder / "ckpt", "    with torch.no_grad():\n"
                                                     "        model.model.norm.weight.mul_(2)\n"), modified)
     refs = _referenced(modified)
     with TraceReader(modified) as reader:
-        stored = [name for name in reader.param_names if name not in refs]
-        assert stored == ["p_model_norm_weight"] and len(refs) == len(reader.param_names) - 1
-        assert np.all(reader.param("p_model_norm_weight") == 2)
+        stored = [name for name in reader.outline.param_names if name not in refs]
+        assert stored == ["p_model_norm_weight"] and len(refs) == len(reader.outline.param_names) - 1
+        assert np.all(reader.tensors.param("p_model_norm_weight") == 2)
 
 
 def test_a_users_own_load_state_dict_opts_in_with_weights_from(tmp_path):
@@ -174,9 +174,9 @@ def build():
 """)
     record(f"{model}:build", tmp_path / "own.h5")
     with TraceReader(tmp_path / "own.h5") as reader:
-        assert sorted(ref.tensor for ref in reader.weight_refs.params.values()) == ["0.bias", "0.weight", "2.bias",
+        assert sorted(ref.tensor for ref in reader.weights.refs.params.values()) == ["0.bias", "0.weight", "2.bias",
                                                                                  "2.weight"]
-        assert reader.weight_views()  # the linears' transposed weights are views of them, not copies
+        assert reader.recorded.weight_views()  # the linears' transposed weights are views of them, not copies
     assert verify_trace(tmp_path / "own.h5").ok
 
 
@@ -192,17 +192,17 @@ def test_a_view_and_its_param_read_the_file_once_per_reader(checkpoint, monkeypa
                         or real(self, span))
     monkeypatch.setenv("TAPML_WEIGHT_CACHE_MIB", "64")
     with TraceReader(trace) as reader:
-        views = reader.weight_views()
+        views = reader.recorded.weight_views()
         assert len(views) >= 7 * CONFIG["num_hidden_layers"]  # q k v o gate up down of every layer
         for index, (param, axes) in views.items():  # the view first, then its param
-            value = reader.op_outputs(index)[0]
-            weight = reader.param(param)
+            value = reader.tensors.op_outputs(index)[0]
+            weight = reader.tensors.param(param)
             assert value.flags.c_contiguous and np.array_equal(value, weight.transpose(axes)), index
             assert not weight.flags.writeable  # kept and shared: no caller may change it in place
-        for name in reader.param_names:
-            reader.param(name)
-        assert len(reads) == len(set(reads)) == len(reader.weight_refs.params)  # each tensor read once
-        assert reader.weight_refs.file_reads == len(reads)
+        for name in reader.outline.param_names:
+            reader.tensors.param(name)
+        assert len(reads) == len(set(reads)) == len(reader.weights.refs.params)  # each tensor read once
+        assert reader.weights.refs.file_reads == len(reads)
 
 
 def test_a_view_streams_its_weight_by_default_bit_exact_and_checked(checkpoint, monkeypatch):
@@ -213,13 +213,13 @@ def test_a_view_streams_its_weight_by_default_bit_exact_and_checked(checkpoint, 
     monkeypatch.setattr("tapml_dbg.trace.weight_refs.STREAM_BYTES", 4096)  # several blocks of rows a weight
     _, weights, trace = checkpoint
     with TraceReader(trace) as reader:
-        views = reader.weight_views()
+        views = reader.recorded.weight_views()
         for index, (param, axes) in views.items():
-            value = reader.op_outputs(index)[0]
-            assert value.flags.c_contiguous and np.array_equal(value, reader.param(param).transpose(axes)), index
-        assert reader.weight_refs.file_reads == 2 * len(views)  # each view and its param: the file twice
+            value = reader.tensors.op_outputs(index)[0]
+            assert value.flags.c_contiguous and np.array_equal(value, reader.tensors.param(param).transpose(axes)), index
+        assert reader.weights.refs.file_reads == 2 * len(views)  # each view and its param: the file twice
         index, (param, _) = next(iter(views.items()))
-        tensor = reader.weight_refs.params[param].tensor
+        tensor = reader.weights.refs.params[param].tensor
     source = SafetensorsFile(str(weights))
     span = source.tensors[tensor]
     source.close()
@@ -229,7 +229,7 @@ def test_a_view_streams_its_weight_by_default_bit_exact_and_checked(checkpoint, 
         data[span.end - 3] ^= 0x01  # a bit of the view's weight, in its last block of rows
         weights.write_bytes(bytes(data))
         with TraceReader(trace) as reader, pytest.raises(WeightFileError, match=f"tensor {tensor!r}"):
-            reader.op_outputs(index)  # read before its param: its CRC-32 checked on the way
+            reader.tensors.op_outputs(index)  # read before its param: its CRC-32 checked on the way
     finally:
         weights.write_bytes(original)
 
@@ -240,10 +240,10 @@ def test_views_read_from_two_threads_are_each_exact(checkpoint):
 
     _, _, trace = checkpoint
     with TraceReader(trace) as reader:
-        views = list(reader.weight_views().items()) * 3
-        expected = {index: reader.param(param).transpose(axes) for index, (param, axes) in views}
+        views = list(reader.recorded.weight_views().items()) * 3
+        expected = {index: reader.tensors.param(param).transpose(axes) for index, (param, axes) in views}
         with ThreadPoolExecutor(2) as pool:
-            values = list(pool.map(lambda item: reader.op_outputs(item[0])[0], views))
+            values = list(pool.map(lambda item: reader.tensors.op_outputs(item[0])[0], views))
     assert all(np.array_equal(value, expected[index]) for value, (index, _) in zip(values, views))
 
 
@@ -271,4 +271,4 @@ def test_a_reference_targets_values_reference_the_checkpoint_too(checkpoint, tmp
         assert not replay.bisect().diverged
     assert derived.stat().st_size < weights.stat().st_size / 5
     with TraceReader(derived) as reader:
-        assert reader.weight_refs is not None and set(reader.weight_refs.params) == set(_referenced(trace))
+        assert reader.weights.refs is not None and set(reader.weights.refs.params) == set(_referenced(trace))
