@@ -188,7 +188,7 @@ with Session.open(trace, cache_dir=cache + "-sweep") as session:
     indices = list(range(first, end))
     started = time.perf_counter()
     verdicts = session.verdicts.isolated_many(indices)
-    out.update(isolated_s=time.perf_counter() - started, isolated_ops=len(indices), units=session.probes,
+    out.update(isolated_s=time.perf_counter() - started, isolated_ops=len(indices), units=session.lanes.units,
                isolated_pass=sum(v.status == "pass" for v in verdicts.values()),
                lanes=session.pool.size)
     middle = next(op for op in session.ops[(first + end) // 2:end]

@@ -2,7 +2,7 @@
 upstream values, asked for four ways in one session, compared bit for bit, each way timed.
 
 The four ways: the REPL's `step` (one op at a time from op 0, both verdicts each), the report's
-series (`engine/propagation.py:propagated_series`), bisect's chain (`engine/chain.py:ChainSearch`,
+series (`engine/propagation.py:TargetChains.series`), bisect's chain (`engine/chain.py:ChainSearch`,
 run to the end on a clean model) and `run --offload all` (a mixed run with every op on the target).
 tests/test_propagated_values.py runs this on llvm; on a GPU (`--target cuda`) a fused unit's
 kernels are scheduled otherwise than a per-op chain's, so one implementation is what keeps them equal.
@@ -50,7 +50,6 @@ def picked_ops(session) -> list[int]:
 def four_ways(session, picks: list[int]) -> tuple[dict[str, dict[str, list]], dict[str, float]]:
     """way -> op name -> its target value, and way -> seconds, for ops `picks` of a clean model."""
     from tapml_dbg.engine.chain import ChainSearch
-    from tapml_dbg.engine.propagation import propagated_series
     from tapml_dbg.engine.stops import Debugger
 
     last, names = picks[-1], {session.ops[i].name for i in picks}
@@ -64,7 +63,7 @@ def four_ways(session, picks: list[int]) -> tuple[dict[str, dict[str, list]], di
     print(f"step: {seconds['step']:.1f} s", file=sys.stderr, flush=True)
 
     started = time.perf_counter()
-    values["report"] = {session.ops[i].name: found for i, _run, found in propagated_series(session, last=last)
+    values["report"] = {session.ops[i].name: found for i, _run, found in session.chains.series(last=last)
                         if i in picks}
     seconds["report"] = time.perf_counter() - started
     print(f"report: {seconds['report']:.1f} s", file=sys.stderr, flush=True)

@@ -211,8 +211,7 @@ def fresh(session):
     from tapml_dbg.judge.compare import TolerancePolicy
 
     session.reset()
-    session.policy = TolerancePolicy()
-    session.verdicts.clear()
+    session.verdicts.set_policy(TolerancePolicy())
     return session
 
 

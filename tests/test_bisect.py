@@ -79,7 +79,7 @@ def test_fault_that_washes_out_is_still_found(traces, tmp_path):
     transform = fault_transform(tmp_path, "scale_negative", op)
     with Session.open(path, transform=transform) as session:
         last = len(session.ops) - 1
-        assert session.propagated(last).passed  # the model's output is fine...
+        assert session.verdicts.propagated(last).passed  # the model's output is fine...
         for sweep in (True, False):  # ...yet the op is found, by the chain that judges every value
             result = session.bisect(sweep=sweep)
             assert result.diverged and result.culprit.name == op

@@ -59,7 +59,7 @@ def test_everything_offloaded_equals_the_propagated_replay(mlp):
     run = mlp.mixed_runner.run(range(len(mlp.ops)), verdicts=True, keep_values=True)
     assert run.units == len(unit_bounds(mlp.ops, top_level_blocks(mlp.ops))) - 1  # one unit per block span
     last = mlp.ops[-1]
-    assert run.verdicts[last.index].status == mlp.propagated(last.index).status
+    assert run.verdicts[last.index].status == mlp.verdicts.propagated(last.index).status
     replayed = mlp.replay.values  # the propagated replay's value of every op upstream of the output
     assert len(replayed) == len(mlp.ops)
     assert [name for name, values in replayed.items()
@@ -73,7 +73,7 @@ def test_a_mixed_run_feeds_target_values_into_source_ops(planted_mlp):
     failing = run.failing_ops()
     planted = session.by_name[PLANTED_OP].index
     assert failing and failing[0] == planted and not run.passed
-    after_layer = [i for i in failing if i > max(session.layer_ops(PLANTED_LAYER))]
+    after_layer = [i for i in failing if i > max(session.op_table.layer_ops(PLANTED_LAYER))]
     assert after_layer, "the error must reach the source ops downstream"
     assert session.replay.offload == set(range(len(session.ops)))  # a mixed run leaves the session's state alone
 
@@ -142,7 +142,7 @@ def test_offload_specs(mlp):
     table = mlp.op_table
     assert parse_offload(table, "all") == list(range(len(mlp.ops)))
     assert parse_offload(table, "none") == []
-    assert parse_offload(table, "0:3,blocks.2") == [0, 1, 2] + mlp.layer_ops("blocks.2")
+    assert parse_offload(table, "0:3,blocks.2") == [0, 1, 2] + mlp.op_table.layer_ops("blocks.2")
     with pytest.raises(UsageError):
         parse_offload(table, " ")
 
@@ -171,7 +171,7 @@ def test_repl_run_after_boundary_is_the_cli_run(planted_mlp):
     buffer = io.StringIO()
     console = make_console(buffer)
     repl = Repl(session, out=console, err=console, launch={"trace": str(session.reader.path)}, show_progress=False)
-    boundary = max(session.layer_ops(PLANTED_LAYER)) + 1
+    boundary = max(session.op_table.layer_ops(PLANTED_LAYER)) + 1
     for line in (f"boundary {boundary}", "where", "run", "run blocks.9"):
         repl.execute(line)
     text = buffer.getvalue()

@@ -215,8 +215,8 @@ def test_session_lookup_follows_the_rules(session):
     assert session.resolve_ops("-3:") == [last - 2, last - 1, last]  # was "no op named '-3:'"
     with pytest.raises(UsageError, match="`5:3` selects no op"):
         session.resolve_ops("5:3")  # was silently []
-    assert session.resolve_ops("blocks.1") == session.layer_ops("blocks.1")
-    assert "blocks.1.fc" in session.layers()
+    assert session.resolve_ops("blocks.1") == session.op_table.layer_ops("blocks.1")
+    assert "blocks.1.fc" in session.op_table.layers()
 
 
 def test_repl_selectors_agree_with_the_session(repl, session):

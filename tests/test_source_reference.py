@@ -227,8 +227,7 @@ def test_a_1e_4_fault_in_an_fp32_elementwise_op_is_caught_where_the_fixed_rule_m
         assert verdict.wrong == WrongClass.SEMANTIC
         result = session.bisect()
         assert result.culprit.name == "gelu_1" and result.culprit.verdict == "isolated"
-        session.policy.kind = PolicyKind.FIXED  # `tol fixed`
-        session.verdicts.clear()
+        session.verdicts.set_policy(TolerancePolicy(kind=PolicyKind.FIXED))  # `tol fixed`
         assert session.isolated(_op(session, "gelu_1")).passed
 
 
@@ -273,10 +272,9 @@ def test_uninitialised_memory_is_not_judged(models):
     with Session.open(models("circular_pad")) as session:
         empty = _op(session, "empty")
         assert session.isolated(empty).status == Status.UNDEFINED
-        assert session.propagated(empty).status == Status.UNDEFINED
+        assert session.verdicts.propagated(empty).status == Status.UNDEFINED
         assert not session.bisect().diverged  # TVM imports zeros for torch.empty: no false alarm
-        session.policy.kind = PolicyKind.FIXED
-        session.verdicts.clear()
+        session.verdicts.set_policy(TolerancePolicy(kind=PolicyKind.FIXED))
         assert session.isolated(empty).status == Status.UNDEFINED  # whatever the rule
 
 

@@ -438,7 +438,7 @@ class _Verifier:
         spec = dataclasses.replace(self.session.spec, transform=f"{path}:{FUNC}")
         self.progress(self.count, None, f"candidate {self.count}: {len(rewrites)} rewrite(s)")
         with Session.open(self.session.reader.path, spec, cache_dir=self.session.lanes.pool.config.cache_dir,
-                          policy=self.session.policy, start_workers=True) as trial:
+                          policy=self.session.verdicts.policy, start_workers=True) as trial:
             verdicts = {index: op_verdict(trial, index) for index in sorted(set(judge))}
             run = trial.run_mixed(list(range(len(trial.ops))), verdicts=True)
         result = _Trial(list(rewrites), verdicts, run)
@@ -583,7 +583,7 @@ def _pinnable(session: Session, op) -> bool:
     return op.relax_op not in STRUCTURAL and any(spec.dtype in LOW_PRECISION for spec in op.outputs)
 
 
-def _outcome(session, triaged, accepted, unfixed_why, tried, before, final):
+def _outcome(session: Session, triaged, accepted, unfixed_why, tried, before, final):
     """Each triaged group's ops, fixed (by its accepted rewrite, or right once the others are rewritten) or not (why)."""
     fixed: list[FixedOp] = []
     unfixed: list[UnfixedOp] = []
@@ -609,7 +609,7 @@ def _outcome(session, triaged, accepted, unfixed_why, tried, before, final):
     return fixed, unfixed
 
 
-def _pinned_by_output_search(session, extra: list[Rewrite], final: _Trial) -> list[FixedOp]:
+def _pinned_by_output_search(session: Session, extra: list[Rewrite], final: _Trial) -> list[FixedOp]:
     """The ops `_pin_more` pinned to float32 beyond the groups' fixes, as fixed ops."""
     fixed: list[FixedOp] = []
     for rewrite in extra:

@@ -135,3 +135,28 @@ def host_only_verdict(host_only: list[HostOnlyOp], index: int, mode: Mode) -> Ve
     """What a host-only op gets instead of a verdict: none (MISSING), with the reason."""
     entry = next(entry for entry in host_only if entry.index == index)
     return Verdict(index, entry.name, mode, Status.MISSING, message=f"runs on the host only: {entry.reason}")
+
+
+class KeptOps:
+    """The session's kept set, by origin: the host-only ops (always), a reference target's TVM-wide
+    ops (always, engine/reference.py) and the user's (`--keep`, replaced by `keep_user`). One object,
+    shared by the collaborators that cut units around kept ops (the propagated replay, chains,
+    mixed runs), so that the user's change reaches them all."""
+
+    def __init__(self, ops: list[OpInfo], host_only: list[HostOnlyOp], reference: frozenset[int] = frozenset()):
+        self.ops = ops
+        self.host_only = host_only
+        self.host_only_ops = frozenset(entry.index for entry in host_only)
+        self.reference = reference
+        self.user: frozenset[int] = frozenset()  # the ops the user keeps: what results list as kept
+        self.all: frozenset[int] = self.host_only_ops | reference  # every op kept on the source
+
+    def keep_user(self, indices) -> frozenset[int]:
+        """The user's kept ops become `indices` with the other bindings of their source ops."""
+        self.user = with_node_groups(self.ops, indices)
+        self.all = self.user | self.host_only_ops | self.reference
+        return self.user
+
+    def host_only_verdict(self, index: int, mode: Mode) -> Verdict | None:
+        """A host-only op's stand-in verdict (none to compute), None for any other op."""
+        return host_only_verdict(self.host_only, index, mode) if index in self.host_only_ops else None

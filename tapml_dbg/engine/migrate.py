@@ -28,6 +28,7 @@ from tapml_dbg.engine.mixed import MixedRun, MixedRunner, blocks_in
 from tapml_dbg.model.generation import step_ranges
 from tapml_dbg.engine.results import Culprit
 from tapml_dbg.engine.search import SearchTrace, first_failing
+from tapml_dbg.engine.verdicts import Verdicts
 from tapml_dbg.errors import UsageError
 from tapml_dbg.judge.verdict import ISOLATED, PROPAGATED, Verdict
 
@@ -165,31 +166,33 @@ def plan_steps(runner: MixedRunner, by: By, one_at_a_time: bool) -> list[tuple[s
 class Migration:
     """One migration of a session's trace (see the module docstring)."""
 
-    def __init__(self, session, by: By | str = By.LAYER, one_at_a_time: bool = False,
-                 progress: Progress = _noop, runner: MixedRunner | None = None):
+    def __init__(self, runner: MixedRunner, verdicts: Verdicts, by: By | str = By.LAYER, one_at_a_time: bool = False,
+                 progress: Progress = _noop):
         try:
             self.by = By(by)
         except ValueError:
             raise UsageError(f"unknown --by {by!r}: give {' or '.join(b.value for b in By)}") from None
-        self.session = session
+        self.ops = runner.ops
+        self.kept = runner.kept
+        self.verdicts = verdicts
         self.one_at_a_time = one_at_a_time
         self.progress = progress
         if self.by == By.OP:  # one unit per op: a step compiles its one new op, every other unit is cached
-            runner = MixedRunner(session, bounds=list(range(len(session.ops) + 1)))
-        self.runner = runner or MixedRunner(session)
+            runner = runner.with_bounds(list(range(len(self.ops) + 1)))
+        self.runner = runner
 
     def run(self) -> MigrateResult:
         started = time.perf_counter()
         plan = plan_steps(self.runner, self.by, self.one_at_a_time)
-        result = MigrateResult(self.by, self.one_at_a_time, self.session.where, len(self.session.ops), [])
+        result = MigrateResult(self.by, self.one_at_a_time, self.runner.where, len(self.ops), [])
         for number, (label, offload, new) in enumerate(plan, start=1):
             self.progress(number - 1, len(plan), f"step {number}: {label}")
             result.steps.append(MigrationStep(number, label, offload, new, self.runner.run(offload)))
         self.progress(len(plan), len(plan), "steps done")
-        if self.session.user_kept:
-            result.notes.append(kept_note(self.session.ops, self.session.user_kept, mixed=True))
-        if self.session.host_only:
-            result.notes.append(host_only_note(self.session.host_only, mixed=True))
+        if self.kept.user:
+            result.notes.append(kept_note(self.ops, self.kept.user, mixed=True))
+        if self.kept.host_only:
+            result.notes.append(host_only_note(self.kept.host_only, mixed=True))
         failing = [step for step in result.steps if not step.passed]
         if self.one_at_a_time:
             ranked = sorted(result.steps, key=lambda step: (-step.run.error, step.number))
@@ -212,7 +215,7 @@ class Migration:
         the output, with its verdicts; and the mixed runs the search took."""
         trace = SearchTrace()
         runs: dict[int, MixedRun] = {}
-        new = [index for index in new if index not in self.session.kept]  # offloading one changes nothing
+        new = [index for index in new if index not in self.kept.all]  # offloading one changes nothing
 
         def breaks(j: int) -> bool:
             self.progress(len(trace.probes), None, f"culprit search: {len(new[:j + 1])} of {len(new)} ops")
@@ -227,9 +230,8 @@ class Migration:
         return self._culprit(index, mixed), len(trace.probes) + 1
 
     def _culprit(self, index: int, mixed: MixedRun) -> Culprit:
-        session = self.session
-        op = session.ops[index]
-        isolated = session.isolated(index)
+        op = self.ops[index]
+        isolated = self.verdicts.isolated(index)
         in_run: Verdict | None = mixed.verdicts.get(index)
         if isolated.failed:
             chosen, kind = isolated, ISOLATED

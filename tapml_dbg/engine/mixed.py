@@ -38,7 +38,10 @@ from typing import Callable
 import numpy as np
 
 from tapml_dbg.engine.kept import host_only_note, kept_note
-from tapml_dbg.engine.propagation import TargetRun, own_failure, run_on_target
+from tapml_dbg.engine.propagation import TargetChains, TargetRun, own_failure
+from tapml_dbg.engine.references import SourceReference
+from tapml_dbg.engine.trace_ops import TraceOps
+from tapml_dbg.engine.verdicts import Verdicts
 from tapml_dbg.errors import TraceError, UsageError
 from tapml_dbg.judge.compare import Metrics
 from tapml_dbg.judge.verdict import PROPAGATED, Status, Verdict
@@ -255,24 +258,35 @@ def top1_agreement(mixed: np.ndarray, recorded: np.ndarray) -> float | None:
 
 # ---------------------------------------------------------------------------- the run
 class MixedRunner:
-    """Runs a session's trace mixed: the session's lanes for the target, its source runner for the rest."""
+    """Runs a trace mixed: its chains of per-op kernels for the target, the source runner for the rest."""
 
-    def __init__(self, session, bounds: list[int] | None = None):
-        self.session = session
-        self.ops: list[OpInfo] = session.ops
-        self.reference = session.reference
+    def __init__(self, trace_ops: TraceOps, reference: SourceReference, chains: TargetChains, verdicts: Verdicts,
+                 where: str, bounds: list[int] | None = None):
+        self.trace_ops = trace_ops
+        self.ops: list[OpInfo] = trace_ops.ops
+        self.by_name = trace_ops.by_name
+        self.reader = trace_ops.reader
+        self.reference = reference
+        self.chains = chains
+        self.kept = chains.kept
+        self.verdicts = verdicts
+        self.where = where
         self.graph = self.reference.graph
         self.runner = self.reference.runner
         self.blocks = top_level_blocks(self.ops)
         self.bounds = bounds or unit_bounds(self.ops, self.blocks)
         # what the model returns (an old trace without the list: its last op)
-        self.outputs = list(session.reader.meta.get("outputs", [])) or ([self.ops[-1].name] if self.ops else [])
+        self.outputs = list(self.reader.meta.get("outputs", [])) or ([self.ops[-1].name] if self.ops else [])
         self._owner = self._owners()
         self._bindings = None
         self._memo = _UnitMemo(UNIT_MEMO_BYTES)
-        source = tvm_source_target(str(session.reader.meta.get("source", "")))
+        source = tvm_source_target(str(self.reader.meta.get("source", "")))
         self.source_target = source if self.graph is None else None
         self._source_lanes: Runtime | None = None  # the source target's runtime, opened on first use
+
+    def with_bounds(self, bounds: list[int]) -> "MixedRunner":
+        """A runner of the same trace whose target units are cut at `bounds` (e.g. one unit per op)."""
+        return MixedRunner(self.trace_ops, self.reference, self.chains, self.verdicts, self.where, bounds)
 
     def close(self) -> None:
         if self._source_lanes is not None:
@@ -307,18 +321,17 @@ class MixedRunner:
         """One mixed run; `verdicts`: also judge every op of it (else only the model's outputs);
         `keep_values`: return every op's value too."""
         started = time.perf_counter()
-        session = self.session
-        kept = session.kept  # whole source ops (engine/kept.py): the placement moves no helper of one back
+        kept = self.kept.all  # whole source ops (engine/kept.py): the placement moves no helper of one back
         on_target = self.placement(set(offload) - kept)
         state = _State()
-        result = MixedRun(sorted(on_target), len(self.ops), session.where, [])  # what ran there, helpers moved
+        result = MixedRun(sorted(on_target), len(self.ops), self.where, [])  # what ran there, helpers moved
         if self.source_target is not None:
             result.source = f"tvm:{self.source_target}, the source target"
-        result.kept = sorted(session.user_kept & set(offload))
+        result.kept = sorted(self.kept.user & set(offload))
         if result.kept:
             result.notes.append(kept_note(self.ops, result.kept, mixed=True))
-        if session.host_only_ops & set(offload):  # ops TVM cannot import: on the host whatever the spec
-            result.notes.append(host_only_note(session.host_only, mixed=True))
+        if self.kept.host_only_ops & set(offload):  # ops TVM cannot import: on the host whatever the spec
+            result.notes.append(host_only_note(self.kept.host_only, mixed=True))
         chunks = self._chunks(on_target)
         done = 0
         for placed, indices in chunks:
@@ -354,7 +367,6 @@ class MixedRunner:
         return chunks
 
     def _run_target(self, indices: list[int], state: "_State", result: MixedRun) -> None:
-        session = self.session
         names = [self.ops[i].name for i in indices]
         inside = set(names)
         for index in indices:  # a value the run lacks must not be read from the recording
@@ -365,7 +377,7 @@ class MixedRunner:
         key = self._unit_key(indices, state)
         run = self._memo.get(key)
         if run is None:  # the propagated values of engine/propagation.py, fed this run's values
-            run = run_on_target(session, indices, fed=state.values)
+            run = self.chains.run(indices, fed=state.values)
             result.units += 1
             result.compiled += 0 if run.result.cached else 1
             if run.result.ok:
@@ -374,7 +386,7 @@ class MixedRunner:
             result.reused += 1
         unit = run.result
         if not unit.ok:  # the ops before the failed one ran: their values stand
-            failed = self.session.by_name.get(unit.failed_op or "")
+            failed = self.by_name.get(unit.failed_op or "")
             unit = own_failure(unit, failed.name) if failed else unit
             first_line = "".join((unit.message or "").splitlines()[:1])
             where = f"op #{failed.index} {failed.name} of " if failed else ""
@@ -396,9 +408,9 @@ class MixedRunner:
     def _run_source_target(self, indices: list[int], state: "_State", result: MixedRun) -> None:
         """Source ops of a TVM-source trace fed offloaded values: chained on the source target itself."""
         if self._source_lanes is None:
-            self._source_lanes = Runtime.open(self.session.reader.path, TargetSpec(target=self.source_target),
-                                              self.session.pool.config.cache_dir)
-        run = run_on_target(self.session, indices, fed=state.values, run=self._source_lanes.run)
+            self._source_lanes = Runtime.open(self.reader.path, TargetSpec(target=self.source_target),
+                                              self.chains.lanes.pool.config.cache_dir)
+        run = self.chains.run(indices, fed=state.values, run=self._source_lanes.run)
         if not run.result.ok:
             raise TraceError(f"ops #{indices[0]}..#{indices[-1]} did not run on the source target "
                              f"{self.source_target}: {''.join((run.result.message or '').splitlines()[:1])}")
@@ -426,14 +438,14 @@ class MixedRunner:
             state.tainted.add(op.name)
         held = self.graph.op_values.get(op.name) if self.graph is not None else None
         if held is None:  # a helper binding or the output tuple: what the recorder computed, or moves
-            if not tainted and op.index in self.session.recorded:
-                state.values[op.name] = self.session.source_values(op.index)
+            if not tainted and op.index in self.trace_ops.recorded:
+                state.values[op.name] = self.trace_ops.source_values(op.index)
                 return
             values = self._helper(op, state)
             if values is not None:
                 state.values[op.name] = values
             elif not tainted:
-                raise TraceError(self.session.reader.recorded.missing_values_message(op.index))
+                raise TraceError(self.reader.recorded.missing_values_message(op.index))
             elif self.graph is None:
                 raise TraceError(NO_GRAPH_REFUSAL.format(index=op.index, name=op.name))
             return
@@ -446,7 +458,7 @@ class MixedRunner:
             if tainted:
                 raise TraceError(f"op #{op.index} {op.name} cannot run on the source fed offloaded values "
                                  f"({exc}): offload it too") from exc
-            arrays = self.session.source_values(op.index)
+            arrays = self.trace_ops.source_values(op.index)
             result.notes.append(f"#{op.index} {op.name}: its recorded value (the source runner cannot "
                                 f"re-execute it: {exc})")
         state.values[op.name] = [self._declared(op, k, array) for k, array in enumerate(arrays)]
@@ -463,15 +475,15 @@ class MixedRunner:
 
     def _helper(self, op: OpInfo, state: "_State") -> list[np.ndarray] | None:
         """A helper binding computed on the host from the run's values, in its declared dtype (exact for moves)."""
-        if not all(name in state.values or name not in self.session.by_name for name in op.inputs):
+        if not all(name in state.values or name not in self.by_name for name in op.inputs):
             return None
         if self._bindings is None:
-            self._bindings = bindings_by_name(self.session.main)
+            self._bindings = bindings_by_name(self.trace_ops.main)
         values = dict(state.values)
         for name in op.inputs:
             if name not in values:
-                values[name] = [self.session.reader.tensors.input(name) if name in self.session.input_names
-                                else self.session.reader.tensors.param(name)]
+                values[name] = [self.reader.tensors.input(name) if name in self.trace_ops.input_names
+                                else self.reader.tensors.param(name)]
         computed = helper_value(self._bindings[op.name], values)
         if computed is None or len(computed) != len(op.outputs):
             return None
@@ -479,7 +491,7 @@ class MixedRunner:
 
     def _declared(self, op: OpInfo, output: int, array: np.ndarray) -> np.ndarray:
         """A source value as the target expects it (the import's dtype and shape where it changed them)."""
-        spec = self.session.requests.casts.get((op.name, output))
+        spec = self.chains.requests.casts.get((op.name, output))
         if spec is not None:
             return _as_spec(array, spec)
         array = np.asarray(array)  # a view stays one (a weight's transpose: a copy of it every step cost seconds)
@@ -509,24 +521,23 @@ class MixedRunner:
 
     # -- judging ------------------------------------------------------------------------------
     def _check_outputs(self, state: "_State", result: MixedRun) -> list[OutputCheck]:
-        session = self.session
         checks = []
         for name in self.outputs:
-            op = session.by_name.get(name)
+            op = self.by_name.get(name)
             if op is None:  # the model returns one of its inputs
                 checks.append(OutputCheck(name, 0, True, None, message="a model input, returned unchanged"))
                 continue
             values = state.values.get(name)
-            if op.index not in session.recorded:  # a capture window or an incomplete trace: nothing to compare
-                missing = session.reader.recorded.missing_values_message(op.index)
+            if op.index not in self.trace_ops.recorded:  # a capture window or an incomplete trace: nothing to compare
+                missing = self.reader.recorded.missing_values_message(op.index)
                 checks.append(OutputCheck(name, 0, False, None, message=missing))
                 continue
             if values is None:
                 checks.append(OutputCheck(name, 0, False, None, message=result.failure or "no value in this run"))
                 continue
-            verdict = session.verdicts.judge(op.index, PROPAGATED, UnitResult(UnitStatus.OK), values,
-                                    fed_by_target=state.tainted)
-            recorded = session.source_values(op.index)
+            verdict = self.verdicts.judge(op.index, PROPAGATED, UnitResult(UnitStatus.OK), values,
+                                          fed_by_target=state.tainted)
+            recorded = self.trace_ops.source_values(op.index)
             labels = self._labels(op, len(values))
             for k, array in enumerate(values):
                 metrics = verdict.metrics[k] if k < len(verdict.metrics) else None
@@ -539,22 +550,21 @@ class MixedRunner:
 
     def _labels(self, op: OpInfo, fields: int) -> list[str]:
         """What each field of output `op` is, where the trace knows: a generation's logits and cache."""
-        info = GenerationInfo.from_meta(self.session.reader.meta.get(META_GENERATION))
+        info = GenerationInfo.from_meta(self.reader.meta.get(META_GENERATION))
         if info is None or len(op.inputs) != fields:
             return []
-        by_name = self.session.by_name
+        by_name = self.by_name
         return output_labels(info, [by_name[name].layer if name in by_name else "" for name in op.inputs])
 
     def _verdict(self, op: OpInfo, state: "_State", result: MixedRun) -> Verdict:
-        session = self.session
         if op.index in state.failed:
             unit = state.failed[op.index]
-            return session.verdicts.judge(op.index, PROPAGATED, unit, None)
+            return self.verdicts.judge(op.index, PROPAGATED, unit, None)
         values = state.values.get(op.name)
         if values is None:
             return Verdict(op.index, op.name, PROPAGATED, Status.MISSING,
                            message=result.failure or "no value in this run (a helper of a source op)")
-        return session.verdicts.judge(op.index, PROPAGATED, UnitResult(UnitStatus.OK), values, fed_by_target=state.tainted)
+        return self.verdicts.judge(op.index, PROPAGATED, UnitResult(UnitStatus.OK), values, fed_by_target=state.tainted)
 
 
 class _UnitMemo:

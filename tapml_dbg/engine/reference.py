@@ -29,8 +29,10 @@ from typing import Callable, Protocol
 
 import numpy as np
 
-from tapml_dbg.engine.propagation import propagated_series
+from tapml_dbg.engine.propagation import TargetChains
 from tapml_dbg.engine.references import META_REFERENCE
+from tapml_dbg.engine.results import BisectResult
+from tapml_dbg.engine.verdicts import Verdicts
 from tapml_dbg.errors import TraceError
 from tapml_dbg.runtime.scheduler import transform_identity
 from tapml_dbg.runtime.target import TargetSpec
@@ -150,6 +152,14 @@ class TrustedTarget:
         return {"kind": TARGET, "target": self.label}
 
 
+def attributed(result: BisectResult, against: Reference) -> BisectResult:
+    """`result` told what it was judged against: the reference, its TVM-wide ops, whose the culprit is."""
+    result.reference, result.tvm_wide = against.to_json(), list(against.tvm_wide)
+    if result.culprit is not None:
+        result.culprit.attribution = against.attribution(result.culprit.index)
+    return result
+
+
 def reference_key(path: str | Path, spec: TargetSpec) -> str:
     """One derived trace per recorded trace (its bytes' identity: path, size, mtime), reference target,
     connection and reference transform (its file's bytes)."""
@@ -176,8 +186,8 @@ def trusted_target(path: str | Path, spec: TargetSpec, cache_dir: str | Path, op
     partial = derived.with_suffix(f".{os.getpid()}.partial")
     try:
         with open_session(path, spec) as session:
-            wide = _tvm_wide(session, progress)
-            _write_derived(session, partial, spec, wide, path, progress)
+            wide = _tvm_wide(session.verdicts, progress)
+            _write_derived(session.chains, partial, spec, wide, path, progress)
         os.replace(partial, derived)
     finally:
         if partial.exists():
@@ -198,25 +208,26 @@ def _read_kept(derived: Path, of: Path, spec: TargetSpec) -> TrustedTarget | Non
     return TrustedTarget(derived, of, spec.where, wide, cached=True)
 
 
-def _tvm_wide(session, progress: Progress) -> list[TvmWideOp]:
+def _tvm_wide(verdicts: Verdicts, progress: Progress) -> list[TvmWideOp]:
     """Every op alone on the reference target, fed the recorded source inputs, judged against the
     recorded source value: those that fail."""
-    judged = [op.index for op in session.ops if op.outputs]
-    verdicts = session.verdicts.isolated_many(judged, progress)
+    judged = [op.index for op in verdicts.ops if op.outputs]
+    found = verdicts.isolated_many(judged, progress)
     wide = []
     for index in judged:
-        verdict = verdicts.get(index)
+        verdict = found.get(index)
         if verdict is not None and verdict.failed:
-            op = session.ops[index]
+            op = verdicts.ops[index]
             kind = verdict.mode if verdict.status.judged else verdict.status
             wide.append(TvmWideOp(index, op.name, op.op, str(kind)))
     return wide
 
 
-def _write_derived(session, path: Path, spec: TargetSpec, wide: list[TvmWideOp], of, progress: Progress) -> None:
+def _write_derived(chains: TargetChains, path: Path, spec: TargetSpec, wide: list[TvmWideOp], of,
+                   progress: Progress) -> None:
     """A trace like the recorded one whose op values are the reference target's chain (an op that fails
     there keeps its recorded value, and is TVM-wide already)."""
-    reader = session.reader
+    reader = chains.trace_ops.reader
     meta = dict(reader.meta)
     meta[META_REFERENCE] = {"target": spec.where, "of": os.fspath(of), "tvm_wide": [op.to_json() for op in wide]}
     refs = reader.weights.refs  # params the recorded trace reads from checkpoint files: referenced here too
@@ -231,13 +242,13 @@ def _write_derived(session, path: Path, spec: TargetSpec, wide: list[TvmWideOp],
     try:
         written: set[int] = set()
         note = f"computed by the reference target {spec.where}"
-        for index, result, values in propagated_series(session, progress):
+        for index, result, values in chains.series(progress):
             if values is not None and result is not None and result.ok:
                 writer.write_op(index, [np.asarray(v) for v in values], note=note)
             else:
                 writer.write_op(index, reader.tensors.op_outputs(index), note=FAILED_NOTE)
             written.add(index)
-        for op in session.ops:  # ops without a value of their own (no outputs) keep the recorded entry
+        for op in chains.ops:  # ops without a value of their own (no outputs) keep the recorded entry
             if op.index not in written and reader.recorded.has_op(op.index):
                 writer.write_op(op.index, reader.tensors.op_outputs(op.index), note=reader.recorded.op_note(op.index))
         complete = True

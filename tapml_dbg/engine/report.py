@@ -31,8 +31,9 @@ import numpy as np
 
 from tapml_dbg.engine.generation import TokenReport, teacher_forced, trace_generation
 from tapml_dbg.engine.migrate import MigrateResult
-from tapml_dbg.engine.propagation import OpValue, propagated_series, series_beside
+from tapml_dbg.engine.propagation import OpValue
 from tapml_dbg.engine.results import BisectResult, Culprit, StepResult
+from tapml_dbg.engine.session import Session
 from tapml_dbg.engine.stops import first_divergence
 from tapml_dbg.judge.tokens import TokenStep
 from tapml_dbg.judge.verdict import ISOLATED, PROPAGATED, Mode, Status, Verdict
@@ -179,7 +180,7 @@ class GenerationReport:
         return self.tokens.first_bad
 
 
-def generation_points(session, points: list[OpPoint], tokens: TokenReport | None = None,
+def generation_points(session: Session, points: list[OpPoint], tokens: TokenReport | None = None,
                       progress: Progress = _noop) -> GenerationReport | None:
     """Per step of `session`'s generation, the worst propagated error among `points` of that step and
     the step's teacher-forced token verdict (`tokens` when given, else one more chained run); None for
@@ -250,7 +251,7 @@ class ErrorReport:
         return [p for p in self.points if p.verdict(mode) is not None and p.verdict(mode).failed]
 
 
-def build_report(session, bisect: BisectResult | None = None, progress: Progress = _noop) -> ErrorReport:
+def build_report(session: Session, bisect: BisectResult | None = None, progress: Progress = _noop) -> ErrorReport:
     """Both verdicts of every op of `session`'s trace, the culprit, the layer bands and the summary."""
     started = time.perf_counter()
     units_before = session.lanes.units
@@ -275,7 +276,7 @@ def build_report(session, bisect: BisectResult | None = None, progress: Progress
     return report
 
 
-def error_points(session, indices: list[int] | None = None, progress: Progress = _noop) -> list[OpPoint]:
+def error_points(session: Session, indices: list[int] | None = None, progress: Progress = _noop) -> list[OpPoint]:
     """Both verdicts of ops `indices` (default: all), as `report` and the REPL's `plot` show them.
 
     The propagated chain runs from op 0 to the last op asked for: values flow from the start. It
@@ -288,7 +289,7 @@ def error_points(session, indices: list[int] | None = None, progress: Progress =
     if not wanted:
         return []
     judged = [i for i in wanted if ops[i].outputs and i not in session.kept]
-    series = series_beside(session, last=wanted[-1])
+    series = session.chains.series_beside(last=wanted[-1])
     try:
         isolated = session.verdicts.isolated_many(judged, progress)
         propagated = propagated_chain(session, progress, last=wanted[-1], series=series)
@@ -313,7 +314,7 @@ def culprit_of(step: StepResult, op: OpInfo) -> Culprit:
                    verdict.evidence, source_location=op.source_location, step=op.step)
 
 
-def propagated_chain(session, progress: Progress = _noop, last: int | None = None,
+def propagated_chain(session: Session, progress: Progress = _noop, last: int | None = None,
                      series: Iterable[OpValue] | None = None) -> dict[int, Verdict]:
     """Every op's (up to `last`) propagated verdict: engine/propagation.py's series (or `series`,
     that series made beside: `series_beside`), judged. A kept op (engine/kept.py) gets none; an op
@@ -321,7 +322,7 @@ def propagated_chain(session, progress: Progress = _noop, last: int | None = Non
     verdicts: dict[int, Verdict] = {}
     if series is not None:
         progress(0, 1, "propagated chain (beside the isolated verdicts)")
-    for index, result, outputs in (propagated_series(session, progress, last) if series is None else series):
+    for index, result, outputs in (session.chains.series(progress, last) if series is None else series):
         op = session.ops[index]
         verdicts[index] = (session.verdicts.judge(index, PROPAGATED, result, outputs) if result is not None else
                            Verdict(index, op.name, PROPAGATED, Status.MISSING,

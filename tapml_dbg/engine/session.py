@@ -16,26 +16,22 @@ import weakref
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
-
 from tapml_dbg.engine.compile_check import compile_all
-from tapml_dbg.engine.isolated import IsolatedVerdicts
-from tapml_dbg.engine.kept import host_only_of, host_only_verdict, parse_kept, with_node_groups
+from tapml_dbg.engine.kept import KeptOps, host_only_of, parse_kept, with_node_groups
 from tapml_dbg.engine.migrate import MigrateResult, Migration
 from tapml_dbg.engine.mixed import MixedRun, MixedRunner
-from tapml_dbg.engine.reference import FAILED_RUN_VERDICTS, RecordedSource, Reference, trusted_target
+from tapml_dbg.engine.reference import FAILED_RUN_VERDICTS, RecordedSource, Reference, attributed, trusted_target
 from tapml_dbg.engine.references import SourceReference, load_source_graph
-from tapml_dbg.engine.propagation import PropagatedReplay
+from tapml_dbg.engine.propagation import PropagatedReplay, TargetChains
 from tapml_dbg.engine.requests import RequestBuilder
 from tapml_dbg.engine.results import BisectResult, CompileReport, StepResult
 from tapml_dbg.engine.search import Bisection
+from tapml_dbg.engine.trace_ops import TraceOps
 from tapml_dbg.engine.verdicts import Verdicts
-from tapml_dbg.errors import TargetError, TraceError
+from tapml_dbg.errors import TargetError
 from tapml_dbg.judge.compare import TolerancePolicy
-from tapml_dbg.judge.verdict import ISOLATED, PROPAGATED, Verdict
-from tapml_dbg.model.analysis import consumers_of, dead_tuple_fields
+from tapml_dbg.judge.verdict import Verdict
 from tapml_dbg.model.graph import OpInfo
-from tapml_dbg.model.select import OpTable
 from tapml_dbg.model.serialize import function_from_json
 from tapml_dbg.runtime.scheduler import (DEFAULT_CACHE_DIR, Runtime, check_setup, transform_identity,
                                          transform_retyped, warm_up_torch)
@@ -49,8 +45,31 @@ def _noop(*_args, **_kwargs) -> None:
     return None
 
 
+class Forgetting:
+    """Who is told what the session forgot (`Session.observers`): "transform" (the pass's file was
+    edited: verdicts and target values are the old text's), "reset" (back to op 0). A front end's own
+    state (a debugger's verdicts seen, its position) follows from there. Held weakly: a debugger
+    that is gone is not kept alive by the session it watched."""
+
+    def __init__(self):
+        self._observers: list[weakref.WeakMethod] = []
+
+    def observe(self, forgot: Callable[[str], None]) -> None:
+        """Call the bound method `forgot(what)` whenever the session forgets computed state."""
+        self._observers.append(weakref.WeakMethod(forgot))
+
+    def tell(self, what: str) -> None:
+        alive = [ref for ref in self._observers if ref() is not None]
+        self._observers = alive
+        for ref in alive:
+            forgot = ref()
+            if forgot is not None:
+                forgot(what)
+
+
 class Session:
-    """One replay of one trace on one target."""
+    """One replay of one trace on one target: its state, and the collaborators that do the jobs,
+    each made of the few parts it uses (none is handed the session)."""
 
     def __init__(self, reader: TraceReader, spec: TargetSpec | None = None, *,
                  cache_dir: str | Path = DEFAULT_CACHE_DIR, policy: TolerancePolicy | None = None,
@@ -64,48 +83,41 @@ class Session:
         self.against = against or RecordedSource(Path(reader.path), str(reader.meta.get("source", "torch")))
         self._torch_import = None  # torch imported in a thread while a search runs (bisect)
         self._transform_identity = transform_identity(self.spec.transform)  # to notice an edited pass
-        self._observers: list[weakref.WeakMethod] = []  # told what the session forgot (`observe`)
+        self.observers = Forgetting()  # told what the session forgot (a debugger: engine/stops.py)
         # one lane per free tracker server (or --parallel N); lane 0 also does the sequential work
         self.target, self.where = self.spec.target, self.spec.where  # where: "cuda via rpc HOST:PORT"
         self.lanes = Runtime.open(reader.path, self.spec, cache_dir, start_workers=start_workers,
                                   searching=searching)
         self.pool = self.lanes.pool
         try:
-            self._build(reader, policy)
+            check_setup(self.spec)  # fail early on a bad target string or FILE.py:FUNC
+            reader.weights.require()  # a referenced checkpoint file missing or changed: one line, before any unit runs
+            graph = reader.outline.graph()
+            main, ops = function_from_json(graph), [OpInfo.from_json(op) for op in reader.outline.ops]
+            # the jobs, each given what it uses: the live source reference (float64 references, undefined values,
+            # type changes: engine/references.py), the requests, the trace's ops read once, the kept ops, chains of
+            # per-op kernels, the propagated replay, the verdicts, mixed runs
+            self.reference = SourceReference(reader, ops, main, load_source_graph(reader))
+            self.requests = RequestBuilder(reader, main, ops, self.reference.replay_casts(transform_retyped(self.spec)),
+                                           graph)
+            trace = self.trace_ops = TraceOps(reader, main, ops, self.requests.recorded)
+            self.main, self.ops, self.by_name, self.op_table = main, ops, trace.by_name, trace.op_table
+            self.consumers, self.dead_fields, self.recorded = trace.consumers, trace.dead_fields, trace.recorded
+            self.source_values = trace.source_values  # an op's recorded values (TraceError: what to record)
+            self.input_names, self.param_names = self.requests.input_names, self.requests.param_names
+            self.kept_ops = _kept_ops(trace, self.reader, self.against)
+            # the kept set's parts, as of the last `set_kept` (KeptOps holds them: engine/kept.py)
+            self.host_only, self.host_only_ops = self.kept_ops.host_only, self.kept_ops.host_only_ops
+            self.user_kept, self.kept = self.kept_ops.user, self.kept_ops.all
+            self.chains = TargetChains(trace, self.requests, self.lanes, self.kept_ops)
+            self.replay = PropagatedReplay(trace, self.chains, self.kept_ops)
+            self.verdicts = Verdicts(trace, self.reference, self.requests, self.lanes, self.replay, self.kept_ops,
+                                     policy or TolerancePolicy())
+            self.isolated_verdicts = self.verdicts.isolated_verdicts
+            self.mixed_runner = MixedRunner(trace, self.reference, self.chains, self.verdicts, self.where)
         except BaseException:
             self.lanes.close()
             raise
-
-    def _build(self, reader: TraceReader, policy: TolerancePolicy | None) -> None:
-        check_setup(self.spec)  # fail early on a bad target string or FILE.py:FUNC
-        reader.weights.require()  # a referenced checkpoint file missing or changed: one line, before any unit runs
-        graph = reader.outline.graph()
-        self.main = function_from_json(graph)
-        self.ops = [OpInfo.from_json(op) for op in reader.outline.ops]
-        self.by_name = {op.name: op for op in self.ops}
-        self.op_table = OpTable.of(self.ops)
-        self.consumers = consumers_of(self.ops)
-        self.dead_fields = dead_tuple_fields(self.main)
-        self.policy = policy or TolerancePolicy()
-        # the live source reference: float64 references, undefined values, type changes (engine/references.py)
-        self.reference = SourceReference(reader, self.ops, self.main, load_source_graph(reader))
-        self.requests = RequestBuilder(reader, self.main, self.ops,
-                                       self.reference.replay_casts(transform_retyped(self.spec)), graph)
-        self.recorded, self.input_names, self.param_names = (self.requests.recorded, self.requests.input_names,
-                                                             self.requests.param_names)
-        self.verdicts = Verdicts(self)
-        self.isolated_verdicts = IsolatedVerdicts(self.ops, self.requests, self.lanes, self.verdicts.judge)
-        self.replay = PropagatedReplay(self)
-        self._mixed_runner: MixedRunner | None = None
-        # ops TVM cannot import, run on the host in every replay: kept always (engine/kept.py)
-        self.host_only = host_only_of(self.main, self.ops, reader.meta)
-        self.host_only_ops = frozenset(entry.index for entry in self.host_only)
-        self.user_kept: frozenset[int] = frozenset()  # the ops the user keeps (`--keep`): what results list as kept
-        # TVM-wide ops the reference target cannot build or run either: kept on the source, so that a search
-        # against a reference target never stops at a bug every TVM target shares (engine/reference.py)
-        self.reference_kept = with_node_groups(self.ops, [op.index for op in self.against.tvm_wide
-                                                          if op.verdict in FAILED_RUN_VERDICTS])
-        self.kept: frozenset[int] = self.host_only_ops | self.reference_kept  # ops kept on the source (engine/kept.py), host-only ones too; `reset` keeps them
         self.reset()
 
     @classmethod
@@ -125,34 +137,13 @@ class Session:
         self.close()
 
     def close(self) -> None:
-        if self._mixed_runner is not None:
-            self._mixed_runner.close()  # a TVM-source trace's source target runtime, where a mixed run opened it
+        self.mixed_runner.close()  # a TVM-source trace's source target runtime, where a mixed run opened it
         self.lanes.close()
         self.reader.close()
         if self._torch_import is not None:
             self._torch_import.join()  # an import cut short by the interpreter's exit can crash it
 
-    @property
-    def probes(self) -> int:
-        """Units run so far (probes, verdicts, compiles)."""
-        return self.lanes.units
-
     # ---------------------------------------------------------------- state
-    def observe(self, forgot) -> None:
-        """Call the bound method `forgot(what)` whenever the session forgets computed state: "transform"
-        (the pass's file was edited: verdicts and target values are the old text's), "reset" (back to
-        op 0). A front end's own state (a debugger's verdicts seen, its position) follows from there.
-        Held weakly: a debugger that is gone is not kept alive by the session it watched."""
-        self._observers.append(weakref.WeakMethod(forgot))
-
-    def _forgot(self, what: str) -> None:
-        alive = [ref for ref in self._observers if ref() is not None]
-        self._observers = alive
-        for ref in alive:
-            forgot = ref()
-            if forgot is not None:
-                forgot(what)
-
     def notice_transform_edit(self) -> str:
         """When the transform's file was edited since the session last looked (a compiler engineer
         fixing a pass between two commands): forget what was computed under the old text (verdicts,
@@ -166,7 +157,7 @@ class Session:
         self.isolated_verdicts.clear()
         self.replay.forget()
         self.lanes.forget_index()
-        self._forgot("transform")
+        self.observers.tell("transform")
         return (f"{self.spec.transform} changed since the last command: verdicts and target values "
                 "are recomputed under its new text (the compile cache rebuilds only the units it changes)")
 
@@ -174,14 +165,14 @@ class Session:
         """Back to op 0 with every op offloaded and no target values."""
         self.replay.reset()
         self.isolated_verdicts.clear()
-        self._forgot("reset")
+        self.observers.tell("reset")
 
     # ---------------------------------------------------------------- kept ops (engine/kept.py)
     def set_kept(self, indices) -> list[int]:
         """Keep these ops on the source (a known bug, or one assumed fixed), with the other bindings of
         their source ops: cut out of the target's units, no verdict named. Replaces the kept set."""
-        self.user_kept = with_node_groups(self.ops, indices)
-        self.kept = self.user_kept | self.host_only_ops | self.reference_kept
+        self.user_kept = self.kept_ops.keep_user(indices)
+        self.kept = self.kept_ops.all
         self.replay.forget()
         return sorted(self.user_kept)
 
@@ -190,48 +181,27 @@ class Session:
         return self.set_kept(parse_kept(self.op_table, text))
 
     # ---------------------------------------------------------------- lookup
-    # one set of selector rules for the whole tool: see tapml_dbg.model.select
+    # one set of selector rules for the whole tool: see tapml_dbg.model.select (`op_table`: layers too)
     def resolve(self, text: str | int) -> OpInfo:
         """One op by index (`12`, `#12`, `-1`) or name; the error suggests close names."""
         return self.ops[self.op_table.op(text)]
-
-    def layers(self) -> list[str]:
-        """Every layer path and every prefix of it, in first-seen order."""
-        return self.op_table.layers()
-
-    def layer_ops(self, layer: str) -> list[int]:
-        """Ops in `layer` or any layer nested in it."""
-        return self.op_table.layer_ops(layer)
 
     def resolve_ops(self, text: str) -> list[int]:
         """Comma-separated ops, ranges `a:b` and layers: the union, sorted."""
         return self.op_table.select_many(text)
 
-    # ---------------------------------------------------------------- values and verdicts
-    def source_values(self, index: int) -> list[np.ndarray]:
-        if index not in self.recorded:
-            raise TraceError(self.reader.recorded.missing_values_message(index))
-        return self.reader.tensors.op_outputs(index)
-
+    # ---------------------------------------------------------------- verdicts (engine/verdicts.py)
     def isolated(self, index: int) -> Verdict:
         """The op alone, fed recorded source inputs: is this kernel wrong? (A host-only op: no verdict.)"""
-        if index in self.host_only_ops:
-            return host_only_verdict(self.host_only, index, ISOLATED)
-        return self.isolated_verdicts.get(index)
-
-    def propagated(self, index: int) -> Verdict:
-        """The op fed the target's own upstream values (ops in the offload set run on the target)."""
-        if index in self.host_only_ops:
-            return host_only_verdict(self.host_only, index, PROPAGATED)
-        return self.replay.verdict(index)[0]
+        return self.verdicts.isolated(index)
 
     def step_result(self, index: int, isolated: Verdict | None = None, propagated: Verdict | None = None) -> StepResult:
         op = self.ops[index]
         return StepResult(op.index, op.name, op.op, op.layer, isolated, propagated, step=op.step)
 
     def compare(self, index: int) -> StepResult:
-        """Both verdicts of one op, side by side."""
-        return self.step_result(index, self.isolated(index), self.propagated(index))
+        """Both verdicts of one op, side by side (the propagated one: `Verdicts.propagated`)."""
+        return self.step_result(index, self.verdicts.isolated(index), self.verdicts.propagated(index))
 
     # ---------------------------------------------------------------- running
     def run_op(self, index: int) -> StepResult:
@@ -239,19 +209,13 @@ class Session:
         return self.step_result(index) if index in self.kept else self.compare(index)
 
     def bisect(self, sweep: bool = True, progress: Progress = _noop) -> BisectResult:
-        """Find the first divergent op (the phases: `engine.search.Bisection`)."""
+        """Find the first divergent op (the phases: `engine.search.Bisection`), told what it was judged
+        against (engine/reference.py `attributed`)."""
         edited = self.notice_transform_edit()
         result = Bisection(self, sweep, progress).run()
         if edited:
             result.notes.insert(0, edited)
-        return self.attributed(result)
-
-    def attributed(self, result: BisectResult) -> BisectResult:
-        """`result` told what it was judged against: the reference, its TVM-wide ops, whose the culprit is."""
-        result.reference, result.tvm_wide = self.against.to_json(), list(self.against.tvm_wide)
-        if result.culprit is not None:
-            result.culprit.attribution = self.against.attribution(result.culprit.index)
-        return result
+        return attributed(result, self.against)
 
     def warm_up_torch(self) -> None:
         """Import torch in a thread, for the full verdicts (their float64 references), once a search
@@ -269,17 +233,20 @@ class Session:
 
     def migrate(self, by: str = "layer", one_at_a_time: bool = False, progress: Progress = _noop) -> MigrateResult:
         """TapML's gradual offload, one mixed run per step, and the op that breaks the output (`engine.migrate`)."""
-        return Migration(self, by, one_at_a_time, progress, self.mixed_runner).run()
-
-    @property
-    def mixed_runner(self) -> MixedRunner:
-        if self._mixed_runner is None:
-            self._mixed_runner = MixedRunner(self)
-        return self._mixed_runner
+        return Migration(self.mixed_runner, self.verdicts, by, one_at_a_time, progress).run()
 
     def compile_all(self, progress: Progress = _noop) -> CompileReport:
         """Compile every op for the target without running it; failures become verdicts."""
-        return compile_all(self, progress)
+        return compile_all(self.chains, self.target, progress)
+
+
+def _kept_ops(trace: TraceOps, reader: TraceReader, against: Reference) -> KeptOps:
+    """Ops kept on the source always: those TVM cannot import, run on the host in every replay, and
+    the TVM-wide ops a reference target cannot build or run either, so that a search against a
+    reference target never stops at a bug every TVM target shares (engine/reference.py)."""
+    reference_kept = with_node_groups(trace.ops, [op.index for op in against.tvm_wide
+                                                  if op.verdict in FAILED_RUN_VERDICTS])
+    return KeptOps(trace.ops, host_only_of(trace.main, trace.ops, reader.meta), reference_kept)
 
 
 def open_judged(path: str | Path, spec: TargetSpec, *, reference: TargetSpec | None = None,

@@ -21,6 +21,7 @@ from enum import StrEnum
 from typing import Callable
 
 from tapml_dbg.engine.results import StepResult
+from tapml_dbg.engine.session import Session
 from tapml_dbg.judge.verdict import ISOLATED, PROPAGATED, Mode
 from tapml_dbg.model.graph import OpInfo
 
@@ -149,7 +150,7 @@ class RunResult:
 class Debugger:
     """Stepping over one session: the verdict mode, breakpoints, and what this run has seen."""
 
-    def __init__(self, session):
+    def __init__(self, session: Session):
         self.session = session
         self.position = 0  # the next op to run
         self.mode: Mode = DEFAULT_MODE
@@ -158,7 +159,7 @@ class Debugger:
         self.seen: dict[int, StepResult] = {}  # latest verdicts seen per op
         self.diverged: set[str] = set()  # ops whose propagated verdict failed this run
         self.last: StepResult | None = None  # the op the last run ran last
-        session.observe(self._session_forgot)
+        session.observers.observe(self._session_forgot)
 
     # -- breakpoints ------------------------------------------------------------------------
     def add_breakpoint(self, kind: BreakKind, spec: str, ops: frozenset[int] = frozenset()) -> Breakpoint:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from tapml_dbg.engine.report import OpPoint, error_points
+from tapml_dbg.engine.session import Session
 from tapml_dbg.judge.verdict import Status, Verdict
 from tapml_dbg.model.graph import OpInfo, SourceLocation
 
@@ -111,7 +112,7 @@ class TriageResult:
                 "tvm_wide": [op.to_json() for op in self.tvm_wide]}
 
 
-def triage(session, progress: Progress = _noop, points: list[OpPoint] | None = None) -> TriageResult:
+def triage(session: Session, progress: Progress = _noop, points: list[OpPoint] | None = None) -> TriageResult:
     """Both verdicts of every op (unless `points` already holds them), grouped by cause. Failing
     isolated verdicts are judged again with a second run (`Verdicts.explain`), so an out-of-bounds
     read is classed nondeterministic before it is grouped."""

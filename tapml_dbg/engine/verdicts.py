@@ -13,13 +13,21 @@ from typing import Callable
 
 import numpy as np
 
+from tapml_dbg.engine.isolated import IsolatedVerdicts
+from tapml_dbg.engine.kept import KeptOps
+from tapml_dbg.engine.propagation import PropagatedReplay
+from tapml_dbg.engine.references import SourceReference
+from tapml_dbg.engine.requests import RequestBuilder
+from tapml_dbg.engine.trace_ops import TraceOps
 from tapml_dbg.errors import TraceError
 from tapml_dbg.judge.classify import Evidence, Facts
+from tapml_dbg.judge.compare import TolerancePolicy
 from tapml_dbg.judge.judge import failed_run, judge_outputs
 from tapml_dbg.judge.screen import ScreenRule, rule_for
 from tapml_dbg.judge.verdict import ISOLATED, PROPAGATED, Mode, Status, Verdict, WrongClass
 from tapml_dbg.portable.codec import dtype_name
 from tapml_dbg.runtime.messages import UnitResult
+from tapml_dbg.runtime.scheduler import Runtime
 from tapml_dbg.trace.schema import CAST_NOTE_PREFIX
 
 Progress = Callable[..., None]
@@ -40,17 +48,49 @@ def _still_changed(change, outputs: list[np.ndarray] | None) -> bool:
 
 
 class Verdicts:
-    """The verdicts of one session's ops (its isolated-verdict cache is `IsolatedVerdicts`)."""
+    """The verdicts of one session's ops under its tolerance policy: isolated ones (cached by its
+    `IsolatedVerdicts`) and propagated ones (the `PropagatedReplay`'s values)."""
 
-    def __init__(self, session):
-        self.session = session
-        self.ops = session.ops
-        self.by_name = session.by_name
-        self.reader = session.reader
-        self.reference = session.reference
-        self.requests = session.requests
-        self.recorded = session.recorded
-        self.dead_fields = session.dead_fields
+    def __init__(self, trace_ops: TraceOps, reference: SourceReference, requests: RequestBuilder, lanes: Runtime,
+                 replay: PropagatedReplay, kept: KeptOps, policy: TolerancePolicy):
+        self.ops = trace_ops.ops
+        self.by_name = trace_ops.by_name
+        self.reader = trace_ops.reader
+        self.recorded = trace_ops.recorded
+        self.dead_fields = trace_ops.dead_fields
+        self.source_values = trace_ops.source_values
+        self.reference = reference
+        self.requests = requests
+        self.lanes = lanes
+        self.replay = replay
+        self.kept = kept
+        self.policy = policy  # replaced, never changed in place: `set_policy`
+        self.isolated_verdicts = IsolatedVerdicts(self.ops, requests, lanes, self.judge)
+
+    def set_policy(self, policy: TolerancePolicy) -> None:
+        """Judge by `policy` from now on (the REPL's `tol`): the verdicts cached under the old one are
+        forgotten (a propagated replay's target values stay: the policy judges values, it makes none)."""
+        self.policy = policy
+        self.clear()
+
+    def isolated(self, index: int) -> Verdict:
+        """The op alone, fed recorded source inputs: is this kernel wrong? (A host-only op: no verdict.)"""
+        stand_in = self.kept.host_only_verdict(index, ISOLATED)
+        return self.isolated_verdicts.get(index) if stand_in is None else stand_in
+
+    def propagated(self, index: int) -> Verdict:
+        """The op fed the target's own upstream values (ops in the offload set run on the target)."""
+        stand_in = self.kept.host_only_verdict(index, PROPAGATED)
+        return self.propagated_value(index)[0] if stand_in is None else stand_in
+
+    def propagated_value(self, index: int) -> tuple[Verdict, list[np.ndarray] | None]:
+        """Op `index`'s propagated verdict in the replay and its target value (None when it has none)."""
+        op = self.ops[index]
+        try:
+            result, outputs = self.replay.run(index)
+        except TraceError as exc:
+            return Verdict(index, op.name, PROPAGATED, Status.MISSING, message=str(exc)), None
+        return self.judge(index, PROPAGATED, result, outputs), outputs
 
     def tolerance_dtype(self, index: int) -> str | None:
         """The source's own dtype when the recorder had to cast its value (e.g. fp16 mm -> fp32): an
@@ -75,7 +115,7 @@ class Verdicts:
             return Verdict(index, op.name, mode, Status.MISSING, message=self.reader.recorded.missing_values_message(index))
         reference = self.reference.isolated(index) if mode == ISOLATED else self.reference.propagated(index)
         if fed_by_target is None:
-            fed_by_target = set(self.session.replay.values) if mode == PROPAGATED else set()
+            fed_by_target = set(self.replay.values) if mode == PROPAGATED else set()
         facts = Facts([c for c in self.reference.type_changes.get(index, []) if _still_changed(c, outputs)],
                       self.requests.cast_inputs(index, fed_by_target, self.dead_fields))
 
@@ -84,7 +124,7 @@ class Verdicts:
             found.rerun = rerun
             return found
 
-        verdict = judge_outputs(index, op.name, mode, outputs, self.session.source_values(index), self.session.policy,
+        verdict = judge_outputs(index, op.name, mode, outputs, self.source_values(index), self.policy,
                                 self.tolerance_dtype(index), self.dead_fields.get(op.name, set()),
                                 reference=reference, facts=facts, evidence=evidence)
         if mode == PROPAGATED and verdict.status == Status.FAIL and verdict.wrong != WrongClass.TYPE:
@@ -93,12 +133,12 @@ class Verdicts:
 
     def screen_rule(self, mode: Mode) -> ScreenRule:
         """What a search checks values against before it asks for a verdict (judge/screen.py)."""
-        return rule_for(self.session.policy, mode == PROPAGATED)
+        return rule_for(self.policy, mode == PROPAGATED)
 
     def unscreened(self) -> set[str]:
         """Ops only a full verdict can judge: a per-op tolerance, uninitialised elements, a value the
         recorder cast (its tolerance is its source dtype's)."""
-        names = set(self.session.policy.by_op)
+        names = set(self.policy.by_op)
         names.update(self.ops[i].name for i in self.reference.undefined_masks())
         names.update(self.ops[i].name for i in self.recorded if self.tolerance_dtype(i))
         return names
@@ -107,7 +147,7 @@ class Verdicts:
         """A propagated failure of an op that is right alone (its isolated verdict passed) is the kind of
         wrong of the upstream op it comes from: the nearest ancestor whose isolated verdict failed. One
         of an op that is wrong alone too, and unexplained by its own inputs, is its isolated kind."""
-        own = self.session.isolated_verdicts.cache.get(verdict.index)
+        own = self.isolated_verdicts.cache.get(verdict.index)
         if own is not None and own.status == Status.FAIL and own.wrong is not None \
                 and verdict.wrong == WrongClass.SEMANTIC:
             verdict.wrong, verdict.evidence = own.wrong, f"as the op alone (isolated): {own.evidence}"
@@ -121,7 +161,7 @@ class Verdicts:
             if upstream is None or upstream.index in seen:
                 continue
             seen.add(upstream.index)
-            cached = self.session.isolated_verdicts.cache.get(upstream.index)
+            cached = self.isolated_verdicts.cache.get(upstream.index)
             if cached is not None and cached.status == Status.FAIL and cached.wrong is not None:
                 verdict.wrong = cached.wrong
                 verdict.evidence = (f"the op alone passes; the error arrives from #{upstream.index} {upstream.name} "
@@ -142,13 +182,13 @@ class Verdicts:
         try:
             if verdict.mode == ISOLATED or upstream is not None:
                 name = self.ops[index].name
-                runs = self.session.isolated_verdicts.runs_of(index) if upstream is None else []  # the sweep's
+                runs = self.isolated_verdicts.runs_of(index) if upstream is None else []  # the sweep's
                 while len(runs) < 2:
-                    runs.append(self.session.lanes.run(self.requests.ops_request([name], [name], upstream)))
+                    runs.append(self.lanes.run(self.requests.ops_request([name], [name], upstream)))
                 outputs = [run.outputs[0] if run.ok else None for run in runs]
                 fed = set(upstream) if upstream is not None else None
             else:  # the first run computes the target's upstream values; the next two are the same unit
-                runs = [self.session.replay.run(index) for _ in range(3)][1:]
+                runs = [self.replay.run(index) for _ in range(3)][1:]
                 outputs = [run[1] for run in runs]
                 runs = [run[0] for run in runs]
         except TraceError:
@@ -157,7 +197,7 @@ class Verdicts:
             return verdict
         explained = self.judge(index, verdict.mode, runs[0], outputs[0], rerun=outputs[1], fed_by_target=fed)
         if verdict.mode == ISOLATED:
-            self.session.isolated_verdicts.cache[index] = explained
+            self.isolated_verdicts.cache[index] = explained
         return explained
 
     def type_changed_ops(self) -> list[int]:
@@ -172,9 +212,9 @@ class Verdicts:
 
     def clear(self) -> None:
         """Forget cached verdicts, e.g. after the tolerance policy changed."""
-        self.session.isolated_verdicts.clear()
+        self.isolated_verdicts.clear()
 
     def isolated_many(self, indices: list[int], progress: Progress = _noop) -> dict[int, Verdict]:
         """Isolated verdicts of many ops, batched and spread over the lanes (no early stop)."""
-        self.session.isolated_verdicts.fill(list(indices), progress=progress)
-        return {index: self.session.isolated_verdicts.get(index) for index in indices}
+        self.isolated_verdicts.fill(list(indices), progress=progress)
+        return {index: self.isolated_verdicts.get(index) for index in indices}

@@ -210,7 +210,7 @@ def unit_module(session, ops: list[OpInfo], outputs: list[OpInfo] | None = None)
         tolerance_dtype = session.verdicts.tolerance_dtype(op.index)
         crossed = any(name in names for name in op.inputs)
         for array in source:
-            tol = session.policy.for_value(tolerance_dtype or dtype_name(array), op.name, crossed)
+            tol = session.verdicts.policy.for_value(tolerance_dtype or dtype_name(array), op.name, crossed)
             tolerances.append((float(tol.rtol), float(tol.atol)))
         noise += repro_noise(session, op, source, crossed)
     return OpModule(last, script, inputs, refs, tolerances, len(constants), unread,
@@ -222,7 +222,7 @@ def repro_noise(session, op: OpInfo, source: list[np.ndarray], crossed: bool) ->
     way: the float64 reference (isolated, or the whole model's for a value that crossed ops of the unit),
     and the rule's two numbers. None where the session judges by the fixed rule: `tol fixed`, a per-op
     tolerance, an integer output, no float64 reference, or undefined elements in the source."""
-    policy = session.policy
+    policy = session.verdicts.policy
     if policy.kind != PolicyKind.NOISE_FLOOR or op.name in policy.by_op:
         return [None] * len(source)
     try:

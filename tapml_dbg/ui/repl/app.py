@@ -168,7 +168,7 @@ class Repl:
 
     def banner(self) -> str:
         session = self.session
-        return (f"tapml-dbg replay of {session.reader.path}: {len(session.ops)} ops, {len(session.layers())} "
+        return (f"tapml-dbg replay of {session.reader.path}: {len(session.ops)} ops, {len(session.op_table.layers())} "
                 f"layers, on {session.target}. `help` lists commands, Tab completes, Ctrl-D leaves.")
 
 

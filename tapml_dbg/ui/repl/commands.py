@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from tapml_dbg.api import COMMANDS as TABLE, Replay, find_command
@@ -106,7 +106,7 @@ def cmd_info(ctx: Context, args: list[str]):
     session = ctx.session
     info = trace_info(session.reader.path)
     info.pop("ops", None)
-    policy = session.policy
+    policy = session.verdicts.policy
     tolerance = ", ".join(f"{dtype} rtol={tol.rtol:g} atol={tol.atol:g}" for dtype, tol in policy.by_dtype.items())
     tolerance += f"; propagated x{policy.propagated_factor:g}"
     tolerance = f"rule {policy.kind}" + ("" if session.reference.available else " (no source graph: fixed)") + \
@@ -148,8 +148,8 @@ def cmd_layers(ctx: Context, args: list[str]):
     _need(args, 0, 0)
     session = ctx.session
     rows = []
-    for path in session.layers():
-        indices = session.layer_ops(path)
+    for path in session.op_table.layers():
+        indices = session.op_table.layer_ops(path)
         rows.append(R.LayerRow(path, path.count("."), min(indices), max(indices), len(indices)))
     return R.LayersResult(rows)
 
@@ -219,7 +219,7 @@ def cmd_boundary(ctx: Context, args: list[str]):
         session.replay.set_boundary(k)
         what = f"ops [0, {k}) run on the target"
     else:
-        indices = session.layer_ops(text)  # UsageError with close matches if not a layer
+        indices = session.op_table.layer_ops(text)  # UsageError with close matches if not a layer
         k = max(indices) + 1
         session.replay.set_boundary(k)
         what = f"ops [0, {k}) run on the target: everything up to the end of layer {text}"
@@ -306,7 +306,7 @@ def cmd_break(ctx: Context, args: list[str]):
         selection = session.op_table.select(text)
         bp = debugger.add_breakpoint(BreakKind.STEP, selection.label, frozenset(selection.indices))
     else:
-        bp = debugger.add_breakpoint(BreakKind.LAYER, text, frozenset(session.layer_ops(text)))
+        bp = debugger.add_breakpoint(BreakKind.LAYER, text, frozenset(session.op_table.layer_ops(text)))
     return R.BreakResult([bp], f"breakpoint {bp.number}: {bp.describe()}")
 
 
@@ -389,7 +389,7 @@ def cmd_print(ctx: Context, args: list[str]):
         targets = _target_value(session, op.index, mode)
     note = ""
     if targets is None:
-        verdict = session.propagated(op.index) if mode == PROPAGATED else session.isolated(op.index)
+        verdict = session.verdicts.propagated(op.index) if mode == PROPAGATED else session.isolated(op.index)
         note = f"{verdict.status}: {verdict.message}" if verdict.message else "the target gave no value"
     outputs = []
     for number, source in enumerate(sources):
@@ -405,24 +405,24 @@ def cmd_print(ctx: Context, args: list[str]):
 
 def _target_value(session, index: int, mode: str):
     """The op's target value in `mode`, the one its verdict compared (None: the run failed)."""
-    return session.replay.verdict(index)[1] if mode == PROPAGATED else session.isolated_verdicts.value(index)
+    return session.verdicts.propagated_value(index)[1] if mode == PROPAGATED else session.isolated_verdicts.value(index)
 
 
 def cmd_tol(ctx: Context, args: list[str]):
     session = ctx.session
-    policy: TolerancePolicy = session.policy
+    policy: TolerancePolicy = session.verdicts.policy
     if not args:
         return R.TolResult(policy.to_json())
     head = args[0]
     if head == "reset":
         _need(args, 1, 1)
         fresh = TolerancePolicy()
-        policy.by_dtype, policy.by_op, policy.propagated_factor = fresh.by_dtype, fresh.by_op, fresh.propagated_factor
-        policy.kind = fresh.kind
+        policy = replace(policy, by_dtype=fresh.by_dtype, by_op=fresh.by_op, propagated_factor=fresh.propagated_factor,
+                         kind=fresh.kind)
         message = "tolerances back to the defaults"
     elif head in tuple(PolicyKind) and head != PolicyKind.EXACT:
         _need(args, 1, 1)
-        policy.kind = PolicyKind(head)
+        policy = replace(policy, kind=PolicyKind(head))
         message = (f"rule {head}: " + ("every output against the recorded source value with the table's rtol/atol"
                                        if head == PolicyKind.FIXED else
                                        "against the float64 reference and the source's own error"))
@@ -430,33 +430,35 @@ def cmd_tol(ctx: Context, args: list[str]):
         _need(args, 2, 2)
         factor = parse_float(args[1], "FACTOR", positive=True)
         _refuse_ignored(session, "propagated_factor", f"tol propagated {args[1]}")
-        policy.propagated_factor = factor
+        policy = replace(policy, propagated_factor=factor)
         message = f"propagated verdicts use {policy.propagated_factor:g}x the isolated tolerance"
     elif head == "op":
         _need(args, 3, 4)
         op = session.resolve(args[1])
+        by_op = dict(policy.by_op)
         if args[2] in ("clear", "off"):
             _need(args, 3, 3)
-            policy.by_op.pop(op.name, None)
+            by_op.pop(op.name, None)
             message = f"op #{op.index} {op.name} uses its dtype's tolerance again"
         else:
             rtol = parse_float(args[2], "RTOL")
             dtype = op.outputs[0].dtype if op.outputs else "float32"
             atol = parse_float(args[3], "ATOL") if len(args) > 3 else policy.for_value(dtype, op.name).atol
-            policy.by_op[op.name] = Tolerance(rtol, atol)
+            by_op[op.name] = Tolerance(rtol, atol)
             message = f"op #{op.index} {op.name}: rtol={rtol:g} atol={atol:g}"
+        policy = replace(policy, by_op=by_op)
     elif head in TOL_DTYPES:
         _need(args, 2, 3)
         rtol = parse_float(args[1], "RTOL")
         current = policy.by_dtype.get(head, DEFAULT_TOLERANCES.get(head))
         atol = parse_float(args[2], "ATOL") if len(args) > 2 else current.atol
         _refuse_ignored(session, "by_dtype", " ".join(["tol", *args]))
-        policy.by_dtype[head] = Tolerance(rtol, atol)
+        policy = replace(policy, by_dtype={**policy.by_dtype, head: Tolerance(rtol, atol)})
         message = f"{head}: rtol={rtol:g} atol={atol:g}"
     else:
         raise ArgError(f"expected a dtype ({', '.join(TOL_DTYPES)}), op, propagated, fixed, noise-floor or "
                        f"reset; not {head!r}")
-    session.verdicts.clear()
+    session.verdicts.set_policy(policy)  # the cached verdicts were judged by the old one
     return R.TolResult(policy.to_json(), message + " (verdicts from now on; `reset` to re-run from op 0)")
 
 
@@ -470,7 +472,7 @@ IGNORED_SETTINGS = {  # a fixed-rule setting the noise floor ignores: why, and h
 
 def _refuse_ignored(session: Session, setting: str, typed: str) -> None:
     """A setting the active rule ignores is refused, saying how to make it count."""
-    if session.policy.ignores(setting, session.reference.available):
+    if session.verdicts.policy.ignores(setting, session.reference.available):
         why, instead = IGNORED_SETTINGS[setting]
         raise UsageError(f"`{typed}` changes nothing: the noise-floor rule {why}; {instead}")
 

@@ -63,7 +63,7 @@ def suggest(text: str, cursor: int | None = None, session=None, debugger=None) -
         elif item == "<op>" and session is not None:
             candidates += [(op.name, "op", f"#{op.index} {op.op}") for op in session.ops]
         elif item == "<layer>" and session is not None:
-            candidates += [(layer, "layer", "layer") for layer in session.layers()]
+            candidates += [(layer, "layer", "layer") for layer in session.op_table.layers()]
         elif item == "<breakpoint>" and debugger is not None:
             candidates += [(str(bp.number), "breakpoint", bp.describe()) for bp in debugger.breakpoints]
         elif item == "<path>":
