@@ -34,6 +34,7 @@ from tapml_dbg.model.generation import PREFILL_STEP, TOKENS_INPUT, step_kind
 from tapml_dbg.model.graph import Graph, OpInfo
 from tapml_dbg.model.paged_kv import PAGED_KV_OP, is_paged_kv_call, paged_kv_call
 from tapml_dbg.portable.paged_kv import BUILTIN
+from tapml_dbg.portable.runner import parse_target
 
 REQUIRED_KEYS = ("mod", "params", "prompt", "functions", "cache", "kv")
 REQUIRED_FUNCTIONS = ("create_cache", "prefill", "decode")
@@ -83,9 +84,34 @@ def native_llm(result, where: str = "build_tvm()") -> NativeLLM:
     for key in ("num_layers", "num_kv_heads", "head_dim", "dtype", "rope_theta"):
         if key not in kv:
             raise ModelError(f"{where}: 'kv' lacks {key!r} (the cache's layout and rotary, docs/native-llm.md)")
+    cache = dict(result["cache"])
+    _check_cache(cache, where)
     params = [(str(name), np.ascontiguousarray(value)) for name, value in result["params"]]
-    return NativeLLM(mod, params, prompt.astype("int32"), functions, dict(result["cache"]), kv,
+    return NativeLLM(mod, params, prompt.astype("int32"), functions, cache, kv,
                      str(result.get("target", "")), str(result.get("model_class", "relax.frontend.nn")))
+
+
+PAGE_SIZE = 16  # TVM 0.27's TIR paged-attention kernels index pages of 16 positions (other sizes read wrong)
+
+
+def _check_cache(cache: dict, where: str) -> None:
+    """create_cache's arguments: whole numbers, positive but the sliding-window switch, pages of 16."""
+    for name, value in cache.items():
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or \
+                (value < 1 and name != "support_sliding_window") or value < 0:
+            raise ModelError(f"{where}: cache[{name!r}] is {value!r}: create_cache's arguments are positive whole "
+                             "numbers (support_sliding_window 0 or 1)")
+    if cache.get("page_size", PAGE_SIZE) != PAGE_SIZE:
+        raise ModelError(f"{where}: cache['page_size'] is {cache['page_size']}: TVM's TIR paged-attention kernels "
+                         f"work on pages of {PAGE_SIZE} positions; use page_size {PAGE_SIZE}")
+
+
+def check_target(native: NativeLLM, target: str, where: str) -> None:
+    """The cache's kernels were generated for one target kind (CPU or GPU code): record on that kind."""
+    if native.target and parse_target(native.target).kind.name != parse_target(target).kind.name:
+        raise ModelError(f"{where}: build_tvm() generated its paged-KV kernels for {native.target}, not {target}: "
+                         f"record with --source tvm:{native.target}, or have build_tvm(target) use the target it is "
+                         "given")
 
 
 @dataclass

@@ -22,7 +22,7 @@ import numpy as np
 from tapml_dbg.errors import ModelError, TargetError
 from tapml_dbg.frontend.model_loader import load_python_function
 from tapml_dbg.frontend.native import NATIVE_FUNC, NativeModel, native_spec
-from tapml_dbg.frontend.native_llm import NativeLLM, native_llm, unroll
+from tapml_dbg.frontend.native_llm import NativeLLM, check_target, native_llm, unroll
 from tapml_dbg.model.generation import PREFILL_STEP, GenerationInfo, StepInfo, step_kind
 from tapml_dbg.portable.runner import device_kind, parse_target
 from tapml_dbg.record.native import record_model
@@ -78,7 +78,9 @@ def load_llm(spec: str, target: str) -> NativeLLM:
     if not isinstance(result, dict):
         raise ModelError(f"{spec}: --generate needs {NATIVE_FUNC}() to return a native LLM's dict (mod, params, "
                          f"prompt, functions, cache, kv: docs/native-llm.md), got {type(result).__name__}")
-    return native_llm(result, spec)
+    native = native_llm(result, spec)
+    check_target(native, target, spec)
+    return native
 
 
 def deploy(native: NativeLLM, target: str, steps: int) -> Deployment:

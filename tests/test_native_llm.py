@@ -1,0 +1,141 @@
+"""`record examples/native_llama.py --source tvm:llvm --generate N`: the Relax Llama on TVM's paged KV
+cache recorded call by call, every step; bisect names a planted fault at its (step, call); a paged-KV
+call dumps as a standalone repro fed its recorded cache state; `diff` meets the transformers
+recording of the same weights at every layer boundary; bad native LLMs fail with one line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import EXAMPLES, ROOT, fault_transform, run_cli
+
+STEPS = 2
+PAGED = "vm.builtin.attention_kv_cache_attention_with_fused_qkv"
+
+
+@pytest.fixture(scope="module")
+def native_trace(traces):
+    return traces.get("native_llama", "--source", "tvm:llvm", "--generate", str(STEPS))
+
+
+@pytest.fixture(scope="module")
+def ops(native_trace):
+    result = run_cli("info", str(native_trace), "--json")
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def _info(trace) -> dict:
+    result = run_cli("info", str(trace), "--json")
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def _attention(ops: dict, step: int, nth: int = 0) -> dict:
+    calls = [op for op in ops["ops"] if op["op"] == PAGED and op.get("step") == step]
+    return calls[nth]
+
+
+def _bisect(trace, *extra) -> dict:
+    result = run_cli("bisect", str(trace), "--json", *extra)
+    assert result.returncode in (0, 1), result.stderr
+    return json.loads(result.stdout)
+
+
+def test_the_recording_is_the_deployment_bit_for_bit_with_transformers_tokens(native_trace):
+    import importlib.util
+
+    info = _info(native_trace)
+    steps = info["generation"]["steps"]
+    assert [step["step"] for step in steps] == list(range(STEPS + 1))
+    assert [step["kind"] for step in steps] == ["prefill"] + ["decode"] * STEPS
+    spec = importlib.util.spec_from_file_location("native_llama_for_tokens", EXAMPLES / "native_llama.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    assert [step["token"] for step in steps] == example.torch_generate(STEPS).tokens
+    assert info["source"] == "tvm:llvm"
+    assert info["eager_output_max_abs_diff"] == 0.0  # op by op == the module's own prefill/decode run
+
+
+def test_every_attention_call_of_every_step_is_an_op_with_its_state(ops):
+    calls = [op for op in ops["ops"] if op["op"] == PAGED]
+    assert len(calls) == 2 * (STEPS + 1)  # two layers, every step
+    first, later = _attention(ops, 0), _attention(ops, 2, 1)
+    assert (first["layer"], later["layer"]) == ("model.layers.0.self_attn", "model.layers.1.self_attn")
+    prompt = 14
+    assert [tuple(out["shape"]) for out in first["outputs"]] == [(prompt, 4, 16), (prompt, 2, 16), (prompt, 2, 16)]
+    assert [tuple(out["shape"]) for out in later["outputs"]] == [(1, 4, 16), (prompt + 2, 2, 16), (prompt + 2, 2, 16)]
+
+
+def test_a_clean_native_generation_bisects_clean(native_trace, ops):
+    report = _bisect(native_trace)
+    assert report["diverged"] is False and report["ops"] == len(ops["ops"])
+    assert report["first_bad_token"] is None
+    assert [step["verdict"] for step in report["tokens"]["steps"]] == ["same"] * (STEPS + 1)
+
+
+@pytest.mark.parametrize("step, nth", [(2, 1), (0, 0)], ids=["decode-attention", "prefill-attention"])
+def test_a_fault_in_one_attention_call_is_named_at_its_step_and_call(native_trace, ops, tmp_path, step, nth):
+    call = _attention(ops, step, nth)
+    transform = fault_transform(tmp_path, "scale", call["name"], scale="1.05")
+    report = _bisect(native_trace, "--transform", transform)
+    culprit = report["op"]
+    assert (culprit["name"], culprit["step"], culprit["op"]) == (call["name"], step, PAGED)
+    assert culprit["verdict"] == "isolated"  # fed its recorded cache state, the call alone is wrong
+
+
+def test_a_paged_attention_call_dumps_as_a_repro_fed_its_recorded_cache(native_trace, ops, tmp_path):
+    call = _attention(ops, 2, 1)
+    transform = fault_transform(tmp_path, "scale", call["name"], scale="1.05")
+    out = tmp_path / "repro"
+    result = run_cli("dump", str(native_trace), "--op", str(call["index"]), "-o", str(out), "--transform", transform)
+    assert result.returncode == 0, result.stderr
+    inputs = json.loads((out / "meta.json").read_text())["ops"][0]["inputs"]
+    assert [item["name"].rpartition("_")[2] for item in inputs[1:]] == ["keys", "values"]  # step 1's cache state
+    assert inputs[1]["shape"] == [14 + 1, 2, 16]
+    import subprocess
+    import sys
+
+    reproduced = subprocess.run([sys.executable, str(out / "repro.py")], capture_output=True, text=True, cwd=tmp_path)
+    assert reproduced.returncode == 1, reproduced.stdout + reproduced.stderr  # exit 1: reproduced
+    clean = tmp_path / "clean"
+    assert run_cli("dump", str(native_trace), "--op", str(call["index"]), "-o", str(clean)).returncode == 0
+    passed = subprocess.run([sys.executable, str(clean / "repro.py")], capture_output=True, text=True, cwd=tmp_path)
+    assert passed.returncode == 0, passed.stdout + passed.stderr
+
+
+def test_diff_meets_the_transformers_recording_at_every_layer_boundary(native_trace, traces):
+    torch_trace = traces.get("native_llama", "--generate", str(STEPS))
+    result = run_cli("diff", str(torch_trace), str(native_trace), "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    layers = {(row["layer"], row["step"]): row["status"] for row in report["layers"]}
+    for step in range(STEPS + 1):
+        for layer in ("model.layers.0", "model.layers.1", "model.norm", "lm_head", "model.layers.0.self_attn",
+                      "model.layers.1.mlp"):
+            assert layers[(layer, step)] in ("identical", "close"), (layer, step)
+    assert report["first_layer_difference"] is None
+
+
+def _bad_llm(tmp_path, body: str) -> str:
+    path = tmp_path / "bad_llm.py"
+    path.write_text(f"import sys\nsys.path.insert(0, {str(EXAMPLES)!r})\nimport native_llama\n\n"
+                    f"def build_tvm(target='llvm'):\n    native = native_llama.build_tvm(target)\n{body}\n"
+                    "    return native\n")
+    return str(path)
+
+
+@pytest.mark.parametrize("body, expected", [
+    ("    native['functions']['decode'] = 'step'\n", "no decode function 'step'"),
+    ("    del native['kv']['rope_theta']\n", "'kv' lacks 'rope_theta'"),
+    ("    native['cache']['page_size'] = 0\n", "cache['page_size'] is 0"),
+    ("    native = native_llama.build_tvm('cuda')\n", "generated its paged-KV kernels for cuda, not llvm"),
+])
+def test_a_bad_native_llm_gets_one_line(tmp_path, body, expected):
+    result = run_cli("record", _bad_llm(tmp_path, body), "-o", str(tmp_path / "t.h5"), "--source", "tvm:llvm",
+                     "--generate", "1", cwd=str(ROOT))
+    assert result.returncode != 0
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and expected in lines[0], result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
