@@ -279,7 +279,7 @@ def test_hostile_but_valid_json_graphs_are_trace_errors(name):
     from tapml_dbg.trace import TraceReader
 
     with TraceReader(ROOT / "tests" / "fixtures" / "trace_v1_1.h5") as reader:
-        graph = reader.graph()
+        graph = reader.outline.graph()
     function_from_json(json.loads(json.dumps(graph)))  # the untouched graph builds
     edit, needle = HOSTILE_GRAPHS[name]
     edit(graph)

@@ -31,8 +31,8 @@ def test_host_helpers_equal_tvm_except_matmuls_which_are_close(tmp_path, monkeyp
         assert checked.host_helpers > 0 and by_tvm.host_helpers == 0
         with TraceReader(tmp_path / f"{example}_host.h5") as a, TraceReader(tmp_path / f"{example}_tvm.h5") as b:
             differ: set[str] = set()
-            for op in a.ops:
-                pairs = list(zip(a.op_outputs(op["index"]), b.op_outputs(op["index"])))
+            for op in a.outline.ops:
+                pairs = list(zip(a.tensors.op_outputs(op["index"]), b.tensors.op_outputs(op["index"])))
                 if all(_same_bits(x, y) for x, y in pairs):
                     continue
                 differ.add(op["name"])

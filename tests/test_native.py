@@ -37,7 +37,7 @@ def test_native_trace_holds_the_modules_bindings_with_layers(native_trace):
     assert info["eager_output_max_abs_diff"] == 0.0  # op by op = the whole module's own run, bit for bit
     with TraceReader(native_trace) as reader:
         assert reader.meta["native"]["entry"] == "forward"
-        (softmax,) = reader.op_outputs(names.index("softmax"))
+        (softmax,) = reader.tensors.op_outputs(names.index("softmax"))
         assert np.allclose(softmax.sum(axis=-1), 1.0, atol=1e-5)
 
 

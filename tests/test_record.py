@@ -31,12 +31,12 @@ def test_final_op_equals_model_output_bit_for_bit(tmp_path, example):
         expected = module(*inputs).numpy()
     with TraceReader(path) as reader:
         assert reader.complete
-        last = reader.ops[-1]
+        last = reader.outline.ops[-1]
         assert last["name"] == "output"
-        (recorded,) = reader.op_outputs(last["index"])
+        (recorded,) = reader.tensors.op_outputs(last["index"])
         assert recorded.dtype == expected.dtype
         assert np.array_equal(recorded, expected), "the last op must be the model's own output, bit for bit"
-        assert len(reader.finished_ops()) == result.ops
+        assert len(reader.recorded.finished_ops()) == result.ops
 
 
 def test_op_count_equals_relax_bindings_and_layers(tmp_path):
@@ -46,8 +46,8 @@ def test_op_count_equals_relax_bindings_and_layers(tmp_path):
     module, inputs = load_model(spec)
     graph, _ = import_program(export_program(module, inputs))
     with TraceReader(path) as reader:
-        ops = reader.ops
-        stored_main = function_from_json(json.loads(reader.graph_json))
+        ops = reader.outline.ops
+        stored_main = function_from_json(json.loads(reader.outline.graph_json))
     assert len(ops) == _bindings(graph.mod["main"]) == _bindings(stored_main)
     layers = {op["layer"] for op in ops}
     assert {"proj", "blocks.0.fc", "blocks.0.norm", "blocks.2.fc", "head"} <= layers
@@ -84,15 +84,15 @@ def test_inputs_npz_and_seed(tmp_path):
     np.savez(tmp_path / "in.npz", x=data)
     record(spec, tmp_path / "a.h5", inputs_npz=str(tmp_path / "in.npz"))
     with TraceReader(tmp_path / "a.h5") as reader:
-        assert np.array_equal(reader.input(reader.input_names[0]), data)
+        assert np.array_equal(reader.tensors.input(reader.outline.input_names[0]), data)
     record(spec, tmp_path / "b.h5", seed=1)
     record(spec, tmp_path / "c.h5", seed=1)
     record(spec, tmp_path / "d.h5", seed=2)
     with TraceReader(tmp_path / "b.h5") as b, TraceReader(tmp_path / "c.h5") as c, \
             TraceReader(tmp_path / "d.h5") as d:
-        name = b.input_names[0]
-        assert np.array_equal(b.input(name), c.input(name))
-        assert not np.array_equal(b.input(name), d.input(name))
+        name = b.outline.input_names[0]
+        assert np.array_equal(b.tensors.input(name), c.tensors.input(name))
+        assert not np.array_equal(b.tensors.input(name), d.tensors.input(name))
 
 
 def test_tvm_source(tmp_path):
@@ -100,7 +100,7 @@ def test_tvm_source(tmp_path):
     record(str(EXAMPLES / "mlp.py"), path, source="tvm:llvm")
     with TraceReader(path) as reader:
         assert reader.meta["source"] == "tvm:llvm"
-        assert reader.complete and len(reader.finished_ops()) == len(reader.ops)
+        assert reader.complete and len(reader.recorded.finished_ops()) == len(reader.outline.ops)
 
 
 def test_committed_sample_trace_replays_clean():
@@ -133,9 +133,9 @@ def test_in_place_copy_is_attributed_to_the_copy_node(tmp_path):
     path = tmp_path / "t.h5"
     record(str(spec), path)
     with TraceReader(path) as reader:
-        by_name = {op["name"]: op for op in reader.ops}
+        by_name = {op["name"]: op for op in reader.outline.ops}
         assert by_name["copy"]["op"] == "aten.copy.default"
-        (sliced,) = reader.op_outputs(by_name["slice_2"]["index"])
+        (sliced,) = reader.tensors.op_outputs(by_name["slice_2"]["index"])
         assert not sliced.any(), "slice_2 is a slice of zeros; the copied values belong to `copy`"
     result = run_cli("bisect", str(path), "--json")
     assert result.returncode == 0, result.stderr

@@ -267,7 +267,7 @@ def test_an_old_trace_without_source_locations_still_opens(tmp_path):
 
     for fixture in OLD_FIXTURES:
         with TraceReader(fixture) as reader:
-            assert reader.ops and all(OpInfo.from_json(op).source_location is None for op in reader.ops)
+            assert reader.outline.ops and all(OpInfo.from_json(op).source_location is None for op in reader.outline.ops)
     with Session.open(OLD_FIXTURES[-1]) as session:  # the v1.1 one replays (v1.0's graph format is older)
         assert session.ops and all(op.source_location is None for op in session.ops)
         compare, show = repl_transcript(session, "compare 0"), repl_transcript(session, "show 0")

@@ -124,8 +124,8 @@ def test_info_says_what_the_stock_import_does(recorded):
     text = run_cli("info", str(recorded["int_matmul"])).stdout
     assert "stock import" in text and "#0 mm (type verdicts)" in text
     with TraceReader(recorded["int_matmul"]) as reader:
-        assert reader.ops[0]["stock_outputs"] == [{"output": 0, "shape": [3, 2], "dtype": "float32"}]
-        assert reader.ops[1]["stock_outputs"] == [], "only the nodes the fixes touch are compared"
+        assert reader.outline.ops[0]["stock_outputs"] == [{"output": 0, "shape": [3, 2], "dtype": "float32"}]
+        assert reader.outline.ops[1]["stock_outputs"] == [], "only the nodes the fixes touch are compared"
         assert reader.meta[META_STOCK_IMPORT]["error"] is None
 
 
@@ -133,7 +133,7 @@ def test_a_float32_model_is_not_imported_twice(recorded):
     """No fix changes a float32 matmul: no second import, nothing stored, nothing reported."""
     with TraceReader(recorded["float32_matmul"]) as reader:
         assert META_STOCK_IMPORT not in reader.meta
-        assert all(op["stock_outputs"] == [] for op in reader.ops)
+        assert all(op["stock_outputs"] == [] for op in reader.outline.ops)
         assert "stock_import" not in reader.meta.get("record_phases", {})
     assert _json("info", str(recorded["float32_matmul"]), "--json")["stock_import"] is None
 
