@@ -15,22 +15,20 @@ if __name__ == "__main__":  # a worker process: it never uses torch (starts in ~
 import os
 import sys
 from contextlib import nullcontext
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import partial
-from pathlib import Path
 
 import psutil
 
 from tapml_dbg.errors import TapmlError, TraceError
-from tapml_dbg.portable import PortableError, Runner, TransformFailed, flatten, one_line
+from tapml_dbg.portable import PortableError, Runner, flatten, one_line
 from tapml_dbg.portable.screen import clearly_passes, clearly_passes_each
 from tapml_dbg.runtime.chain_log import ChainLogWriter
-from tapml_dbg.runtime.compile_cache import (TOGETHER_KINDS, TOGETHER_MAX_UNITS, CacheEntry, CompiledUnit, KeyLedger,
-                                             build_together, compile_only, compile_unit, environment_scope,
-                                             library_key, load_transform, transform_identity, unit_id)
-from tapml_dbg.runtime.messages import (AnyResult, BatchRequest, BatchResult, BuildRequest, BuildResult, ChainRequest,
-                                       ChainResult, CompileRequest, CompileResult, Request, UnitRequest, UnitResult,
-                                       UnitStatus, WorkerConfig, WorkerReply)
+from tapml_dbg.runtime.compile_cache import CompiledUnit, library_key, load_transform
+from tapml_dbg.runtime.libraries import Libraries
+from tapml_dbg.runtime.messages import (AnyResult, BatchRequest, BatchResult, BuildRequest, ChainRequest, ChainResult,
+                                       CompileRequest, CompileResult, Request, UnitRequest, UnitResult, UnitStatus,
+                                       WorkerConfig, WorkerReply)
 from tapml_dbg.runtime.run_memo import ACCEPTED, SCREENED, UNSCREENED, RunMemo, checkpoint_positions
 from tapml_dbg.runtime.target import NO_DEVICE_HINT, parse_target
 from tapml_dbg.trace import TraceReader
@@ -39,7 +37,6 @@ from tapml_dbg.trace.recent import RecentOpOutputs
 
 RECORDED_CACHE_BYTES = 64 * 2**20  # recorded op outputs a worker keeps (LRU) for its next units
 READ_AHEAD_BYTES = 256 * 2**20  # params and recorded values a chain's worker reads ahead while it waits
-TOGETHER_LOOKAHEAD_UNITS = 128  # how far a chain looks ahead for units to build together with the one it lacks
 
 
 def worker_main(conn, config: WorkerConfig, log_path: str | None = None) -> None:
@@ -98,12 +95,8 @@ class _WorkerState:
         self.chain_values: dict[str, list] = {}  # op name -> its device tensors, while a chain runs
         self.recorded: RecentOpOutputs | None = None  # the trace's op outputs, the last ones read kept
         self.read_ahead: ReadAhead | None = None  # while a chain runs: what it will read, read while it waits
-        self.ledger = KeyLedger(config.ledger_path, environment_scope(os.environ)) if config.ledger_path else None
-        self.known: dict[str, CompiledUnit] = {}  # `handle`'s
-        self.identity: str | None = None
+        self.libraries = Libraries(config)  # where each unit's library comes from
         self.memo: RunMemo | None | bool = False  # False: not opened yet (`_memo`)
-        self.looked_ahead = 0  # the chain's units up to here were considered for building together
-        self.together: set[str] = set()  # keys built together by this worker, not yet reported as compiled
         self.isolated_cleared: list[str] = []  # the running chain's ops whose values cleared the isolated screen
 
     def warm_up(self) -> None:
@@ -117,17 +110,15 @@ class _WorkerState:
             pass
 
     def handle(self, request: Request) -> AnyResult:
-        self.known = {}  # unit id -> its library, found in this request (a chain runs a kind of op many times)
-        self.identity = None  # the transform's, read once a request
-        self.looked_ahead = 0
+        self.libraries.begin_request()
         if isinstance(request, ChainRequest):
             return self._chain(request)
         if isinstance(request, BatchRequest):
             return self._batch(request)
         if isinstance(request, BuildRequest):
-            return self._build(request)
+            return self.libraries.build(request)
         if isinstance(request, CompileRequest):
-            return self._compile(request)
+            return self.libraries.compile(request)
         return self._unit(request)
 
     # -- a chain: units fed one another's values on the device ----------------------------
@@ -174,7 +165,7 @@ class _WorkerState:
             if position in checkpoints and position > start and not found.suspects:
                 self._save_checkpoint(memo, digest, position, last_read, chain.isolated_screen)
             if self.config.together:
-                self._build_together(chain.units, position)
+                self.libraries.build_together(chain.units, position)
             reply = self._unit(unit, keep_on_device=True, sync=chain.sync_each)
             if not reply.ok:
                 return found.failed(chain, name, reply)
@@ -240,12 +231,12 @@ class _WorkerState:
                 keys.append((remembered[name][0], True))
                 continue
             if batch.defer_unbuilt:
-                unit = self._built_or_none(unit)
+                unit = self.libraries.built_or_none(unit)
                 if unit is None:
                     deferred.append(name)
                     continue
             elif self.config.together:
-                self._build_together(batch.units, position)
+                self.libraries.build_together(batch.units, position)
             reply = self._unit(unit, keep_on_device=True)
             if reply.status in (UnitStatus.TRACE_ERROR, UnitStatus.TRANSFORM_ERROR):  # its own one line
                 return BatchResult(reply.status, message=reply.message)
@@ -268,26 +259,19 @@ class _WorkerState:
     def _read_ahead_for(self, names: list[str], units: list[UnitRequest], screened: set[str], start: int = 0,
                         skipped: set[str] = frozenset()) -> None:
         self.read_ahead = ReadAhead(partial(self._reads_of, names, units, screened, start, skipped), READ_AHEAD_BYTES)
+        self.libraries.meanwhile = self.read_ahead.meanwhile  # a chain's worker reads while it waits for a build
 
     def _stop_read_ahead(self) -> None:
         if self.read_ahead is not None:
             self.read_ahead.close()
             self.read_ahead = None
+        self.libraries.meanwhile = nullcontext
 
     # -- the memo (runtime/run_memo.py) -----------------------------------------------------
     def _memo(self) -> RunMemo | None:
         if self.memo is False:
             self.memo = RunMemo.open(self.config.cache_dir, self.config.trace_path, self.config.spec)
         return self.memo
-
-    def _unit_key(self, unit: UnitRequest) -> str:
-        """The unit's cache key without building it ("" when it cannot be keyed: its run says why)."""
-        if unit.library and Path(unit.library).is_file():
-            return library_key(unit.library)
-        try:
-            return self._compiled(unit, build=False).key
-        except Exception:  # noqa: BLE001 - a broken transform: the unit's own run reports it
-            return ""
 
     def _remembered(self, batch: BatchRequest, memo: RunMemo) -> dict[str, tuple[str, str]]:
         """The batch's units a run before cleared: op name -> (its key, its memo digest)."""
@@ -297,7 +281,7 @@ class _WorkerState:
         for name, unit in zip(batch.names, batch.units):
             if name in batch.unscreened:
                 continue
-            key = self._unit_key(unit)
+            key = self.libraries.key(unit)
             digest = memo.unit_digest(name, key, unit.inputs, batch.screen) if key else ""
             if key and memo.cleared(digest):
                 found[name] = (key, digest)
@@ -315,7 +299,7 @@ class _WorkerState:
         for position, (name, unit) in enumerate(zip(chain.names, chain.units)):
             if position and memo.has_checkpoint(digest):
                 found.append((position, digest, len(prefix)))
-            key = self._unit_key(unit) if name not in wanted else ""
+            key = self.libraries.key(unit) if name not in wanted else ""
             if not key:
                 break
             prefix.append((key, True))
@@ -352,57 +336,6 @@ class _WorkerState:
             log.write(name, name in cleared)
             if name in cleared:
                 self.isolated_cleared.append(name)
-
-    def _build(self, request: BuildRequest) -> BuildResult:
-        """A builder's units into the cache: together where they can be, the rest one by one (a key
-        another worker is building is left to it)."""
-        keys = []
-        for position, unit in enumerate(request.units):
-            self._build_together(request.units, position)
-            reply = self._compile(CompileRequest.of(unit, ahead=True))
-            if reply.key:
-                keys.append((reply.key, reply.cached))
-        return BuildResult(UnitStatus.OK, unit_keys=keys)
-
-    def _build_together(self, units: list[UnitRequest], position: int) -> None:
-        """When the unit at `position` is not in the cache, it and the next ones the cache lacks are
-        built into one library (`compile_cache.build_together`: one code generation and one link for
-        up to TOGETHER_MAX_UNITS units), on a local host target; what that leaves out is built one
-        by one as before. Looked at once per stretch of TOGETHER_LOOKAHEAD_UNITS units."""
-        spec = self.config.spec
-        if position < self.looked_ahead or spec.rpc or spec.tracker or units[position].library \
-                or parse_target(spec.target).kind.name not in TOGETHER_KINDS:
-            return
-        try:
-            if not self._compiled(units[position], build=False).elsewhere:
-                return
-            lacking, keys = [], set()
-            end = min(len(units), position + TOGETHER_LOOKAHEAD_UNITS)
-            for later in range(position, end):
-                unit = units[later]
-                compiled = None if unit.library else self._compiled(unit, build=False)
-                if compiled is not None and compiled.elsewhere and compiled.key not in keys:
-                    keys.add(compiled.key)
-                    lacking.append(unit.unit_json)
-                    if len(lacking) >= TOGETHER_MAX_UNITS:
-                        end = later + 1
-                        break
-        except Exception:  # noqa: BLE001 - a unit that cannot be keyed: its own run reports it
-            return
-        self.looked_ahead = end
-        if len(lacking) > 1:
-            meanwhile = self.read_ahead.meanwhile if self.read_ahead is not None else nullcontext
-            with meanwhile():
-                self.together |= build_together(lacking, spec.target, spec.transform, Path(self.config.cache_dir))
-
-    def _built_or_none(self, unit: UnitRequest) -> UnitRequest | None:
-        """The unit with its library named, when the cache holds it; None when it is not built yet.
-        A unit that cannot even be keyed (a broken transform) runs as usual: its run reports it."""
-        try:
-            compiled = self._compiled(unit, build=False)
-        except Exception:  # noqa: BLE001 - the unit's own run says what is wrong, as without deferring
-            return unit
-        return None if compiled.elsewhere else replace(unit, library=str(compiled.path))
 
     def _reads_of(self, names: list[str], units: list[UnitRequest], screened: set[str], start: int = 0,
                   skipped: set[str] = frozenset()) -> list:
@@ -454,45 +387,14 @@ class _WorkerState:
                 self.isolated_cleared.append(name)
         return passed
 
-    def _compile(self, request: CompileRequest) -> CompileResult:
-        """Compile a unit into the cache (or generate its code only), without running it."""
-        compiled = self._compile_unit(request.unit, request.ahead, request.code_only)
-        return compiled if isinstance(compiled, CompileResult) else self._built(compiled)
-
-    def _compile_unit(self, unit: UnitRequest, ahead: bool = False,
-                      code_only: bool = False) -> CompiledUnit | CompileResult:
-        """The unit's library; or why it has none (its result): the user's transform raised, it did
-        not compile, or only its code was asked for."""
-        spec = self.config.spec
-        try:
-            if code_only:
-                compile_only(unit.unit_json, spec.target, spec.transform)  # raises without device code
-                return CompileResult(UnitStatus.OK)
-            return self._compiled(unit, ahead=ahead)
-        except TransformFailed as exc:  # the user's pass raised: theirs to fix, not the op's verdict
-            ops = f"op {', '.join(unit.outputs)}: " if unit.outputs else ""
-            return CompileResult(UnitStatus.TRANSFORM_ERROR, message=f"{ops}{exc}")
-        except (TapmlError, PortableError) as exc:
-            return CompileResult(UnitStatus.COMPILE_ERROR, message=str(exc))
-        except Exception as exc:
-            return CompileResult(UnitStatus.COMPILE_ERROR, message=one_line(exc))
-
-    def _built(self, compiled: CompiledUnit) -> CompileResult:
-        """A unit's library as its result says it: a unit left to the worker building it is not one
-        this request compiled; one built together with others is, the first time a request meets it."""
-        built_together = compiled.key in self.together
-        self.together.discard(compiled.key)
-        return CompileResult(UnitStatus.OK, cached=(compiled.cached or compiled.elsewhere) and not built_together,
-                             key=compiled.key, library=str(compiled.path))
-
     def _unit(self, request: UnitRequest, keep_on_device: bool = False, sync: bool = False) -> UnitResult:
         """Compile (or load) and run one unit. `sync`: wait for the device before replying, so that an
         asynchronous kernel fault is this unit's error (a chain kept on the device runs on otherwise)."""
         spec = self.config.spec
-        compiled = self._compile_unit(request)
+        compiled = self.libraries.library(request)
         if isinstance(compiled, CompileResult):
             return UnitResult(compiled.status, message=compiled.message)
-        built = self._built(compiled)
+        built = self.libraries.built(compiled)
         try:
             runner = self._runner()
             runner.device()
@@ -519,39 +421,6 @@ class _WorkerState:
             return UnitResult(UnitStatus.ERROR, message=one_line(exc))
         return UnitResult(UnitStatus.OK, outputs=outputs, cached=built.cached, key=built.key, library=built.library)
 
-    def _compiled(self, request: UnitRequest, rebuild: bool = False, build: bool = True,
-                  ahead: bool = False) -> CompiledUnit:
-        """The unit's library: the one a compile lane named, or whose key another worker of the
-        session computed (the ledger), else from (or into) the cache (`build=False`: not into it;
-        `ahead`: not waiting for a key another worker is building; `compile_unit`)."""
-        if request.library and not rebuild and Path(request.library).is_file():
-            return CompiledUnit(Path(request.library), True)
-        spec, cache_dir = self.config.spec, Path(self.config.cache_dir)
-        fetch = partial(compile_unit, request.unit_json, spec.target, spec.transform, cache_dir, rebuild=rebuild,
-                        meanwhile=self.read_ahead.meanwhile if self.read_ahead is not None else nullcontext,
-                        wait=not ahead, build=build)
-        if self.ledger is None:
-            return fetch()
-        if self.identity is None:
-            self.identity = transform_identity(spec.transform)
-        identity, unit = self.identity, request.unit_id or unit_id(request.unit_json, spec.transform)
-        if unit in self.known and not rebuild:
-            return self.known[unit]
-        key = None if rebuild else self.ledger.get(identity, unit)
-        if key:  # keyed by another worker: no need to run the transform again
-            entry = CacheEntry(cache_dir, key)
-            if entry.valid():
-                self.known[unit] = CompiledUnit(entry.library, True, key)
-                return self.known[unit]
-            if not build:  # its library is not there yet
-                return CompiledUnit(entry.library, False, key, elsewhere=True)
-        compiled = fetch()
-        if transform_identity(spec.transform) == identity:  # the pass's text did not change meanwhile
-            self.ledger.add(identity, unit, compiled.key)
-            if not compiled.elsewhere:
-                self.known[unit] = CompiledUnit(compiled.path, True, compiled.key)
-        return compiled
-
     def _load(self, runner: Runner, request: UnitRequest, compiled: CompiledUnit):
         """Load the library; one that does not load (a damaged file under an intact record) is built again."""
         try:
@@ -559,7 +428,7 @@ class _WorkerState:
         except Exception:
             if runner.is_remote and not runner.alive():
                 raise
-            return runner.load(self._compiled(request, rebuild=True).path)
+            return runner.load(self.libraries.compiled(request, rebuild=True).path)
 
     # -- the target ----------------------------------------------------------------------
     def _runner(self) -> Runner:
