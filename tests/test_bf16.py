@@ -101,8 +101,8 @@ def test_a_bf16_lm_records_its_bf16_logits_bit_exact_and_bisects_clean(forward, 
         expected = model(ids).logits
     with TraceReader(trace) as reader:
         assert reader.complete
-        assert {reader.param(name).dtype for name in reader.param_names} == {np.dtype(ml_dtypes.bfloat16)}
-        (logits,) = reader.op_outputs(reader.ops[-1]["index"])
+        assert {reader.tensors.param(name).dtype for name in reader.outline.param_names} == {np.dtype(ml_dtypes.bfloat16)}
+        (logits,) = reader.tensors.op_outputs(reader.outline.ops[-1]["index"])
     assert logits.dtype == ml_dtypes.bfloat16 and logits.shape == (1, SEQ, VOCAB)
     assert logits.view(np.uint16).tobytes() == expected.view(torch.int16).numpy().tobytes()
     with Session.open(trace) as session:
@@ -250,7 +250,7 @@ def test_a_fault_planted_in_a_bf16_lm_is_found_at_its_op(forward, tmp_path):
     """A 25% error at the bf16 `act(gate) * up` of a clean bf16 Llama: above bf16's noise floor, found there."""
     _, trace = forward("llama")
     with TraceReader(trace) as reader:
-        planted = next(op for op in reader.ops if op["layer"] == "model.layers.0.mlp" and op["op"] == "aten.mul.Tensor")
+        planted = next(op for op in reader.outline.ops if op["layer"] == "model.layers.0.mlp" and op["op"] == "aten.mul.Tensor")
         assert planted["outputs"][0]["dtype"] == "bfloat16"
     transform = fault_transform(tmp_path, "scale", planted["name"], scale=1.25)
     with Session.open(trace, transform=transform) as session:

@@ -66,12 +66,12 @@ def _check_logits(trace, spec: str) -> None:
         expected = model(ids).logits.numpy()  # the model called plainly, as a user would
     with TraceReader(trace) as reader:
         assert reader.complete
-        assert tuple(reader.input_names) == INPUT_NAMES
-        assert np.array_equal(reader.input("input_ids"), ids.numpy())
-        mask = reader.input("attention_mask")
+        assert tuple(reader.outline.input_names) == INPUT_NAMES
+        assert np.array_equal(reader.tensors.input("input_ids"), ids.numpy())
+        mask = reader.tensors.input("attention_mask")
         assert mask.dtype == np.int64 and mask.shape == (1, SEQ) and (mask == 1).all()
-        last = reader.ops[-1]
-        (logits,) = reader.op_outputs(last["index"])
+        last = reader.outline.ops[-1]
+        (logits,) = reader.tensors.op_outputs(last["index"])
         assert reader.meta["causal_lm"]["positions"] == SEQ
     assert logits.shape == (1, SEQ, VOCAB) == expected.shape
     np.testing.assert_allclose(logits, expected, rtol=0, atol=EXACT)
@@ -119,7 +119,7 @@ def test_clean_plain_model_bisects_clean(plain_qwen2):
 
 def test_planted_fault_in_a_plain_model_is_found(plain_qwen2, tmp_path):
     with TraceReader(plain_qwen2[0]) as reader:
-        softmax = next(op for op in reader.ops if op["op"] == "aten._softmax.default")
+        softmax = next(op for op in reader.outline.ops if op["op"] == "aten._softmax.default")
     with Session.open(plain_qwen2[0], transform=fault_transform(tmp_path, "scale", softmax["name"])) as session:
         result = session.bisect(sweep=False)
     assert result.diverged

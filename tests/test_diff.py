@@ -49,15 +49,15 @@ def copy_trace(source: Path, target: Path, scale_from: int | None = None, factor
     `factor`, op names through `rename`, the ops in `leave_out` not written (the trace then incomplete)."""
     with TraceReader(source) as reader:
         ops = [{**op, "name": rename(op["name"]), "inputs": [rename(name) for name in op["inputs"]]}
-               for op in reader.ops]
-        writer = TraceWriter(target, meta=reader.meta, graph_json=reader.graph_json, tvmscript=reader.tvmscript,
-                             ops=ops, inputs={n: reader.input(n) for n in reader.input_names},
-                             params={n: reader.param(n) for n in reader.param_names},
-                             source_graph=reader.source_graph_json)
+               for op in reader.outline.ops]
+        writer = TraceWriter(target, meta=reader.meta, graph_json=reader.outline.graph_json, tvmscript=reader.outline.tvmscript,
+                             ops=ops, inputs={n: reader.tensors.input(n) for n in reader.outline.input_names},
+                             params={n: reader.tensors.param(n) for n in reader.outline.param_names},
+                             source_graph=reader.outline.source_graph_json)
         for index in range(len(ops)):
             if index in leave_out:
                 continue
-            outputs = reader.op_outputs(index)
+            outputs = reader.tensors.op_outputs(index)
             if scale_from is not None and index >= scale_from:
                 with np.errstate(over="ignore"):  # a mask's float32 minimum becomes -inf: unchanged as a mask
                         outputs = [(value * factor).astype(value.dtype) if value.dtype.kind == "f" else value
@@ -231,7 +231,7 @@ def test_a_tvm_native_model_diffs_against_its_planted_copy_and_not_with_another_
 def test_generation_traces_pair_by_name_and_step(traces, tmp_path):
     trace = traces.get("plain_qwen2", "--generate", "3")
     with TraceReader(trace) as reader:
-        step_two = next(op["index"] for op in reader.ops if op["step"] == 2)
+        step_two = next(op["index"] for op in reader.outline.ops if op["step"] == 2)
     copy = copy_trace(trace, tmp_path / "gen.h5", scale_from=step_two)
     result = diff_traces(trace, copy)
     assert result.by_step and not result.only_in_a and not result.only_in_b

@@ -41,8 +41,8 @@ def _record_and_replay(tmp_path, kind: str) -> tuple[dict, list[dict], list[np.n
     eager = [t.numpy() for t in (eager if isinstance(eager, tuple) else (eager,)) if t is not None]
     with TraceReader(path) as reader:
         assert reader.complete
-        meta, ops = dict(reader.meta), list(reader.ops)
-        outputs = reader.op_outputs(ops[-1]["index"])
+        meta, ops = dict(reader.meta), list(reader.outline.ops)
+        outputs = reader.tensors.op_outputs(ops[-1]["index"])
     assert [o.shape for o in outputs] == [e.shape for e in eager]
     assert all(np.array_equal(o, e) for o, e in zip(outputs, eager)), "the last op must be the model's output"
     with Session.open(path) as session:
