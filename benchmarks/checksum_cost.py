@@ -43,12 +43,12 @@ from tapml_dbg.trace import TraceReader
 started = time.perf_counter()
 nbytes = 0
 with TraceReader(sys.argv[1]) as reader:
-    for name in reader.input_names:
-        nbytes += reader.input(name).nbytes
-    for name in reader.param_names:
-        nbytes += reader.param(name).nbytes
-    for index in reader.finished_ops():
-        nbytes += sum(value.nbytes for value in reader.op_outputs(index))
+    for name in reader.outline.input_names:
+        nbytes += reader.tensors.input(name).nbytes
+    for name in reader.outline.param_names:
+        nbytes += reader.tensors.param(name).nbytes
+    for index in reader.recorded.finished_ops():
+        nbytes += sum(value.nbytes for value in reader.tensors.op_outputs(index))
 print(json.dumps({"seconds": time.perf_counter() - started, "bytes": nbytes}))
 '''
 

@@ -144,7 +144,7 @@ def _stage_record(spec: str, trace: Path, row: dict) -> tuple[bool, str]:
     result = record(spec, trace)
     row["ops"] = result.ops
     with TraceReader(trace) as reader:
-        finished, complete = len(reader.finished_ops()), reader.complete
+        finished, complete = len(reader.recorded.finished_ops()), reader.complete
         diff = reader.meta.get("eager_output_max_abs_diff")
     if finished != result.ops or not complete:
         return False, f"only {finished} of {result.ops} ops recorded (complete: {complete})"
@@ -188,7 +188,7 @@ def _fault_op(session, after: int = -1, avoid=frozenset()) -> str | None:
         if not (op.relax_op.startswith("relax.") and op.outputs and not op.is_tuple
                 and op.outputs[0].dtype == "float32" and "reshape" not in op.relax_op):
             continue
-        stats = session.reader.op_stats(op.index)[0]
+        stats = session.reader.tensors.op_stats(op.index)[0]
         if stats.get("nan") or stats.get("inf") or not stats.get("absmax"):
             continue
         if not session.isolated(op.index).passed:

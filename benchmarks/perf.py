@@ -119,10 +119,10 @@ recorder._TraceSink.__init__, recorder._TraceSink.finish = _start, _stop
 result = recorder.record(sys.argv[1], sys.argv[2], window=sys.argv[3] or None)
 from tapml_dbg.trace import TraceReader
 with TraceReader(sys.argv[2]) as reader:
-    activations = sum(sum(a.nbytes for a in reader.op_outputs(i)) for i in reader.finished_ops())
-    stored = reader.tensor_bytes()
+    activations = sum(sum(a.nbytes for a in reader.tensors.op_outputs(i)) for i in reader.recorded.finished_ops())
+    stored = reader.tensors.tensor_bytes()
     all_ops = 0
-    for op in reader.ops:
+    for op in reader.outline.ops:
         for spec in op.get("outputs", []):
             all_ops += math.prod(spec["shape"]) * {"float32": 4, "float16": 2, "bfloat16": 2, "int64": 8,
                                                    "int32": 4, "bool": 1}.get(spec["dtype"], 4)
@@ -140,14 +140,14 @@ import numpy as np
 from tapml_dbg.trace import TraceReader, TraceWriter
 source, out_trace, out_raw = sys.argv[1], sys.argv[2], sys.argv[3]
 with TraceReader(source) as reader:
-    ops = reader.ops
+    ops = reader.outline.ops
     writer = TraceWriter(out_trace, meta={"model": "rewrite"}, graph_json="{}", tvmscript="",
                          ops=[{"index": op["index"]} for op in ops], inputs={}, params={})
     trace_s = raw_s = 0.0
     total = 0
     with open(out_raw, "wb") as raw:
-        for index in reader.finished_ops():
-            values = reader.op_outputs(index)  # read (not timed), then written both ways
+        for index in reader.recorded.finished_ops():
+            values = reader.tensors.op_outputs(index)  # read (not timed), then written both ways
             total += sum(v.nbytes for v in values)
             started = time.perf_counter()
             for value in values:
@@ -183,7 +183,7 @@ from tapml_dbg.engine.session import Session
 trace, cache, folder = sys.argv[1], sys.argv[2], Path(sys.argv[3])
 out = {}
 with Session.open(trace, cache_dir=cache + "-sweep") as session:
-    capture = session.reader.capture
+    capture = session.reader.outline.capture
     first, end = (capture["first"], capture["end"]) if capture else (0, len(session.ops))
     indices = list(range(first, end))
     started = time.perf_counter()

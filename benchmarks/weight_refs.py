@@ -97,10 +97,10 @@ def read_everything(path: Path) -> float:
 
     started = time.perf_counter()
     with TraceReader(path) as reader:
-        for name in reader.param_names:
-            reader.param(name)
-        for index in reader.finished_ops():
-            reader.op_outputs(index)
+        for name in reader.outline.param_names:
+            reader.tensors.param(name)
+        for index in reader.recorded.finished_ops():
+            reader.tensors.op_outputs(index)
     return time.perf_counter() - started
 
 

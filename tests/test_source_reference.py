@@ -118,15 +118,15 @@ def _op(session, name: str) -> int:
 def test_source_runner_reproduces_every_recorded_value_bit_for_bit(traces, example):
     with TraceReader(traces.get(example)) as reader:
         graph = load_source_graph(reader)
-        ops = [OpInfo.from_json(op) for op in reader.ops]
+        ops = [OpInfo.from_json(op) for op in reader.outline.ops]
         index = {op.name: op.index for op in ops}
-        runner = SourceRunner(graph, lambda name: reader.op_outputs(index[name]),
-                              lambda kind, name: reader.input(name) if kind == "input" else reader.param(name))
+        runner = SourceRunner(graph, lambda name: reader.tensors.op_outputs(index[name]),
+                              lambda kind, name: reader.tensors.input(name) if kind == "input" else reader.tensors.param(name))
         checked = 0
         for op in ops:
             if not runner.holds(op.name):
                 continue  # a helper binding: no FX node of its own
-            again, recorded = runner.op_value(op), reader.op_outputs(op.index)
+            again, recorded = runner.op_value(op), reader.tensors.op_outputs(op.index)
             assert len(again) == len(recorded)
             for a, b in zip(again, recorded):
                 a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
@@ -142,7 +142,7 @@ def test_crafted_source_graph_is_refused_and_runs_nothing(traces, tmp_path, monk
     calls = []
     monkeypatch.setattr(source_runner, "resolve_target", lambda target: calls.append(target))
     original = TraceReader(traces.get("mlp"))
-    text = original.source_graph_json
+    text = original.outline.source_graph_json
     original.close()
     graph = json.loads(text)
     crafted = {
@@ -176,7 +176,7 @@ def test_crafted_source_graph_is_refused_and_runs_nothing(traces, tmp_path, monk
 
 def test_old_traces_have_no_source_graph_and_use_the_fixed_rule():
     with TraceReader("tests/fixtures/trace_v1.h5") as reader:
-        assert reader.source_graph_json is None
+        assert reader.outline.source_graph_json is None
         assert load_source_graph(reader) is None
 
 
@@ -194,11 +194,11 @@ def test_an_import_that_changes_the_type_is_bisected_to_that_op(models, model, o
         assert result.culprit.to_json()["class"] == "type"
         assert session.verdicts.type_changed_ops()[0] == _op(session, op)
     with TraceReader(path) as reader:  # the trace keeps the source's own value, not a cast of it
-        index = next(o["index"] for o in reader.ops if o["name"] == op)
+        index = next(o["index"] for o in reader.outline.ops if o["name"] == op)
         source = what.split("source ")[1]
-        recorded = reader.op_outputs(index)[0]
+        recorded = reader.tensors.op_outputs(index)[0]
         assert (str(recorded.dtype) if "dtype" in what else str(tuple(recorded.shape))) == source
-        assert reader.op_note(index).startswith(S.TYPE_NOTE_PREFIX)
+        assert reader.recorded.op_note(index).startswith(S.TYPE_NOTE_PREFIX)
     changes = trace_info(str(path))["type_changes"]
     assert changes["dtype" if "dtype" in what else "shape"] >= 1
 
