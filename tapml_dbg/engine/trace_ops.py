@@ -28,10 +28,10 @@ class TraceOps:
         self.consumers = consumers_of(ops)
         self.dead_fields = dead_tuple_fields(main)
         self.recorded = recorded  # ops whose values the trace holds
-        self.input_names = set(reader.input_names)
+        self.input_names = set(reader.outline.input_names)
 
     def source_values(self, index: int) -> list[np.ndarray]:
         """Op `index`'s recorded values; TraceError (what to record) when the trace has none."""
         if index not in self.recorded:
-            raise TraceError(self.reader.missing_values_message(index))
-        return self.reader.op_outputs(index)
+            raise TraceError(self.reader.recorded.missing_values_message(index))
+        return self.reader.tensors.op_outputs(index)

@@ -13,7 +13,7 @@ import numpy as np
 
 
 class RecentOpOutputs:
-    """`reader.op_outputs(index)`, the last ones read kept while they fit in `max_bytes` (a value
+    """`reader.tensors.op_outputs(index)`, the last ones read kept while they fit in `max_bytes` (a value
     larger than that on its own is read every time)."""
 
     def __init__(self, reader, max_bytes: int):
