@@ -101,7 +101,7 @@ def test_an_interrupted_search_stops_its_compiles_ahead(traces, tmp_path, monkey
     slow = Path(planted.rpartition(":")[0])
     slow.write_text(slow.read_text() + "\n\ndef slow(mod):\n    import time\n    time.sleep(0.15)\n    return scale(mod)\n")
     with Session.open(traces.get("mlp"), transform=f"{slow}:slow", cache_dir=tmp_path / "cache") as session:
-        def interrupted(self, chain, box, preparing):
+        def interrupted(self, beside):
             raise KeyboardInterrupt
 
         with monkeypatch.context() as patch:
@@ -183,7 +183,8 @@ def test_the_culprits_second_run_is_made_while_the_other_half_of_the_search_goes
     with Session.open(traces.get("mlp"), transform=fault_transform(tmp_path, "scale", "gelu_1")) as session:
         bisection = Bisection(session)
         culprit = bisection.run().culprit
-        assert (bisection.spare is not None and bisection.spare[0] == culprit.index) == (first_done == "chain")
+        side_spare = bisection.beside.side_spare  # the chain's worker's run of its first suspect
+        assert (side_spare is not None and side_spare[0] == culprit.index) == (first_done == "chain")
         assert not session.isolated_verdicts.spare_runs  # the spare run was used
     assert (culprit.name, culprit.verdict) == ("gelu_1", "isolated") and culprit.wrong is not None
     assert culprit.wrong != "nondeterministic" and not runs_explaining

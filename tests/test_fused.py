@@ -19,7 +19,6 @@ from conftest import PLANTED_OP, fresh
 from tapml_dbg.api import Replay
 from tapml_dbg import portable as lib
 from tapml_dbg.engine import fused
-from tapml_dbg.engine.search import Bisection
 from tapml_dbg.engine.session import Session
 from tapml_dbg.repro import carve, dump_op
 from tapml_dbg.ui import cli
@@ -80,7 +79,7 @@ def test_the_fused_phase_names_the_unit_in_transformers(traces, example):
         run = session.lanes.run(session.requests.ops_request(between, inputs))
         upstream = dict(zip(inputs, run.outputs))  # the matmul's (reshaped) value, as the target computes it
         unit = fused.diagnose(session, add, 0, upstream)
-        culprit = Bisection(session, sweep=False).fused_culprit(unit)
+        culprit = unit.culprit(session.ops[unit.index])
         check_fused_culprit(session, culprit, add, matmul)
 
 

@@ -98,12 +98,12 @@ def test_a_fused_probe_is_cut_around_kept_ops(clean):
     """The fused search's probe of a prefix holding the bool eq does not build; with the eq (and what
     feeds it) kept, it builds without them, their recorded values its inputs, and its values pass."""
     last = SELECT - 1
-    stuck = Bisection(clean)
-    assert stuck._prefix_fails(last) and stuck.probe_results[last].status == "compile-error"
+    stuck = Bisection(clean).prefixes
+    assert stuck.fails(last) and stuck.results[last].status == "compile-error"
     clean.set_kept([CUMSUM, *INDEX, EQ])
-    bisection = Bisection(clean)
-    assert not bisection._prefix_fails(last), bisection.probe_results[last].message
-    assert bisection.probe_results[last].ok
+    prefixes = Bisection(clean).prefixes
+    assert not prefixes.fails(last), prefixes.results[last].message
+    assert prefixes.results[last].ok
 
 
 def test_triage_skips_kept_ops_and_lists_the_rest(clean):

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from conftest import fault_transform, run_cli
-from tapml_dbg.engine.search import Bisection
+from tapml_dbg.engine.phases_fused import FusedPrefixes
 from tapml_dbg.engine.session import Session
 from tapml_dbg.judge.compare import Tolerance, TolerancePolicy
 from tapml_dbg.judge.noise_floor import NoiseFloor
@@ -212,7 +212,7 @@ def test_on_two_cores_fused_probes_are_built_from_the_start_only_after_a_chain_f
     chain finds the divergence builds none. With a core to spare, always from the start. The answers
     are the same either way."""
     probes, builds = [], []
-    probes_ahead, build_ahead = Bisection._probes_ahead, Lanes.build_ahead
+    probes_ahead, build_ahead = FusedPrefixes.ahead, Lanes.build_ahead
 
     def made(self):
         requests = probes_ahead(self)
@@ -223,7 +223,7 @@ def test_on_two_cores_fused_probes_are_built_from_the_start_only_after_a_chain_f
         builds[-1].append((any(request in probes for request in requests), niceness))
         return build_ahead(self, requests, niceness)
 
-    monkeypatch.setattr(Bisection, "_probes_ahead", made)
+    monkeypatch.setattr(FusedPrefixes, "ahead", made)
     monkeypatch.setattr(Lanes, "build_ahead", built)
     path = traces.get("mlp")
     moves = [fault_transform(tmp_path, "scale", "gelu_1"), fault_transform(tmp_path, "scale", "addmm_3"), None,
@@ -266,7 +266,7 @@ def test_a_cold_search_counts_no_run_as_remembered_even_when_its_chain_runs_agai
     from tapml_dbg.trace import TraceReader
 
     path, cache = traces.get("mlp"), tmp_path / "cache"
-    names = [op["name"] for op in TraceReader(path).outline.ops][10:]
+    names = [op["name"] for op in TraceReader(path).ops][10:]
     policy = TolerancePolicy(by_op={name: Tolerance(1e-3, 1e-5) for name in names})
     first = bisect(path, None, cache, policy=policy)
     assert checkpoints(cache)

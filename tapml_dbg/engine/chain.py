@@ -26,18 +26,18 @@ from tapml_dbg.runtime.scheduler import Background
 CHAIN_SUSPECTS = 8  # suspects a chain collects before it stops: a passing one costs no second run
 
 
-@dataclass
+@dataclass(frozen=True)
 class ChainFinding:
-    """What a chained run found: the first wrong op with its verdict, or nothing."""
+    """What a chained run found (phase 1): the first wrong op with its verdict, or nothing."""
 
     index: int | None = None
     verdict: Verdict | None = None  # isolated when the op is wrong alone, else propagated (or a failed run)
-    upstream: dict = field(default_factory=dict)  # the chain's target values of the op's inputs
+    upstream: dict = field(default_factory=dict, compare=False)  # the chain's target values of the op's inputs
     lost: bool = False  # the chain died without saying where (crash, timeout): nothing is known
     message: str = ""
     runs: int = 0  # chained runs made
-    probes: list[tuple[int, bool]] = field(default_factory=list)  # (k, ops first..k wrong?), as a search trace
-    kept: dict = field(default_factory=dict)  # the `also_keep` values of a run to the end
+    probes: tuple[tuple[int, bool], ...] = ()  # (k, ops first..k wrong?), as a search trace
+    kept: dict = field(default_factory=dict, compare=False)  # the `also_keep` values of a run to the end
 
 
 class ChainSearch:
@@ -80,37 +80,34 @@ class ChainSearch:
     def run(self, first=None) -> ChainFinding:
         """The search; `first`: the first chained run (request, result), when it ran beside a sweep."""
         session = self.session
-        finding = ChainFinding()
         if not self.indices:
-            return finding
+            return ChainFinding()
         if first is None:
             self.prepare()
+        runs = 0
         while True:
-            request = self.request(finding.runs) if first is None else first[0]
+            request = self.request(runs) if first is None else first[0]
             session.warm_up_torch()  # the full verdicts' torch, while the chain runs
             result = first[1] if first is not None else session.lanes.run(request, self.timeout)
             first = None
             self.remember(request, result)
-            wanted = self._suspects(finding.runs)
-            finding.runs += 1
+            wanted = self._suspects(runs)
+            runs += 1
             for name, values in zip(result.suspects, result.outputs):
                 index = session.by_name[name].index
                 verdict = self._wrong(index, result, values)
                 if verdict is not None:
-                    return self._found(finding, index, verdict, result.upstream.get(name, {}))
+                    return self._found(runs, index, verdict, result.upstream.get(name, {}))
                 self.accept.add(name)
             if not result.ok:
                 if not result.failed_op:  # the worker died mid-chain: which op killed it is unknown
-                    finding.lost, finding.message = True, result.message
-                    return finding
+                    return ChainFinding(lost=True, message=result.message, runs=runs)
                 index = session.by_name[result.failed_op].index
                 isolated = session.isolated(index)
                 verdict = isolated if isolated.failed else session.verdicts.judge(index, PROPAGATED, result, None)
-                return self._found(finding, index, verdict, {})
+                return self._found(runs, index, verdict, {})
             if len(result.suspects) < wanted:  # it ran to the end
-                finding.probes.append((self.last, False))
-                finding.kept = result.also_kept
-                return finding
+                return ChainFinding(runs=runs, probes=((self.last, False),), kept=result.also_kept)
 
     def _wrong(self, index: int, result, values: list) -> Verdict | None:
         """The failing verdict of a suspect (None: it passes both ways)."""
@@ -122,12 +119,9 @@ class ChainSearch:
         verdict = session.verdicts.judge(index, PROPAGATED, result, values, fed_by_target=fed)
         return verdict if verdict.failed else None
 
-    def _found(self, finding: ChainFinding, index: int, verdict: Verdict, upstream: dict) -> ChainFinding:
-        finding.index, finding.verdict, finding.upstream = index, verdict, upstream
-        if index > self.first:
-            finding.probes.append((index - 1, False))
-        finding.probes.append((index, True))
-        return finding
+    def _found(self, runs: int, index: int, verdict: Verdict, upstream: dict) -> ChainFinding:
+        probes = ((index - 1, False),) if index > self.first else ()
+        return ChainFinding(index, verdict, upstream, runs=runs, probes=probes + ((index, True),))
 
     def prepare(self, wait: bool = True) -> Background | None:
         """Every distinct unit of the chain the cache does not hold yet, built ahead by the runtime

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tapml_dbg.engine.results import Culprit
 from tapml_dbg.errors import TraceError
 from tapml_dbg.judge.verdict import FUSED, PROPAGATED, Status, Verdict, WrongClass
 
@@ -45,6 +46,13 @@ class FusedUnit:
         others = ", ".join(f"#{i} {n}" for i, n in zip(self.ops, self.names) if i != self.index)
         return (f"#{self.index} {self.names[-1]} passes alone; fails compiled with {others}: "
                 f"fused, {len(self.ops)} ops")
+
+    def culprit(self, op) -> Culprit:
+        """The unit as a bisect's fused culprit (`op`: the `OpInfo` of its last op)."""
+        verdict = self.verdict
+        return Culprit(op.index, op.name, op.op, op.layer, FUSED, verdict.worst, self.describe(), verdict.wrong,
+                       verdict.evidence, unit=list(zip(self.ops, self.names)), source_location=op.source_location,
+                       step=op.step)
 
 
 def producers_within(session, index: int, first: int) -> list[int]:

@@ -78,6 +78,25 @@ def output_name(session) -> str:
     return session.ops[_output_index(session)].name
 
 
+@dataclass(frozen=True)
+class TokensPhase:
+    """The last phase of a bisect on a generation trace: every step's token verdict. A search whose
+    chain starts at op 0 has it hand back the output's values (`keep`), so no chain runs again."""
+
+    keep: frozenset[str] = frozenset()  # the op whose first value is every step's logits, when the chain keeps it
+
+    def report(self, session, chain_kept: dict) -> TokenReport:
+        """The tokens, from the chain's kept values where it kept the output, else from a chain of their own."""
+        return teacher_forced(session, next((chain_kept.get(name) for name in self.keep), None))
+
+
+def tokens_phase(session, first: int) -> TokensPhase | None:
+    """The tokens phase of a search starting at op `first` (None: the trace is one forward)."""
+    if trace_generation(session) is None:
+        return None
+    return TokensPhase(frozenset({output_name(session)}) if first == 0 else frozenset())
+
+
 def teacher_forced(session, chained: list | None = None) -> TokenReport:
     """Every step's token verdict with the target's own cache, fed the source's tokens. `chained`: the
     output's values from a chain of every op up to it that ran already (a search's), so none runs again."""

@@ -9,11 +9,11 @@ as they are built; a crash is that op's verdict only.
 
 from __future__ import annotations
 
-import time
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import Callable
 
+from tapml_dbg.engine.phases import follow_chain
 from tapml_dbg.engine.requests import RequestBuilder
 from tapml_dbg.judge.verdict import ISOLATED, Status, Verdict
 from tapml_dbg.model.graph import OpInfo
@@ -23,7 +23,6 @@ from tapml_dbg.runtime.messages import UnitRequest, UnitResult, UnitStatus
 
 SWEEP_BATCH = 32  # screened isolated runs per request: one round trip instead of 32 (a search's stop at a suspect)
 KEPT_FAILED_RUNS = 4  # failing ops whose outputs are kept for their second run (Verdicts.explain)
-FOLLOW_POLL_S = 0.02  # how often a sweep that follows a chain looks at the chain's log while it waits
 
 Judge = Callable[[int, str, UnitResult, list], Verdict]  # (index, mode, result, outputs) -> verdict
 Progress = Callable[..., None]
@@ -66,10 +65,12 @@ class ChainLead:
     chain has been past it, and not at all when the chain's value of it cleared the isolated screen
     (the op's kernel, fed the target's own values of its inputs, gave a value that passes the
     isolated rule, which is what running it alone on the recorded inputs would be asked). `log`: the
-    chain's (`Runtime.chain_log`); `done()`: the chain has ended (what it did not reach is swept)."""
+    chain's (`Runtime.chain_log`); `done()`: the chain has ended (what it did not reach is swept);
+    `wait()`: the runtime's wait for the chain to go on, when the sweep has nothing else to run."""
 
     log: object
     done: Callable[[], bool]
+    wait: Callable[[], None]
 
 
 class IsolatedVerdicts:
@@ -151,90 +152,12 @@ class IsolatedVerdicts:
         when screened), lowest first, over all lanes. A batch that fails part-way runs its remaining
         ops one unit each, so that a crash is one op's verdict.
         """
-        screen, unscreened, stop_at_failure = plan.screen, plan.unscreened, plan.stop_at_failure
-        also, bound, compiled, building, lead = plan.also, plan.bound, plan.compiled, plan.building, plan.lead
-        first = [i for i in dict.fromkeys(also) if i not in self.cache]
-        known = self.screened if screen is not None else set()
+        first = [i for i in dict.fromkeys(plan.also) if i not in self.cache]
+        known = self.screened if plan.screen is not None else set()
         todo = [i for i in dict.fromkeys(indices)
                 if i not in self.cache and i not in known and i not in first and self.ops[i].outputs]
-        wanted, swept, finished = set(indices), set(todo), 0
-        later: list[int] = []  # ops a batch skipped, their units not built yet
-        following = list(todo) if lead is not None and screen is not None else []  # ops the lead has not passed
-        cut = None  # no op above it is wanted any more
-        with self.lanes.dispatch(compiled) as work:
-            def submit_batch(batch: list[int], defer: bool = True) -> None:
-                # a sweep that stops at the first failure stops each batch at its first suspect:
-                # the ops after it are not needed when it fails, and go again as a batch when it passes;
-                # `defer`: skip unbuilt units while the compile lanes are still building
-                defer = defer and building is not None and building()
-                request, held = self.requests.isolated_batch(batch, screen, unscreened,
-                                                             stop_at_suspect=stop_at_failure, defer_unbuilt=defer)
-                if held:
-                    work.submit(held[0], ("batch", tuple(held), request.suspects), request)
-
-            def follow() -> list[int]:
-                """Settle or submit the ops the lead has passed, SWEEP_BATCH of `todo` at a time (a chunk
-                once the lead has passed all of it: the same requests whatever the timing); the rest wait."""
-                nonlocal finished
-                lead.log.refresh()
-                done, reached, cleared = lead.done(), lead.log.reached, lead.log.cleared
-                limit = bound() if bound is not None else None
-                if limit is not None:
-                    cancel_above(limit)
-                waiting = [index for index in following if cut is None or index <= cut]
-                while waiting:
-                    chunk, rest = waiting[:SWEEP_BATCH], waiting[SWEEP_BATCH:]
-                    if not done and any(self.ops[index].name not in reached for index in chunk):
-                        break
-                    run = []
-                    for index in chunk:
-                        if self.ops[index].name in cleared:  # its chained value cleared the isolated screen
-                            self.screened.add(index)
-                            finished += 1
-                            progress(finished, len(todo), f"isolated sweep op {index} (cleared by the chain)")
-                        else:
-                            run.append(index)
-                    if run:
-                        submit_batch(run)
-                    waiting = rest
-                return waiting
-
-            def cancel_above(index: int) -> None:
-                nonlocal cut
-                cut = index if cut is None else min(cut, index)
-                work.cancel_above(index)
-
-            for index in first:  # first, and never cancelled
-                self._submit(work, -1, index)
-            if screen is not None and lead is None:
-                for batch in chunks(todo, SWEEP_BATCH):
-                    submit_batch(batch)
-            elif screen is None:
-                for index in todo:
-                    self._submit(work, index, index)
-            while True:
-                if following:
-                    following = follow()
-                for tag, result in work:
-                    for index, verdict in self._results(tag, self.lanes.counted(result), work, submit_batch,
-                                                        later.append):
-                        if index in swept:
-                            finished += 1
-                            progress(finished, len(todo), f"isolated sweep op {index}")
-                        if stop_at_failure and verdict is not None and verdict.failed and index in wanted:
-                            cancel_above(index)
-                    limit = bound() if bound is not None else None
-                    if limit is not None:
-                        cancel_above(limit)
-                if later:
-                    for batch in chunks(sorted(later), SWEEP_BATCH):  # built by now, or waited for
-                        submit_batch(batch, defer=False)
-                    later.clear()
-                    continue
-                if not following:  # (`follow` drops the ops above a failure or the bound)
-                    return
-                if not work.pending:
-                    time.sleep(FOLLOW_POLL_S)
+        with self.lanes.dispatch(plan.compiled) as work:
+            _Sweep(self, work, plan, todo, set(indices), progress).run(first)
 
     def _results(self, tag, result: UnitResult, work, submit_batch: Callable[[list[int]], None],
                  defer: Callable[[int], None]):
@@ -293,6 +216,94 @@ class IsolatedVerdicts:
         request = self.request(index)
         if isinstance(request, UnitRequest):  # else `get` says why it has no verdict, without compiling
             work.submit(key, index, request)
+
+
+class _Sweep:
+    """One `fill`: its units in flight (`work`), the ops it has left, and how far a chain it follows has got."""
+
+    def __init__(self, verdicts: IsolatedVerdicts, work, plan: SweepPlan, todo: list[int], wanted: set[int],
+                 progress: Progress):
+        self.verdicts, self.work, self.plan, self.progress = verdicts, work, plan, progress
+        self.todo, self.swept, self.wanted = todo, set(todo), wanted
+        self.finished = 0
+        self.later: list[int] = []  # ops a batch skipped, their units not built yet
+        # ops the lead has not passed yet
+        self.following = list(todo) if plan.lead is not None and plan.screen is not None else []
+        self.cut: int | None = None  # no op above it is wanted any more
+
+    def run(self, first: list[int]) -> None:
+        plan, work = self.plan, self.work
+        for index in first:  # first, and never cancelled
+            self.verdicts._submit(work, -1, index)
+        if plan.screen is not None and plan.lead is None:
+            for batch in chunks(self.todo, SWEEP_BATCH):
+                self.submit_batch(batch)
+        elif plan.screen is None:
+            for index in self.todo:
+                self.verdicts._submit(work, index, index)
+        while True:
+            if self.following:
+                self.follow()
+            for tag, result in work:
+                self.settle(tag, result)
+            if self.later:
+                for batch in chunks(sorted(self.later), SWEEP_BATCH):  # built by now, or waited for
+                    self.submit_batch(batch, defer=False)
+                self.later.clear()
+                continue
+            if not self.following:  # (`follow` drops the ops above a failure or the bound)
+                return
+            if not work.pending:
+                self.plan.lead.wait()  # (the runtime's: nothing to run until the chain goes on)
+
+    def settle(self, tag, result: UnitResult) -> None:
+        verdicts = self.verdicts
+        for index, verdict in verdicts._results(tag, verdicts.lanes.counted(result), self.work, self.submit_batch,
+                                                self.later.append):
+            if index in self.swept:
+                self.finished += 1
+                self.progress(self.finished, len(self.todo), f"isolated sweep op {index}")
+            if self.plan.stop_at_failure and verdict is not None and verdict.failed and index in self.wanted:
+                self.cancel_above(index)
+        self.apply_bound()
+
+    def submit_batch(self, batch: list[int], defer: bool = True) -> None:
+        """A sweep that stops at the first failure stops each batch at its first suspect: the ops after it
+        are not needed when it fails, and go again as a batch when it passes; `defer`: skip unbuilt units
+        while the compile lanes are still building."""
+        plan = self.plan
+        defer = defer and plan.building is not None and plan.building()
+        request, held = self.verdicts.requests.isolated_batch(batch, plan.screen, plan.unscreened,
+                                                              stop_at_suspect=plan.stop_at_failure,
+                                                              defer_unbuilt=defer)
+        if held:
+            self.work.submit(held[0], ("batch", tuple(held), request.suspects), request)
+
+    def follow(self) -> None:
+        """Settle or submit the ops the lead has passed (`phases.follow_chain`); the rest wait."""
+        lead = self.plan.lead
+        lead.log.refresh()
+        done = lead.done()
+        self.apply_bound()
+        ops = self.verdicts.ops
+        step = follow_chain(self.following, lambda index: ops[index].name, lead.log.reached, lead.log.cleared,
+                            done, self.cut, SWEEP_BATCH)
+        for index in step.cleared:  # its chained value cleared the isolated screen
+            self.verdicts.screened.add(index)
+            self.finished += 1
+            self.progress(self.finished, len(self.todo), f"isolated sweep op {index} (cleared by the chain)")
+        for batch in step.batches:
+            self.submit_batch(list(batch))
+        self.following = list(step.waiting)
+
+    def apply_bound(self) -> None:
+        limit = self.plan.bound() if self.plan.bound is not None else None
+        if limit is not None:
+            self.cancel_above(limit)
+
+    def cancel_above(self, index: int) -> None:
+        self.cut = index if self.cut is None else min(self.cut, index)
+        self.work.cancel_above(index)
 
 
 def chunks(indices: list[int], size: int) -> list[list[int]]:

@@ -1,7 +1,8 @@
 """Work beside the caller, on a thread of the runtime's own.
 
-The engine says what runs beside what (a search's chain beside its sweep, compiles ahead of a
-chain); only runtime/ starts threads (DESIGN.md, "Architecture"). `Background` holds one such piece of
+The engine says what it wants run (a search's chain and its sweep, compiles ahead of a chain); what
+runs beside what is the runtime's (runtime/overlap.py, runtime/scheduler.py), and only runtime/
+starts threads (DESIGN.md, "Architecture"). `Background` holds one such piece of
 work: whether it is still running, its value once it is done, its error raised again where it is
 collected. `Stream` holds a series made beside the caller, handed over in order when the caller
 takes it. `StopFlag` is how the caller asks work it started to start nothing more.

@@ -26,12 +26,13 @@ from tapml_dbg.runtime.chain_log import ChainLog
 from tapml_dbg.runtime.compile_cache import DEFAULT_CACHE_DIR, load_transform, transform_identity
 from tapml_dbg.runtime.lanes import MIN_COMPILE_LANES, Lanes
 from tapml_dbg.runtime.messages import ChainRequest, ChainResult, UnitRequest, UnitResult
+from tapml_dbg.runtime.overlap import BesideOutcome, BesidePlan, ChainBesideSweep, SweepBeside
 from tapml_dbg.runtime.run_memo import RunMemo
 from tapml_dbg.runtime.target import TargetSpec, parse_target
 from tapml_dbg.runtime.tvm_import import import_tvm_without_torch, warm_up_torch
 
-__all__ = ["DEFAULT_CACHE_DIR", "Background", "Runtime", "check_setup", "transform_identity", "transform_retyped",
-           "warm_up_torch"]
+__all__ = ["DEFAULT_CACHE_DIR", "Background", "BesidePlan", "Runtime", "check_setup", "transform_identity",
+           "transform_retyped", "warm_up_torch"]
 
 T = TypeVar("T")
 OPS_PER_TIMEOUT = 100  # a chain may take the unit timeout once per this many ops
@@ -77,10 +78,10 @@ class Runtime(Lanes):
         return runtime
 
     # -- work beside the caller ------------------------------------------------------------
-    @staticmethod
-    def beside(work: Callable[[], T], name: str) -> Background[T]:
-        """`work()` on a thread of the runtime's own, started at once (join or `result()` it)."""
-        return Background(work, name)
+    def beside_sweep(self, plan: BesidePlan, sweep: Callable[[SweepBeside], None]) -> BesideOutcome:
+        """A search's chain (`plan`) on the side worker while `sweep(view)` runs in the caller's thread on
+        the lanes, as the overlap policy shares them (runtime/overlap.py); what ran beside, counted."""
+        return ChainBesideSweep(self, plan).run(sweep)
 
     def series_beside(self, produce: Callable[[Callable[..., UnitResult | ChainResult]], Iterable[T]], name: str,
                       weight: Callable[[T], int]) -> "BesideSeries[T] | None":
