@@ -312,8 +312,12 @@ def test_print_of_an_op_that_is_not_offloaded(t):
 
 
 def test_tolerance_changes_verdicts(t):
+    held = t.repl.session.verdicts.policy
+    as_it_was = held.to_json()
     out = t.run("tol op gelu_1 0.5", f"compare {FAULT_OP}", "tol")
     assert "op #13 gelu_1: rtol=0.5 atol=1e-06" in out
+    # replaced through Verdicts.set_policy, never changed in place: whoever holds the old one keeps it
+    assert t.repl.session.verdicts.policy is not held and held.to_json() == as_it_was
     assert verdict_rows(out) == [["verdict", "pass", "pass"]]
     assert "op gelu_1   0.5" in out
     out = t.run("tol float32 x", "tol propagated 0", "tol int8 1", "tol reset", f"compare {FAULT_OP}")
