@@ -152,7 +152,8 @@ class KeptOps:
         self.all: frozenset[int] = self.host_only_ops | reference  # every op kept on the source
 
     def keep_user(self, indices) -> frozenset[int]:
-        """The user's kept ops become `indices` with the other bindings of their source ops."""
+        """The user's kept ops become `indices` with the other bindings of their source ops (through
+        `Session.set_kept`, which forgets the replay's target values and updates its own `kept`)."""
         self.user = with_node_groups(self.ops, indices)
         self.all = self.user | self.host_only_ops | self.reference
         return self.user

@@ -2,12 +2,16 @@
 the jobs (the position is the `stops.Debugger`'s).
 
 Like `bdb`, it knows nothing of terminals: every method returns result objects and reports
-progress through a callback. The jobs: `RequestBuilder` (units and where their inputs come from),
-`Runtime` (the worker processes that compile and run them, and how: a crash inside TVM becomes a
-verdict, not the end of the session), `Verdicts` (the verdict rule and what a verdict says:
-`session.verdicts`), `IsolatedVerdicts` (the isolated-verdict cache and batched sweeps),
-`PropagatedReplay` (the offload set and the target values of the propagated replay:
-`session.replay`), `Bisection` (the search), `MixedRunner` (mixed runs), `compile_check` (codegen only).
+progress through a callback. The session opens the parts and hands each collaborator the few it
+uses, typed; none is handed the session, so none reaches back into it (docs/architecture.md, "The
+session and its collaborators"): `TraceOps` (the ops read once, their recorded values),
+`RequestBuilder` (units and where their inputs come from), `Runtime` (the worker processes that
+compile and run them, and how: a crash inside TVM becomes a verdict, not the end of the session),
+`KeptOps` (the kept set by origin), `TargetChains` (chains of per-op kernels, the propagated series:
+`session.chains`), `PropagatedReplay` (the offload set and the replay's target values:
+`session.replay`), `Verdicts` (the verdict rule, the isolated-verdict cache, the tolerance policy:
+`session.verdicts`), `MixedRunner` (mixed runs), `Migration`, `compile_check` (codegen only).
+`Bisection` (the search) still takes the session: its phases are being narrowed the same way.
 """
 
 from __future__ import annotations
@@ -106,7 +110,8 @@ class Session:
             self.source_values = trace.source_values  # an op's recorded values (TraceError: what to record)
             self.input_names, self.param_names = self.requests.input_names, self.requests.param_names
             self.kept_ops = _kept_ops(trace, self.reader, self.against)
-            # the kept set's parts, as of the last `set_kept` (KeptOps holds them: engine/kept.py)
+            # the kept set's parts for the session's readers, as of the last `set_kept` (which alone changes
+            # the kept set); the collaborators share `kept_ops` itself (engine/kept.py)
             self.host_only, self.host_only_ops = self.kept_ops.host_only, self.kept_ops.host_only_ops
             self.user_kept, self.kept = self.kept_ops.user, self.kept_ops.all
             self.chains = TargetChains(trace, self.requests, self.lanes, self.kept_ops)
