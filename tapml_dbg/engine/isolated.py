@@ -19,12 +19,12 @@ from tapml_dbg.judge.verdict import ISOLATED, Status, Verdict
 from tapml_dbg.model.graph import OpInfo
 from tapml_dbg.portable.screen import ScreenRule
 from tapml_dbg.runtime.scheduler import Runtime
-from tapml_dbg.runtime.messages import UnitRequest, UnitResult, UnitStatus
+from tapml_dbg.runtime.messages import BatchResult, Result, UnitRequest, UnitResult, UnitStatus
 
 SWEEP_BATCH = 32  # screened isolated runs per request: one round trip instead of 32 (a search's stop at a suspect)
 KEPT_FAILED_RUNS = 4  # failing ops whose outputs are kept for their second run (Verdicts.explain)
 
-Judge = Callable[[int, str, UnitResult, list], Verdict]  # (index, mode, result, outputs) -> verdict
+Judge = Callable[[int, str, Result, list], Verdict]  # (index, mode, result, outputs) -> verdict
 Progress = Callable[..., None]
 
 
@@ -159,7 +159,7 @@ class IsolatedVerdicts:
         with self.lanes.dispatch(plan.compiled) as work:
             _Sweep(self, work, plan, todo, set(indices), progress).run(first)
 
-    def _results(self, tag, result: UnitResult, work, submit_batch: Callable[[list[int]], None],
+    def _results(self, tag, result: UnitResult | BatchResult, work, submit_batch: Callable[[list[int]], None],
                  defer: Callable[[int], None]):
         """(op, verdict) of each op a result settles (verdict None: cleared by the screen); the ops
         it skipped go to `defer`."""
@@ -192,7 +192,7 @@ class IsolatedVerdicts:
         for index in batch[ran:]:  # one unit each from the op that did not run: its own verdict
             self._submit(work, index, index)
 
-    def absorb(self, held: list[int], result: UnitResult, most: int) -> None:
+    def absorb(self, held: list[int], result: BatchResult, most: int) -> None:
         """A screened batch (`RequestBuilder.isolated_batch` of `held`, stopping at its `most`-th suspect)
         that ran beside a sweep: the ops it ran are settled as `fill` settles them; those it did not run,
         and all of a batch that failed, are left to the next sweep."""
@@ -256,7 +256,7 @@ class _Sweep:
             if not work.pending:
                 self.plan.lead.wait()  # (the runtime's: nothing to run until the chain goes on)
 
-    def settle(self, tag, result: UnitResult) -> None:
+    def settle(self, tag, result: UnitResult | BatchResult) -> None:
         verdicts = self.verdicts
         for index, verdict in verdicts._results(tag, verdicts.lanes.counted(result), self.work, self.submit_batch,
                                                 self.later.append):

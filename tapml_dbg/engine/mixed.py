@@ -50,7 +50,7 @@ from tapml_dbg.model.graph import OpInfo, TensorSpec
 from tapml_dbg.model.select import LAYER_SEP, OpTable
 from tapml_dbg.model.units import bindings_by_name
 from tapml_dbg.host.helper_values import helper_value
-from tapml_dbg.runtime.messages import UnitResult, UnitStatus
+from tapml_dbg.runtime.messages import ChainResult, UnitResult, UnitStatus
 from tapml_dbg.runtime.scheduler import Runtime
 from tapml_dbg.runtime.target import TargetSpec
 from tapml_dbg.host.source_runner import SourceRunError, with_layout
@@ -610,7 +610,7 @@ class _State:
     values: dict[str, list[np.ndarray]] = field(default_factory=dict)  # op name -> its value in this run
     env: dict[str, object] = field(default_factory=dict)  # FX node -> its torch value in this run
     tainted: set[str] = field(default_factory=set)  # ops whose value depends on the target
-    failed: dict[int, UnitResult] = field(default_factory=dict)  # ops of a unit that did not run
+    failed: dict[int, ChainResult] = field(default_factory=dict)  # ops of a unit that did not run
 
 
 def _as_spec(array: np.ndarray, spec: TensorSpec) -> np.ndarray:

@@ -22,13 +22,13 @@ from tapml_dbg.engine.requests import RequestBuilder
 from tapml_dbg.engine.trace_ops import TraceOps
 from tapml_dbg.errors import TraceError, UsageError
 from tapml_dbg.model.graph import OpInfo
-from tapml_dbg.runtime.messages import UnitResult, UnitStatus
+from tapml_dbg.runtime.messages import ChainResult, Result, UnitResult, UnitStatus
 from tapml_dbg.runtime.scheduler import Runtime
 
 SERIES_SEGMENT_OPS = 256  # ops per chained run of a series: their values come back at once
 Progress = Callable[..., None]
-OpValue = tuple[int, "UnitResult | None", "list[np.ndarray] | None"]  # (op, its run or None: no values to feed it, values)
-Run = Callable[..., UnitResult]  # (request, timeout_s) -> its result
+OpValue = tuple[int, "Result | None", "list[np.ndarray] | None"]  # (op, its run or None: no values to feed it, values)
+Run = Callable[..., ChainResult]  # (request, timeout_s) -> its result
 
 
 def _noop(*_args, **_kwargs) -> None:
@@ -41,7 +41,7 @@ class TargetRun:
     failure too) and the run itself (ok, or the op that failed, `failed_op`, and why)."""
 
     values: dict[str, list[np.ndarray]]
-    result: UnitResult
+    result: ChainResult
 
     @property
     def failed_op(self) -> str | None:
@@ -74,7 +74,7 @@ def run_on_target(parts: ChainParts, indices: list[int], keep: list[int] | None 
     return TargetRun(dict(zip(names, result.outputs)), result)
 
 
-def own_failure(result: UnitResult, name: str) -> UnitResult:
+def own_failure(result: ChainResult, name: str) -> ChainResult:
     """A chain's failed run as op `name`'s own verdict: its message without the chain's "op NAME: "
     (the verdict names the op; an op upstream that failed keeps its name in the message)."""
     prefix = f"op {name}: "
@@ -212,7 +212,7 @@ class PropagatedReplay:
         """The ops the replay runs on the target: the offload set without the kept ops."""
         return self.offload - self.kept.all
 
-    def run(self, index: int) -> tuple[UnitResult, list[np.ndarray] | None]:
+    def run(self, index: int) -> tuple[ChainResult, list[np.ndarray] | None]:
         """Op `index` on the target fed its offloaded ancestors' target values (computing the missing ones)."""
         on_target = self.on_target
         missing = [i for i in self._ancestors(index, on_target) if self.ops[i].name not in self.values]

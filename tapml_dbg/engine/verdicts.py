@@ -26,7 +26,7 @@ from tapml_dbg.judge.judge import failed_run, judge_outputs
 from tapml_dbg.judge.screen import ScreenRule, rule_for
 from tapml_dbg.judge.verdict import ISOLATED, PROPAGATED, Mode, Status, Verdict, WrongClass
 from tapml_dbg.portable.codec import dtype_name
-from tapml_dbg.runtime.messages import UnitResult
+from tapml_dbg.runtime.messages import Result
 from tapml_dbg.runtime.scheduler import Runtime
 from tapml_dbg.trace.schema import CAST_NOTE_PREFIX
 
@@ -101,7 +101,7 @@ class Verdicts:
         note = self.reader.recorded.op_note(index) if index in self.recorded else ""
         return note[len(CAST_NOTE_PREFIX):] if note.startswith(CAST_NOTE_PREFIX) else None
 
-    def judge(self, index: int, mode: Mode, result: UnitResult, outputs: list[np.ndarray] | None,
+    def judge(self, index: int, mode: Mode, result: Result, outputs: list[np.ndarray] | None,
               rerun: list[np.ndarray] | None = None, fed_by_target: set[str] | None = None) -> Verdict:
         """The verdict of op `index` given what its unit returned (`rerun`: a second run's outputs,
         the evidence of a `nondeterministic` class; `fed_by_target`: the ops whose target values fed
