@@ -99,6 +99,12 @@ def test_a_paged_attention_call_dumps_as_a_repro_fed_its_recorded_cache(native_t
 
     reproduced = subprocess.run([sys.executable, str(out / "repro.py")], capture_output=True, text=True, cwd=tmp_path)
     assert reproduced.returncode == 1, reproduced.stdout + reproduced.stderr  # exit 1: reproduced
+    script = subprocess.run([sys.executable, str(out / "repro.py"), "--tvmscript-only"], capture_output=True, text=True)
+    assert script.returncode == 0, script.stderr
+    (tmp_path / "standalone.py").write_text(script.stdout)  # one file: the paged-KV function inlined in it
+    alone = subprocess.run([sys.executable, str(tmp_path / "standalone.py")], capture_output=True, text=True,
+                           cwd=tmp_path)
+    assert alone.returncode == 1 and "REPRODUCED" in alone.stdout, alone.stdout + alone.stderr
     clean = tmp_path / "clean"
     assert run_cli("dump", str(native_trace), "--op", str(call["index"]), "-o", str(clean)).returncode == 0
     passed = subprocess.run([sys.executable, str(clean / "repro.py")], capture_output=True, text=True, cwd=tmp_path)

@@ -12,8 +12,11 @@ applies the repro's transform (the copy beside the script) only when the repro h
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import numpy as np
+
+from .paged_kv import ATTENTION_FUNC
 
 INLINE_MAX_ELEMENTS = 4096  # inputs and expected outputs together; larger data stays in data.npz
 EXPECTED_FROM = {False: "the outputs recorded on the source",
@@ -89,6 +92,13 @@ if __name__ == "__main__":
 '''
 
 
+def _paged_kv_text() -> str:
+    """paged_kv.py's own source (beside this file, in tapml_dbg and in every repro's copy), without its
+    `__future__` import, which only a file's first statement may hold."""
+    text = Path(__file__).with_name("paged_kv.py").read_text()
+    return text.replace("from __future__ import annotations\n", "")
+
+
 def _inline(array: np.ndarray) -> str:
     values = array.reshape(-1).tolist()
     return f"np.array({values!r}, dtype={array.dtype.name!r}).reshape({tuple(array.shape)!r})"
@@ -143,6 +153,8 @@ def standalone_script(here: str, meta: dict, op: dict, inputs: list[np.ndarray],
                           f"_spec.loader.exec_module(_transform)  # the transform the repro was made with\n")
         transform_call = f"\n    mod = _transform.{transform['func']}(mod)"
     body = module_text.replace("# from tvm.script import", "from tvm.script import")
+    if ATTENTION_FUNC in module_text:  # a paged-KV call: the function it names goes into the script
+        body = _paged_kv_text() + "\n\nregister()\n\n\n" + body
     header = (f'"""{what}: a self-contained reproducer (tvm + numpy), written by tapml-dbg '
               f'(repro.py --tvmscript-only).\n\n    python this_file.py [TARGET]   # exit 1: reproduced, 0: not\n\n'
               f'TVM {meta.get("dumped_versions", {}).get("tvm", "?")}, target {meta.get("target", "llvm")}; '
