@@ -1080,8 +1080,14 @@ def _(result: NativeRecordResult, console: Console) -> None:
     console.print(f"recorded [bold]{result.ops}[/] ops to {escape(str(result.path))} ({size_text(result.file_bytes)}) "
                   f"in {result.seconds:.2f} s: build_tvm + checks {result.prepare_seconds:.2f} s, run "
                   f"{result.run_seconds:.2f} s on {escape(result.source)}")
-    console.print(f"  TVM-native: entry function {escape(result.entry)}, each binding an op; the whole module run "
-                  f"once on {escape(tvm_source_target(result.source) or result.source)}: {whole}")
+    where = escape(tvm_source_target(result.source) or result.source)
+    if result.generation:  # a native LLM: the deployment's own prefill and decode steps on its paged cache
+        console.print(f"  {escape(result.generation)}, each call of each step an op (the paged-KV calls with the "
+                      f"cache state as values); the module's own steps on its paged cache on {where}: every step's "
+                      f"logits {whole}")
+    else:
+        console.print(f"  TVM-native: entry function {escape(result.entry)}, each binding an op; the whole module run "
+                      f"once on {where}: {whole}")
     if result.capture:
         console.print(f"  tensors stored for {result.stored_ops} of {result.ops} ops "
                       f"({escape(capture_text(result.capture))}); every op has stats")
