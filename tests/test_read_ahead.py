@@ -68,14 +68,14 @@ def test_a_chain_reads_ahead_while_it_builds_and_computes_what_it_computes_witho
     for, so nothing is read ahead, and the chain computes the same values."""
     from tapml_dbg.engine.session import Session
     from tapml_dbg.judge.verdict import PROPAGATED
-    from tapml_dbg.runtime.messages import TargetSpec, UnitStatus, WorkerConfig
+    from tapml_dbg.runtime.messages import ChainScreen, TargetSpec, UnitStatus, WorkerConfig
     from tapml_dbg.runtime.worker import _WorkerState
 
     trace = traces.get("mlp")
     with Session.open(trace) as session:
         indices = [op.index for op in session.ops if op.outputs][:CHAIN_OPS]
-        request = replace(session.requests.chain(indices, keep=[]), screen=session.verdicts.screen_rule(PROPAGATED),
-                          suspects=len(indices))
+        request = replace(session.requests.chain(indices, keep=[]),
+                          screen=ChainScreen(session.verdicts.screen_rule(PROPAGATED), suspects=len(indices)))
     config = WorkerConfig(str(trace), TargetSpec(target="llvm"), str(tmp_path / "cache"))
 
     cold, warm = _WorkerState(config).handle(request), _WorkerState(config).handle(request)

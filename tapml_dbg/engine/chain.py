@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from tapml_dbg.judge.verdict import PROPAGATED, Verdict
+from tapml_dbg.runtime.messages import ChainScreen
 from tapml_dbg.runtime.scheduler import Background
 
 CHAIN_SUSPECTS = 8  # suspects a chain collects before it stops: a passing one costs no second run
@@ -63,10 +64,10 @@ class ChainSearch:
     def request(self, runs: int = 0):
         """The next chained run: every op, the ones judged so far accepted; each run collects twice
         the suspects of the one before, so a model of many passing suspects costs O(log N) runs."""
-        logged = {"log": self.log[0].path, "isolated_screen": self.log[1]} if self.log is not None else {}
-        return replace(self.session.requests.chain(self.indices, keep=[]), screen=self.screen,
-                       accept=frozenset(self.accept), unscreened=frozenset(self.unscreened),
-                       suspects=self._suspects(runs), also_keep=frozenset(self.also_keep), **logged)
+        logged = {"log": self.log[0].path, "isolated_rule": self.log[1]} if self.log is not None else {}
+        screen = ChainScreen(self.screen, accept=frozenset(self.accept), unscreened=frozenset(self.unscreened),
+                             suspects=self._suspects(runs), also_keep=frozenset(self.also_keep), **logged)
+        return replace(self.session.requests.chain(self.indices, keep=[]), screen=screen)
 
     @staticmethod
     def _suspects(runs: int) -> int:

@@ -135,7 +135,7 @@ class RequestBuilder:
         an earlier op of the chain computes is that op's target value, one `fed` holds is that value
         (the caller's: earlier target values, a mixed run's source values), any other a recorded one.
         `keep`: the ops whose values come back (default: all). A screening chain is this one with its
-        screen's fields set (`ChainRequest`, engine/chain.py)."""
+        `ChainScreen` set (engine/chain.py)."""
         units, names, chained = [], [], set()
         fed = fed or {}
         for index in indices:

@@ -1,7 +1,7 @@
 """What a screening chain has settled so far: written by its worker unit by unit, read by the session meanwhile.
 
 A line per unit the chain ran, `NAME 1` when its value cleared the isolated screen as well as the
-chain's own (`ChainRequest.isolated_screen`), else `NAME 0`; one `write` each, whole. A bisect's
+chain's own (`ChainScreen.isolated_rule`), else `NAME 0`; one `write` each, whole. A bisect's
 sweep of isolated verdicts follows it (engine/search.py): an op the chain already cleared by the
 isolated rule is not run alone, and no op is run alone before the chain has been past it, so on a
 model whose per-op values are right the sweep's core has nothing to do (GPT-2 124M on llvm: every

@@ -114,24 +114,31 @@ class ChainRequest:
     The result holds the flat outputs of the ops named in `keep`, in that order; a unit that fails
     ends the chain, and the result's message names its op (`failed_op`).
 
-    With `screen`, the chain is a search instead: each op's value is checked against its recorded
-    one (judge/screen.py) as it is computed; an op not in `accept` whose value does not clearly
-    pass (or that is in `unscreened`) is a suspect, and the chain stops at its `suspects`-th one.
-    The result's `suspects` name them in order, its outputs are theirs, and `upstream` holds, per
-    suspect, the target values of its chain-fed inputs. No suspect: every value clearly passed.
+    With a `screen` (`ChainScreen`), the chain is a search instead.
     """
 
     units: list[UnitRequest]
     names: list[str]  # the op each unit computes, in order
     keep: list[str] = field(default_factory=list)
-    screen: ScreenRule | None = None
+    sync_each: bool = False  # wait for the device after each unit: a fault is reported by the unit that made it
+    screen: ChainScreen | None = None
+
+
+@dataclass(frozen=True)
+class ChainScreen:
+    """What makes a chain a search: each op's value is checked against its recorded one
+    (judge/screen.py, `rule`) as it is computed; an op not in `accept` whose value does not clearly
+    pass (or that is in `unscreened`) is a suspect, and the chain stops at its `suspects`-th one.
+    The result's `suspects` name them in order, its outputs are theirs, and `upstream` holds, per
+    suspect, the target values of its chain-fed inputs. No suspect: every value clearly passed."""
+
+    rule: ScreenRule
     accept: frozenset[str] = frozenset()  # never suspects (already judged, or judged elsewhere)
     unscreened: frozenset[str] = frozenset()  # always suspects: only the full verdict can judge them
     suspects: int = 1
-    sync_each: bool = False  # wait for the device after each unit: a fault is reported by the unit that made it
-    also_keep: frozenset[str] = frozenset()  # with `screen`: values returned whatever the screen says (`also_kept`)
-    isolated_screen: ScreenRule | None = None  # with `screen` and `log`: each value checked against this rule too
-    log: str = ""  # with `screen`: the file each unit's outcome is appended to as it runs (runtime/chain_log.py)
+    also_keep: frozenset[str] = frozenset()  # values returned whatever the screen says (`also_kept`)
+    isolated_rule: ScreenRule | None = None  # with `log`: each value checked against this rule too
+    log: str = ""  # the file each unit's outcome is appended to as it runs (runtime/chain_log.py)
 
 
 @dataclass

@@ -130,11 +130,12 @@ class _WorkerState:
         checkpoint whose digest matches, and saves checkpoints of its own while every value so far
         cleared."""
         self.chain_values = {}
-        log = ChainLogWriter(chain.log if chain.screen is not None and chain.isolated_screen is not None else "")
+        screen = chain.screen
+        log = ChainLogWriter(screen.log if screen is not None and screen.isolated_rule is not None else "")
         self.isolated_cleared = []
         try:
             self._trace()  # open here: the read-ahead's plan only looks things up in it
-            memo = self._memo() if chain.screen is not None else None
+            memo = self._memo() if screen is not None else None
             found = _ChainFound(set(chain.keep))
             start, digest = 0, ""
             if memo is not None:
@@ -163,7 +164,7 @@ class _WorkerState:
         for position in range(start, len(chain.units)):
             name, unit = chain.names[position], chain.units[position]
             if position in checkpoints and position > start and not found.suspects:
-                self._save_checkpoint(memo, digest, position, last_read, chain.isolated_screen)
+                self._save_checkpoint(memo, digest, position, last_read, chain.screen.isolated_rule)
             if self.config.together:
                 self.libraries.build_together(chain.units, position)
             reply = self._unit(unit, keep_on_device=True, sync=chain.sync_each)
@@ -183,21 +184,22 @@ class _WorkerState:
               found: "_ChainFound") -> bool:
         """What of a chain unit's values comes back (screened, a suspect's; else a kept op's); True
         when it is the chain's last suspect."""
-        if chain.screen is not None and name not in chain.accept:
+        screen = chain.screen
+        if screen is not None and name not in screen.accept:
             values = [value.numpy() for value in reply.outputs[0]]
-            if name in chain.unscreened or not self._clear(name, values, chain.screen, log, chain.isolated_screen):
+            if name in screen.unscreened or not self._clear(name, values, screen.rule, log, screen.isolated_rule):
                 log.write(name, False)
                 found.suspects.append(name)
                 found.kept[name] = values
                 found.upstream[name] = {ref[1]: [value.numpy() for value in self.chain_values[ref[1]]]
                                         for ref in unit.inputs if ref[0] == "chain"}
-                if len(found.suspects) >= chain.suspects:
+                if len(found.suspects) >= screen.suspects:
                     return True
         elif name in found.wanted:
             found.kept[name] = [value.numpy() for value in reply.outputs[0]]
-        if chain.screen is not None and name in chain.accept:  # judged elsewhere: not cleared here
+        if screen is not None and name in screen.accept:  # judged elsewhere: not cleared here
             log.write(name, False)
-        if chain.screen is not None and name in chain.also_keep:
+        if screen is not None and name in screen.also_keep:
             found.also_kept[name] = [value.numpy() for value in reply.outputs[0]]
         return False
 
@@ -290,10 +292,10 @@ class _WorkerState:
     def _resume(self, chain: ChainRequest, memo: RunMemo, keys: list) -> tuple[int, str]:
         """Where the chain starts: the latest position whose digest has a checkpoint (its values put
         on the device, the units before it keyed into `keys`), else 0; and the digest there."""
-        digest = first = memo.chain_digest(chain.screen)
+        digest = first = memo.chain_digest(chain.screen.rule)
         if not memo.any_checkpoint():
             return 0, first
-        wanted = set(chain.keep) | set(chain.also_keep)  # values only a run of their unit gives
+        wanted = set(chain.keep) | set(chain.screen.also_keep)  # values only a run of their unit gives
         found: list[tuple[int, str, int]] = []  # (position, digest, units before it) with a checkpoint
         prefix: list[tuple[str, bool]] = []
         for position, (name, unit) in enumerate(zip(chain.names, chain.units)):
@@ -317,21 +319,21 @@ class _WorkerState:
         return 0, first
 
     def _save_checkpoint(self, memo: RunMemo, digest: str, position: int, last_read: dict[str, int],
-                         isolated_screen) -> None:
+                         isolated_rule) -> None:
         """The values units from `position` on read, saved under the digest of the units before it
         (once: a chain run again, the tokens phase's, finds it there), with the ops before it whose
-        values cleared the isolated screen when the chain checks that one (`ChainRequest.log`)."""
+        values cleared the isolated screen when the chain checks that one (`ChainScreen.log`)."""
         if memo.has_checkpoint(digest):
             return
         live = {name: [value.numpy() for value in tensors] for name, tensors in self.chain_values.items()
                 if last_read.get(name, -1) >= position}
-        cleared = (repr(isolated_screen), list(self.isolated_cleared)) if isolated_screen is not None else None
+        cleared = (repr(isolated_rule), list(self.isolated_cleared)) if isolated_rule is not None else None
         memo.save(digest, live, cleared)
 
     def _log_resumed(self, chain: ChainRequest, memo: RunMemo, digest: str, start: int, log: ChainLogWriter) -> None:
         """A chain started from a checkpoint: the units before it, in the log as the chain that saved it
         found them (not cleared by the isolated screen where it did not say)."""
-        cleared = set(memo.cleared_before(digest, repr(chain.isolated_screen)) or ())
+        cleared = set(memo.cleared_before(digest, repr(chain.screen.isolated_rule)) or ())
         for name in chain.names[:start]:
             log.write(name, name in cleared)
             if name in cleared:
@@ -456,10 +458,10 @@ class _WorkerState:
             if ref[1] not in self.param_cache:
                 value = self.read_ahead.take(("param", ref[1])) if self.read_ahead is not None else None
                 self.param_cache[ref[1]] = self.runner.to_device(value if value is not None
-                                                                 else self._trace().param(ref[1]))
+                                                                 else self._trace().tensors.param(ref[1]))
             return self.param_cache[ref[1]]
         if kind == "input":
-            return self.runner.to_device(self._trace().input(ref[1]))
+            return self.runner.to_device(self._trace().tensors.input(ref[1]))
         if kind == "op":
             self._trace()
             values = self._recorded(self.op_index[ref[1]])
@@ -483,7 +485,7 @@ def _screened(chain: ChainRequest) -> set[str]:
     """The chain's ops whose values it checks against their recorded ones (`ChainRequest.screen`)."""
     if chain.screen is None:
         return set()
-    return set(chain.names) - chain.accept - chain.unscreened
+    return set(chain.names) - chain.screen.accept - chain.screen.unscreened
 
 
 @dataclass
@@ -527,9 +529,9 @@ def _key_of(reply: UnitResult) -> str:
 def _treated(chain: ChainRequest, name: str) -> str:
     """How a screening chain treats op `name` (part of the memo's digest: a checkpoint past an op
     screened then is no checkpoint for a chain that must stop at it)."""
-    if name in chain.accept:
+    if name in chain.screen.accept:
         return ACCEPTED
-    return UNSCREENED if name in chain.unscreened else SCREENED
+    return UNSCREENED if name in chain.screen.unscreened else SCREENED
 
 
 def _last_reads(chain: ChainRequest) -> dict[str, int]:
