@@ -72,7 +72,7 @@ class WorkerConfig:
                    data.get("ledger_path", ""), int(data.get("niceness", 0)), bool(data.get("together", True)))
 
 
-@dataclass
+@dataclass(frozen=True)
 class UnitRequest:
     """Run one unit. Inputs are ("input"|"param", name), ("op", name, field) or ("value", array).
 
@@ -88,7 +88,7 @@ class UnitRequest:
     unit_id: str = ""
 
 
-@dataclass
+@dataclass(frozen=True)
 class CompileRequest:
     """Compile one unit without running it: into the cache, the result saying where its library is
     (what a compile lane does), or, `code_only`, generate its code only: no cache, no device
@@ -105,7 +105,7 @@ class CompileRequest:
         return cls(replace(unit, inputs=[], library=""), ahead=ahead)
 
 
-@dataclass
+@dataclass(frozen=True)
 class ChainRequest:
     """Run one-op units one after another in one worker, each fed the earlier ones' target values
     where its inputs reference them (("chain", name, field)), kept on the device in between: the
@@ -141,7 +141,7 @@ class ChainScreen:
     log: str = ""  # the file each unit's outcome is appended to as it runs (runtime/chain_log.py)
 
 
-@dataclass
+@dataclass(frozen=True)
 class BatchRequest:
     """Isolated runs of one-op units (each fed recorded values only) as one request to one worker,
     each value screened there against its recorded one: only the values it cannot clear come back
@@ -158,7 +158,7 @@ class BatchRequest:
     defer_unbuilt: bool = False
 
 
-@dataclass
+@dataclass(frozen=True)
 class BuildRequest:
     """Compile units into the cache without running them, several into one library where the target
     allows (`compile_cache.build_together`): what the builder ahead of a search sends, a few dozen
