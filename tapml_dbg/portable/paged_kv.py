@@ -138,8 +138,11 @@ def _build(config: dict, target, device) -> dict:
                                                    "$": {"param_mode": "none", "effect_mode": "none"}}}, module)
     mod, _ = module.export_tvm(spec=spec)
     reader = next(gv for gv in mod.get_global_vars() if gv.name_hint == "tir_kv_cache_debug_get_kv")
-    mod[reader] = _swap_kernel(int(config["num_kv_heads"]), int(config["head_dim"]), config["dtype"]).with_attr(
-        "global_symbol", "tir_kv_cache_debug_get_kv")
+    gpu = target.kind.name not in ("llvm", "c")
+    swap = _swap_kernel(int(config["num_kv_heads"]), int(config["head_dim"]), config["dtype"], gpu=gpu)
+    if gpu:  # bound to threads already: TVM's default GPU schedule must leave it as it is
+        swap = swap.with_attr("tirx.is_scheduled", True)
+    mod[reader] = swap.with_attr("global_symbol", "tir_kv_cache_debug_get_kv")
     vm = relax.VirtualMachine(tvm.compile(mod, target=target), device)
     return {"create": vm["create"], "vm": vm}
 
@@ -170,11 +173,29 @@ def _cache_module_class():
     return CacheModule
 
 
-def _swap_kernel(kv_heads: int, head_dim: int, dtype: str):
-    """TIR: swap `k_data`/`v_data` (1 layer, seqlen, heads, d) with the pages at `position_map`."""
+def _swap_kernel(kv_heads: int, head_dim: int, dtype: str, gpu: bool = False):
+    """TIR: swap `k_data`/`v_data` (1 layer, seqlen, heads, d) with the pages at `position_map`. On a GPU
+    one block per position and one thread per (head, element): TVM's default GPU schedule cannot take a
+    block that reads and writes the same buffers."""
     from tvm.script import tirx as T
 
     elem = getattr(T, dtype)  # the pages' element type, for the swap's locals
+
+    @T.macro
+    def body(pages, position_map, k_data, v_data, p, h, d, layer_id, page_size):
+        with T.sblock("swap"):
+            vp, vh, vd = T.axis.remap("SSS", [p, h, d])
+            T.reads(position_map[vp], pages[position_map[vp] // page_size, 0:2, vh, position_map[vp] % page_size, vd],
+                    k_data[layer_id, vp, vh, vd], v_data[layer_id, vp, vh, vd])
+            T.writes(pages[position_map[vp] // page_size, 0:2, vh, position_map[vp] % page_size, vd],
+                     k_data[layer_id, vp, vh, vd], v_data[layer_id, vp, vh, vd])
+            position: T.int32 = position_map[vp]
+            k_old = elem(pages[T.floordiv(position, page_size), 0, vh, T.floormod(position, page_size), vd])
+            v_old = elem(pages[T.floordiv(position, page_size), 1, vh, T.floormod(position, page_size), vd])
+            pages[T.floordiv(position, page_size), 0, vh, T.floormod(position, page_size), vd] = k_data[layer_id, vp, vh, vd]
+            pages[T.floordiv(position, page_size), 1, vh, T.floormod(position, page_size), vd] = v_data[layer_id, vp, vh, vd]
+            k_data[layer_id, vp, vh, vd] = k_old
+            v_data[layer_id, vp, vh, vd] = v_old
 
     @T.prim_func(s_tir=True)
     def swap(var_pages: T.handle, var_position_map: T.handle, var_k_data: T.handle, var_v_data: T.handle,
@@ -190,19 +211,13 @@ def _swap_kernel(kv_heads: int, head_dim: int, dtype: str):
         position_map = T.match_buffer(var_position_map, (seqlen,), "int32", elem_offset=position_map_elem_offset)
         k_data = T.match_buffer(var_k_data, (1, seqlen, kv_heads, head_dim), dtype)
         v_data = T.match_buffer(var_v_data, (1, seqlen, kv_heads, head_dim), dtype)
-        for p, h, d in T.grid(seqlen, kv_heads, head_dim):
-            with T.sblock("swap"):
-                vp, vh, vd = T.axis.remap("SSS", [p, h, d])
-                T.reads(position_map[vp], pages[position_map[vp] // page_size, 0:2, vh, position_map[vp] % page_size, vd],
-                        k_data[layer_id, vp, vh, vd], v_data[layer_id, vp, vh, vd])
-                T.writes(pages[position_map[vp] // page_size, 0:2, vh, position_map[vp] % page_size, vd],
-                         k_data[layer_id, vp, vh, vd], v_data[layer_id, vp, vh, vd])
-                position: T.int32 = position_map[vp]
-                k_old = elem(pages[T.floordiv(position, page_size), 0, vh, T.floormod(position, page_size), vd])
-                v_old = elem(pages[T.floordiv(position, page_size), 1, vh, T.floormod(position, page_size), vd])
-                pages[T.floordiv(position, page_size), 0, vh, T.floormod(position, page_size), vd] = k_data[layer_id, vp, vh, vd]
-                pages[T.floordiv(position, page_size), 1, vh, T.floormod(position, page_size), vd] = v_data[layer_id, vp, vh, vd]
-                k_data[layer_id, vp, vh, vd] = k_old
-                v_data[layer_id, vp, vh, vd] = v_old
+        if gpu:
+            for p in T.thread_binding(seqlen, thread="blockIdx.x"):
+                for h in T.thread_binding(kv_heads, thread="threadIdx.y"):
+                    for d in T.thread_binding(head_dim, thread="threadIdx.x"):
+                        body(pages, position_map, k_data, v_data, p, h, d, layer_id, page_size)
+        else:
+            for p, h, d in T.grid(seqlen, kv_heads, head_dim):
+                body(pages, position_map, k_data, v_data, p, h, d, layer_id, page_size)
 
     return swap
