@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from conftest import fault_transform
+from tapml_dbg.engine.phases_sweep import IsolatedSweep
 from tapml_dbg.engine.search import Bisection
 from tapml_dbg.engine.session import Session
 from tapml_dbg.judge.compare import PolicyKind, Tolerance, TolerancePolicy
@@ -105,7 +106,7 @@ def test_an_interrupted_search_stops_its_compiles_ahead(traces, tmp_path, monkey
             raise KeyboardInterrupt
 
         with monkeypatch.context() as patch:
-            patch.setattr(Bisection, "_sweep_beside", interrupted)
+            patch.setattr(IsolatedSweep, "follow", interrupted)
             with pytest.raises(KeyboardInterrupt):
                 session.bisect()
         assert not any(t.name == "tapml-prepare" and t.is_alive() for t in threading.enumerate())

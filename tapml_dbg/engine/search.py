@@ -17,8 +17,9 @@ runtime/overlap.py): the engine hands it a `BesidePlan` and its sweep, and start
    (a kernel that kills the worker) is searched this way too;
 3. confirm: a fused candidate's isolated verdict says whether its kernel is wrong (isolated) or
    the error arrives from upstream (propagated, as seen by the probe that ended at it);
-4. sweep: isolated verdicts of every op below the candidate, so that an op wrong alone by less
-   than its propagated bound (or one that washes out before the model's output) is still found
+4. sweep (engine/phases_sweep.py): isolated verdicts of every op below the candidate, so that an op
+   wrong alone by less than its propagated bound (or one that washes out before the model's output)
+   is still found
    (the lowest failing op wins); the screen clears most ops without a verdict, and an op whose
    chained value cleared the isolated screen already is not run alone (the chain checks each
    value against both rules and logs it as it goes; the sweep beside it follows that log:
@@ -44,19 +45,17 @@ goes on (the runtime's overlap policy: runtime/overlap.py).
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from typing import Callable
 
 from tapml_dbg.engine.chain import ChainFinding, ChainSearch
 from tapml_dbg.engine.generation import tokens_phase
-from tapml_dbg.engine.isolated import ChainLead, SweepPlan
 from tapml_dbg.engine.kept import host_only_note, kept_note
 from tapml_dbg.engine.phases import SearchTrace, first_failing, first_failing_speculative, search_range
 from tapml_dbg.engine.phases_fused import FusedPrefixes
+from tapml_dbg.engine.phases_sweep import IsolatedSweep
 from tapml_dbg.engine.results import BisectResult, Culprit, StepResult
 from tapml_dbg.judge.classify import type_evidence
 from tapml_dbg.judge.verdict import ISOLATED, PROPAGATED, Mode, Verdict, WrongClass
-from tapml_dbg.runtime.scheduler import BesidePlan
 
 __all__ = ["Bisection", "SearchTrace", "first_failing", "first_failing_speculative"]  # the pure search: phases.py
 
@@ -94,12 +93,15 @@ class Bisection:
         self.explain_units = 0  # units run to classify the culprit (Verdicts.explain), not to find it
         self.chain = ChainFinding()  # what the per-op chain found (phase 1)
         self.beside = None  # what ran beside the sweep while the chain ran (`Runtime.beside_sweep`)
-        self.screen = session.verdicts.screen_rule(ISOLATED)  # the sweep's
-        # the chain's outcomes as it goes, which the sweep follows (`ChainLead`)
-        self.chain_log = session.lanes.chain_log() if sweep else None
-        self.unscreened = session.verdicts.unscreened()  # ops only a full verdict may judge, in the chain and the sweep
+        # phase 4, beside the chain where there is a side worker, following the chain's log of its outcomes;
+        # its screen, and the ops only a full verdict may judge (in the chain and the sweep)
+        rules = session.verdicts.screen_rule(ISOLATED), session.verdicts.unscreened()
+        chain_log = session.lanes.chain_log() if sweep else None
+        self.sweep = IsolatedSweep(session.isolated_verdicts, (self.first, self.last), self.kept, rules, chain_log,
+                                   session.warm_up_torch, progress)
         # phase 2, only when the chain finds nothing
-        self.prefixes = FusedPrefixes(session, self.first, self.last, self.search_trace, self.unscreened, progress)
+        self.prefixes = FusedPrefixes(session, self.first, self.last, self.search_trace, self.sweep.unscreened,
+                                      progress)
         # phase 7 (a generation trace): its logits handed back by a chain of every op up to them
         self.tokens = tokens_phase(session, self.first)
 
@@ -115,14 +117,11 @@ class Bisection:
         end = candidate if candidate is not None else self.last + 1
         earliest = None
         if self.sweep_enabled and self.parallel:  # the sweep's batches and the candidate's unit side by side
-            also = (candidate,) if candidate is not None else ()
-            earliest = session.isolated_verdicts.lowest_failing(self._judged(self.first, end),
-                                                                replace(self._sweep_plan, also=also), self.progress)
+            earliest = self.sweep.lowest_failing(end, also=(candidate,) if candidate is not None else ())
         culprit = self.confirm(candidate) if candidate is not None else None
         if self.sweep_enabled:
             if not self.parallel:
-                earliest = session.isolated_verdicts.lowest_failing(self._judged(self.first, end), self._sweep_plan,
-                                                                    self.progress)
+                earliest = self.sweep.lowest_failing(end)
             if earliest is not None:
                 if culprit is None:
                     self.notes.append(TYPE_NOTE if earliest.wrong == WrongClass.TYPE else WASHED_OUT_NOTE)
@@ -158,15 +157,16 @@ class Bisection:
             return None
         self.progress(0, None, f"chain ops {self.first}..{self.last}")
         self.session.lanes.begin_search()  # records from here on are this search's own, not earlier runs'
-        chain = ChainSearch(self.session, self.first, self.last, self.unscreened,
+        log = self.sweep.chain_log
+        chain = ChainSearch(self.session, self.first, self.last, self.sweep.unscreened,
                             also_keep=set(self.tokens.keep) if self.tokens is not None else set(),
-                            log=(self.chain_log, self.screen) if self.chain_log is not None else None)
+                            log=(log, self.sweep.screen) if log is not None else None)
         # on idle cycles while the chain runs: phase 2's first probes (where the runtime expects them
         # wanted), then the chain's units from its end (the chain builds them from its start: the two meet halfway)
         self.session.lanes.build_ahead_of_search(self.prefixes.ahead(), chain.units_to_build()[::-1])
         beside = self._chain_beside_sweep(chain) if self.sweep_enabled and self.session.lanes.has_side else None
         self.chain = chain.run(beside)
-        self._chain_cleared()
+        self.sweep.chain_cleared()
         self.session.lanes.note_search(chain_found=self.chain.index is not None)
         self.search_trace.probes.extend(self.chain.probes)
         if self.chain.index is not None:
@@ -181,77 +181,12 @@ class Bisection:
         `first` up (two cores at work, as the runtime's overlap policy shares them: runtime/overlap.py);
         the sweep stops at the chain's first suspect once it is known, or at a failing op. The request
         and its result, counted; what else ran beside the sweep is taken in."""
-        session = self.session
         request = chain.request()  # (a trace that cannot feed the chain raises here, first)
-        plan = BesidePlan(chain=request, timeout=chain.timeout, bound_of=chain.bound, spare_of=self._suspect_spare,
-                          left=self._left_to_sweep, batch_of=self._side_batch,
-                          lowest_failing=self._lowest_failing_spare,
-                          on_start=session.warm_up_torch,  # (not before its request: the import holds the GIL)
-                          building=chain.prepare(wait=False))  # compile lanes build ahead while the chain runs
-        self.beside = beside = session.lanes.beside_sweep(plan, self._sweep_beside)
-        verdicts = session.isolated_verdicts
-        if beside.top is not None:  # the sweep's upper part, run beside it once the chain was done
-            verdicts.absorb(*beside.top)
-        for spare in (beside.lane_spare, beside.side_spare):  # units to classify the culprit, not to find it
-            if spare is not None:
-                verdicts.add_spare_run(*spare)
-        self.explain_units += beside.spare_units
-        return request, beside.chained
-
-    def _sweep_beside(self, beside) -> None:
-        """The sweep beside the chain (`beside`: the runtime's view of it), following the chain's log;
-        while the compile lanes build ahead, it runs the ops whose units are built and leaves the others
-        to the end (it does not wait for a build the chain waits for too)."""
-        plan = replace(self._sweep_plan, stop_at_failure=True, bound=beside.bound, building=beside.building,
-                       lead=ChainLead(self.chain_log, beside.chain_done, beside.wait)
-                       if self.chain_log is not None else None)
-        self.session.isolated_verdicts.fill(self._judged(self.first, self.last + 1), plan, self.progress)
-
-    def _suspect_spare(self, chained):
-        """The chain's first suspect and its isolated unit, for a second run beside the sweep (None: none)."""
-        index = self.session.by_name[chained.suspects[0]].index
-        request = self._spare_request(index)
-        return (index, request) if request is not None else None
-
-    def _left_to_sweep(self) -> list[int]:
-        """The ops the sweep has still to settle, once the chain (done, having found nothing) is read."""
-        self._chain_cleared()
-        verdicts = self.session.isolated_verdicts
-        return [i for i in self._judged(self.first, self.last + 1)
-                if i not in verdicts.cache and i not in verdicts.screened and self.session.ops[i].outputs]
-
-    def _side_batch(self, ops: list[int]):
-        """A screened batch of `ops` for the chain's worker: (request, the ops it holds)."""
-        return self.session.requests.isolated_batch(ops, self.screen, self.unscreened)
-
-    def _lowest_failing_spare(self):
-        """The lowest op the sweep found failing and its isolated unit, for a second run (None: none)."""
-        verdicts = self.session.isolated_verdicts
-        failed = verdicts.lowest_failed(self._judged(self.first, self.last + 1))
-        if failed is None or verdicts.failed_runs.get(failed.index) is None:
-            return None
-        request = self._spare_request(failed.index)
-        return (failed.index, request) if request is not None else None
-
-    def _spare_request(self, index: int):
-        """Op `index`'s isolated unit for a spare run (None: the trace cannot feed it)."""
-        request = self.session.isolated_verdicts.request(index)
-        return None if isinstance(request, Verdict) else request
-
-    def _chain_cleared(self) -> None:
-        """The ops whose chained values cleared the isolated screen, as far as the chain's log says:
-        settled for every sweep of this search (`isolated.ChainLead`)."""
-        if self.chain_log is None:
-            return
-        self.chain_log.refresh()
-        by_name = self.session.by_name
-        self.session.isolated_verdicts.screened.update(by_name[name].index for name in self.chain_log.cleared
-                                                       if name in by_name)
-
-    @property
-    def _sweep_plan(self) -> SweepPlan:
-        """The search's sweeps: screened, their units prepared ahead or built by a run lane itself."""
-        return SweepPlan(screen=self.screen, unscreened=self.unscreened, compiled=True)
+        # compile lanes build ahead while the chain runs
+        plan = self.sweep.plan_beside(request, chain.timeout, chain.bound, chain.prepare(wait=False))
+        self.beside = self.session.lanes.beside_sweep(plan, self.sweep.follow)
+        self.explain_units += self.sweep.take(self.beside)
+        return request, self.beside.chained
 
     # -- phase 2: confirm ------------------------------------------------------------------
     def confirm(self, candidate: int) -> Culprit:
@@ -267,10 +202,6 @@ class Bisection:
         return self._culprit(candidate, self.prefixes.propagated(candidate), PROPAGATED)
 
     # -- what is searched, and what is shown ------------------------------------------------
-    def _judged(self, start: int, end: int) -> list[int]:
-        """Ops [start, end) whose verdicts a search may name: all but the kept ones."""
-        return [i for i in range(start, end) if i not in self.kept]
-
     def _culprit(self, index: int, verdict: Verdict, mode: Mode, upstream: dict | None = None) -> Culprit:
         op = self.session.ops[index]
         before = self.session.lanes.units
