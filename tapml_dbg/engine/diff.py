@@ -312,7 +312,7 @@ class _Pair:
         values = []
         for side, (reader, index) in zip("AB", zip(self.readers, (ia, ib))):
             if not reader.recorded.has_op(index):
-                a_types, b_types = _declared(self.readers[0].ops[ia]), _declared(self.readers[1].ops[ib])
+                a_types, b_types = _declared(self.readers[0].outline.ops[ia]), _declared(self.readers[1].outline.ops[ib])
                 return Comparison(DiffStatus.NOT_COMPARED, a_types, b_types,
                                   note=f"no values in {side}: {reader.recorded.missing_values_message(index)}")
             values.append(reader.tensors.op_outputs(index))
