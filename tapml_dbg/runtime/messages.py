@@ -152,7 +152,7 @@ class BatchRequest:
 
     units: list[UnitRequest]
     names: list[str]  # the op each unit computes, in order
-    screen: ScreenRule
+    rule: ScreenRule  # what each value is screened against (judge/screen.py)
     unscreened: frozenset[str] = frozenset()
     suspects: int = 1
     defer_unbuilt: bool = False

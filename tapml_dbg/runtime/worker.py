@@ -248,13 +248,13 @@ class _WorkerState:
                                    unit_keys=keys, remembered=earlier)
             keys.append((reply.key, reply.cached))
             values = [value.numpy() for value in reply.outputs[0]]
-            if name in batch.unscreened or not self._clear(name, values, batch.screen):
+            if name in batch.unscreened or not self._clear(name, values, batch.rule):
                 suspects.append(name)
                 kept[name] = values
                 if len(suspects) >= batch.suspects:
                     break
             elif memo is not None and (key := _key_of(reply)):
-                memo.add_cleared(memo.unit_digest(name, key, unit.inputs, batch.screen))
+                memo.add_cleared(memo.unit_digest(name, key, unit.inputs, batch.rule))
         return BatchResult(UnitStatus.OK, outputs=[kept[name] for name in suspects], suspects=suspects,
                            deferred=deferred, unit_keys=keys, remembered=earlier)
 
@@ -284,7 +284,7 @@ class _WorkerState:
             if name in batch.unscreened:
                 continue
             key = self.libraries.key(unit)
-            digest = memo.unit_digest(name, key, unit.inputs, batch.screen) if key else ""
+            digest = memo.unit_digest(name, key, unit.inputs, batch.rule) if key else ""
             if key and memo.cleared(digest):
                 found[name] = (key, digest)
         return found
