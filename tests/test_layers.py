@@ -262,8 +262,7 @@ def test_the_session_is_split_by_job():
 
 # the search's modules, whose phases are being narrowed to the few parts they use (issue 46): a `session`
 # parameter there is untyped until then; remove a module from this list when it has none (don't grow it)
-SESSION_UNTYPED_PENDING = {"engine/chain.py", "engine/fused.py", "engine/generation.py", "engine/search.py",
-                           "engine/phases_fused.py"}
+SESSION_UNTYPED_PENDING = {"engine/chain.py", "engine/search.py"}
 
 
 def _untyped_session_parameters() -> dict[str, list[str]]:

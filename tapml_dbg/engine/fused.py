@@ -13,14 +13,30 @@ one fails at the op's output: the smallest failing unit names the fusion.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
+from tapml_dbg.engine.requests import RequestBuilder
 from tapml_dbg.engine.results import Culprit
+from tapml_dbg.engine.verdicts import Verdicts
 from tapml_dbg.errors import TraceError
 from tapml_dbg.judge.verdict import FUSED, PROPAGATED, Status, Verdict, WrongClass
+from tapml_dbg.model.graph import OpInfo
+from tapml_dbg.runtime.scheduler import Runtime
 
 FUSED_MAX_OPS = 8  # the largest unit grown around an op (ops); beyond it the culprit stays propagated
+
+
+class UnitParts(Protocol):
+    """What the fused diagnosis uses of a session (an `engine.session.Session` is one): its ops, the kept
+    ones (cut out of every unit), how a unit is made (`requests`), run (`lanes`) and judged (`verdicts`)."""
+
+    ops: list[OpInfo]
+    kept: set[int]
+    lanes: Runtime
+    requests: RequestBuilder
+    verdicts: Verdicts
 
 
 @dataclass
@@ -55,7 +71,7 @@ class FusedUnit:
                        step=op.step)
 
 
-def producers_within(session, index: int, first: int) -> list[int]:
+def producers_within(session: UnitParts, index: int, first: int) -> list[int]:
     """Op `index` and the ops in [first, index) its value depends on, in order; a kept op
     (engine/kept.py) is cut out, its recorded value an input of the unit."""
     keep = {index}
@@ -67,7 +83,7 @@ def producers_within(session, index: int, first: int) -> list[int]:
     return sorted(keep)
 
 
-def unit_verdict(session, ops: list[int], index: int,
+def unit_verdict(session: UnitParts, ops: list[int], index: int,
                  target_values: dict[str, list[np.ndarray]] | None = None) -> Verdict:
     """Op `index`'s value out of ops `ops` compiled as one unit, judged as a value that crossed target ops."""
     names = [session.ops[i].name for i in ops]
@@ -76,12 +92,12 @@ def unit_verdict(session, ops: list[int], index: int,
     return verdict
 
 
-def alone_on_target_inputs(session, index: int, upstream: dict[str, list[np.ndarray]]) -> Verdict:
+def alone_on_target_inputs(session: UnitParts, index: int, upstream: dict[str, list[np.ndarray]]) -> Verdict:
     """Op `index` compiled alone, fed the target's values of its inputs (`upstream`: name -> values)."""
     return unit_verdict(session, [index], index, upstream)
 
 
-def grow(session, index: int, first: int, max_ops: int = FUSED_MAX_OPS) -> FusedUnit | None:
+def grow(session: UnitParts, index: int, first: int, max_ops: int = FUSED_MAX_OPS) -> FusedUnit | None:
     """The smallest unit [j, index] (trimmed to the op's producers) failing at op `index`, or None.
 
     Units are fed recorded inputs; growth stops at `first`, at `max_ops` ops, or at an op the trace
@@ -108,7 +124,7 @@ def grow(session, index: int, first: int, max_ops: int = FUSED_MAX_OPS) -> Fused
     return None
 
 
-def diagnose(session, index: int, first: int, upstream: dict[str, list[np.ndarray]] | None) -> FusedUnit | None:
+def diagnose(session: UnitParts, index: int, first: int, upstream: dict[str, list[np.ndarray]] | None) -> FusedUnit | None:
     """Whether propagated culprit `index` is a fusion bug: its fused unit, or None (it amplifies, or no
     unit up to FUSED_MAX_OPS fails). `upstream`: the target's values of its inputs from the passing probe."""
     if upstream is not None:
@@ -118,7 +134,7 @@ def diagnose(session, index: int, first: int, upstream: dict[str, list[np.ndarra
     return grow(session, index, first)
 
 
-def find_unit(session, index: int) -> FusedUnit | None:
+def find_unit(session: UnitParts, index: int) -> FusedUnit | None:
     """Op `index`'s fused unit for a dump: None at the cost of one unit when the largest unit around it
     (FUSED_MAX_OPS ops of its producers) passes, else the smallest failing one (`grow`)."""
     try:

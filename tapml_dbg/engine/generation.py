@@ -18,18 +18,32 @@ last-position logits.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable, Protocol
 
 import numpy as np
 
-from tapml_dbg.engine.propagation import run_on_target
+from tapml_dbg.engine.propagation import ChainParts, run_on_target
 from tapml_dbg.errors import UsageError
 from tapml_dbg.judge.tokens import BUG, TOKEN_TOP_K, TokenStep, compare_step
 from tapml_dbg.model.generation import TOKENS_INPUT, GenerationInfo
+from tapml_dbg.model.graph import OpInfo
+from tapml_dbg.trace import TraceReader
 from tapml_dbg.trace.schema import META_GENERATION
 
 TEACHER_FORCED, FREE_RUNNING = "teacher-forced", "free-running"
 NOT_GENERATION = ("{trace} is not a generation trace: record a transformers causal LM with --generate N "
                   "(docs/generation.md) to see its tokens")
+
+
+class GenerationParts(ChainParts, Protocol):
+    """What the tokens use of a session (an `engine.session.Session` is one): the trace, its ops by name,
+    the kept ones, the recorded values, where the target is, and a chain's parts (ops, requests, lanes)."""
+
+    reader: TraceReader
+    by_name: dict[str, OpInfo]
+    kept: set[int]
+    where: str
+    source_values: Callable[[int], list[np.ndarray]]
 
 
 @dataclass
@@ -61,19 +75,19 @@ class TokenReport:
                 "steps": [step.to_json() for step in self.steps]}
 
 
-def trace_generation(session) -> GenerationInfo | None:
+def trace_generation(session: GenerationParts) -> GenerationInfo | None:
     """The trace's generation (None: one forward)."""
     return GenerationInfo.from_meta(session.reader.meta.get(META_GENERATION))
 
 
-def require_generation(session) -> GenerationInfo:
+def require_generation(session: GenerationParts) -> GenerationInfo:
     info = trace_generation(session)
     if info is None:
         raise UsageError(NOT_GENERATION.format(trace=session.reader.path))
     return info
 
 
-def output_name(session) -> str:
+def output_name(session: GenerationParts) -> str:
     """The op whose first value is every step's logits (the graph's output)."""
     return session.ops[_output_index(session)].name
 
@@ -85,19 +99,19 @@ class TokensPhase:
 
     keep: frozenset[str] = frozenset()  # the op whose first value is every step's logits, when the chain keeps it
 
-    def report(self, session, chain_kept: dict) -> TokenReport:
+    def report(self, session: GenerationParts, chain_kept: dict) -> TokenReport:
         """The tokens, from the chain's kept values where it kept the output, else from a chain of their own."""
         return teacher_forced(session, next((chain_kept.get(name) for name in self.keep), None))
 
 
-def tokens_phase(session, first: int) -> TokensPhase | None:
+def tokens_phase(session: GenerationParts, first: int) -> TokensPhase | None:
     """The tokens phase of a search starting at op `first` (None: the trace is one forward)."""
     if trace_generation(session) is None:
         return None
     return TokensPhase(frozenset({output_name(session)}) if first == 0 else frozenset())
 
 
-def teacher_forced(session, chained: list | None = None) -> TokenReport:
+def teacher_forced(session: GenerationParts, chained: list | None = None) -> TokenReport:
     """Every step's token verdict with the target's own cache, fed the source's tokens. `chained`: the
     output's values from a chain of every op up to it that ran already (a search's), so none runs again."""
     info = require_generation(session)
@@ -112,7 +126,7 @@ def teacher_forced(session, chained: list | None = None) -> TokenReport:
     return report
 
 
-def free_running(session) -> TokenReport:
+def free_running(session: GenerationParts) -> TokenReport:
     """The target fed its own tokens (what a user sees); each step compared with the source's choice
     on the source's own (teacher-forced) logits, so a step past the first departure is the target's
     answer to another prompt: its KL and error say how far apart the two generations are, not a verdict."""
@@ -142,7 +156,7 @@ def _rows(logits: np.ndarray) -> list[np.ndarray]:
     return list(array.reshape(-1, array.shape[-1]))
 
 
-def _output_index(session) -> int:
+def _output_index(session: GenerationParts) -> int:
     name = session.reader.meta.get("outputs", [None])[0]
     op = session.by_name.get(name)
     if op is None:
@@ -150,11 +164,11 @@ def _output_index(session) -> int:
     return op.index
 
 
-def _source_logits(session) -> np.ndarray:
+def _source_logits(session: GenerationParts) -> np.ndarray:
     return session.source_values(_output_index(session))[0]
 
 
-def _target_logits(session, tokens: np.ndarray | None, report: TokenReport) -> np.ndarray | None:
+def _target_logits(session: GenerationParts, tokens: np.ndarray | None, report: TokenReport) -> np.ndarray | None:
     """The output chained from per-op kernels on the target (`tokens`: fed instead of the recorded
     ones); None, with `report.failure` set, when a unit fails."""
     output = _output_index(session)

@@ -14,22 +14,36 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 from functools import cached_property
-from typing import Callable
+from typing import Callable, Protocol
+
+import numpy as np
 
 from tapml_dbg.engine import fused
+from tapml_dbg.engine.fused import UnitParts
 from tapml_dbg.engine.phases import SearchTrace, first_failing, first_failing_speculative, is_fusion_question
 from tapml_dbg.engine.results import Culprit
 from tapml_dbg.judge.screen import clearly_passes
 from tapml_dbg.judge.verdict import PROPAGATED, Status, Verdict
 from tapml_dbg.model.analysis import frontier
 from tapml_dbg.model.generation import fused_spans
+from tapml_dbg.model.graph import OpInfo
 from tapml_dbg.runtime.messages import UnitResult
+
+
+class SearchParts(UnitParts, Protocol):
+    """What the fused probes use of a session besides a unit's parts (an `engine.session.Session` is one):
+    the ops by name, who reads each value, which ops the trace holds values for, and those values."""
+
+    by_name: dict[str, OpInfo]
+    consumers: dict[str, list[int]]
+    recorded: set[int]
+    source_values: Callable[[int], list[np.ndarray]]
 
 
 class FusedPrefixes:
     """The fused probes of ops [first, last] of a session, kept ops cut out; their results by prefix end."""
 
-    def __init__(self, session, first: int, last: int, trace: SearchTrace, unscreened: set[str],
+    def __init__(self, session: SearchParts, first: int, last: int, trace: SearchTrace, unscreened: set[str],
                  progress: Callable[..., None]):
         """`trace`: the search's probe path, appended to; `unscreened`: the ops only a full verdict may judge."""
         self.session = session
