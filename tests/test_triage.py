@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import io
 import json
 
 import pytest
 
-from conftest import fault_transform, run_cli
+from conftest import fault_transform, fresh, run_cli
 from tapml_dbg.engine.report import OpPoint
 from tapml_dbg.engine.session import Session
 from tapml_dbg.engine.triage import group_causes, triage
 from tapml_dbg.judge.verdict import ISOLATED, PROPAGATED, Status, Verdict, WrongClass
 from tapml_dbg.model.graph import OpInfo, TensorSpec
 from tapml_dbg.runtime.target import TargetSpec
+from tapml_dbg.ui.cli import strict_json
+from tapml_dbg.ui.repl.app import Repl, make_console
 
 
 def _causes(result) -> dict[str, list[int]]:
@@ -112,12 +115,16 @@ def test_grouping_rule_on_given_verdicts():
     assert sorted(folded) == [3, 4]
 
 
-@pytest.mark.parametrize("command", ["triage"])
-def test_triage_in_the_repl(traces, command):
-    result = run_cli("replay", str(traces.get("fp16_memory_attention")), "-c", command)
-    assert result.returncode == 0, result.stderr
-    assert "cause(s) of divergence" in result.stdout
-    assert "_softmax (float16): precision" in result.stdout
+def test_triage_in_the_repl(demo_session):
+    """The REPL's `triage` on the README's example (the engine session the REPL, docs and report tests share;
+    `replay -c` through the CLI is tests/test_repl.py's)."""
+    out = io.StringIO()
+    console = make_console(out)
+    repl = Repl(fresh(demo_session), out=console, err=console, launch={"trace": str(demo_session.reader.path)},
+                show_progress=False)
+    repl.execute("triage")
+    assert "cause(s) of divergence" in out.getvalue()
+    assert "_softmax (float16): precision" in out.getvalue()
 
 
 def test_the_report_lists_every_cause_with_its_repro_command(traces, tmp_path):
@@ -133,8 +140,9 @@ def test_the_report_lists_every_cause_with_its_repro_command(traces, tmp_path):
     assert "examples/qwen2_several_bugs.py:15" in causes, "the select and the mul come from the user's last line"
 
 
-def test_triage_json_gives_each_op_its_source_line(traces):
-    found = json.loads(run_cli("triage", str(traces.get("fp16_memory_attention")), "--json").stdout)
+def test_triage_json_gives_each_op_its_source_line(demo_session):
+    """What `triage --json` prints (`triage --json` itself: the test of several real divergences above)."""
+    found = json.loads(strict_json(triage(fresh(demo_session)).to_json()))
     first = found["groups"][0]["ops"][0]
     assert first["index"] == 9
     assert first["source_location"] == {"file": "examples/fp16_memory_attention.py", "line": 21,
