@@ -94,8 +94,9 @@ def test_build_tvm_contract(example, native):
     create = mod[functions["create_cache"]].params
     assert [p.name for p in create] == list(native["cache"])
     assert native["prompt"].dtype == np.int32 and native["prompt"].tolist() == ids.tolist()
-    assert native["kv"] == {"num_layers": 2, "num_kv_heads": 2, "head_dim": 16, "dtype": "float32"}
-    assert native["target"] == "llvm"
+    assert native["kv"] == {"num_layers": 2, "num_kv_heads": 2, "head_dim": 16, "dtype": "float32",
+                            "rope_theta": 10000.0}
+    assert native["target"] == "llvm" and native["model_class"] == "NativeLlama"
 
 
 @pytest.mark.skipif(not _has_cuda(), reason="no CUDA GPU on this machine")

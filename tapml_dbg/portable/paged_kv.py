@@ -58,10 +58,10 @@ def config_text(config: dict) -> str:
 
 def register() -> None:
     """Make `ATTENTION_FUNC` callable from compiled units in this process (idempotent)."""
-    import tvm_ffi
+    import tvm
 
-    if tvm_ffi.get_global_func(ATTENTION_FUNC, allow_missing=True) is None:
-        tvm_ffi.register_global_func(ATTENTION_FUNC, _attention, override=True)
+    if tvm.get_global_func(ATTENTION_FUNC, allow_missing=True) is None:
+        tvm.register_global_func(ATTENTION_FUNC, _attention, override=True)
 
 
 def _attention(*args) -> None:
