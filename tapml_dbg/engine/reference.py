@@ -45,7 +45,7 @@ ATTRIBUTION_TARGET, ATTRIBUTION_TVM = "target", "tvm"  # op.attribution under a 
 FAILED_NOTE = "the reference target failed on this op: the recorded source value"
 FAILED_RUN_VERDICTS = ("compile-error", "crash", "timeout")  # a TVM-wide op the reference target cannot run: kept
 REFERENCE_FORMAT = 2  # bump when the derived trace's content changes: older ones are made again
-WEIGHT_REFS_TEXT = DS_WEIGHT_REFS.rsplit("/", 1)[1]  # its name under /graph (TraceReader.text)
+WEIGHT_REFS_TEXT = DS_WEIGHT_REFS.rsplit("/", 1)[1]  # its name under /graph (reader.outline.text)
 
 Progress = Callable[..., None]
 
@@ -232,12 +232,13 @@ def _write_derived(chains: TargetChains, path: Path, spec: TargetSpec, wide: lis
     meta[META_REFERENCE] = {"target": spec.where, "of": os.fspath(of), "tvm_wide": [op.to_json() for op in wide]}
     refs = reader.weights.refs  # params the recorded trace reads from checkpoint files: referenced here too
     referenced = set(refs.params) if refs is not None else set()
-    writer = TraceWriter(path, meta=meta, graph_json=reader.outline.graph_json, tvmscript=reader.outline.tvmscript, ops=reader.outline.ops,
-                         inputs={name: reader.tensors.input(name) for name in reader.outline.input_names},
-                         params={name: reader.tensors.param(name) for name in reader.outline.param_names if name not in referenced},
-                         source_graph=reader.outline.source_graph_json,
-                         weight_refs=reader.outline.text(WEIGHT_REFS_TEXT) if refs is not None else None,
-                         weight_views={name: reader.tensors.param(name) for name in referenced} if refs is not None else None)
+    outline, tensors = reader.outline, reader.tensors
+    writer = TraceWriter(path, meta=meta, graph_json=outline.graph_json, tvmscript=outline.tvmscript, ops=outline.ops,
+                         inputs={name: tensors.input(name) for name in outline.input_names},
+                         params={name: tensors.param(name) for name in outline.param_names if name not in referenced},
+                         source_graph=outline.source_graph_json,
+                         weight_refs=outline.text(WEIGHT_REFS_TEXT) if refs is not None else None,
+                         weight_views={name: tensors.param(name) for name in referenced} if refs is not None else None)
     complete = False
     try:
         written: set[int] = set()
