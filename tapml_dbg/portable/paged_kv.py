@@ -1,25 +1,11 @@
-"""TVM's paged KV cache as a function of data: one attention call with its cache state as tensors.
+"""TVM's paged KV cache as a function of data: one `attention_with_fused_qkv` call, its state as tensors.
 
-A TVM-native LLM (docs/native-llm.md) calls `vm.builtin.attention_kv_cache_attention_with_fused_qkv`
-on a cache object: the call splits q/k/v, applies rotary in place, appends k/v to the cache's pages
-and attends over every page of the sequence. A trace cannot hold an object, so a recorded call is
-this module's packed function `ATTENTION_FUNC` with the state made explicit:
-
-    (qkv (n_new, qo + 2 kv heads, d), [keys_before, values_before (n_past, kv heads, d)], config)
-        -> (out (n_new, qo heads, d), keys_after, values_after (n_past + n_new, kv heads, d))
-
-It creates a fresh cache with TVM's own TIR kernels (`TIRPagedKVCache`, generated for the device's
-target from `config`, numbers only), adds sequence 0, writes `keys_before`/`values_before` into its
-pages, begins a forward of n_new tokens, makes the real call and reads the sequence's K/V back: the
-call's kernels (rotary, append, paged attention) run exactly as in a deployment, fed the state it
-is given. The pages are written and read by one TIR kernel that swaps a tensor with the pages at the
-sequence's positions, put where TVM's cache keeps its debug reader (`kv_cache_debug_get_kv`): the
-builtin `vm.builtin.attention_kv_cache_debug_get_kv` then writes on the first call and reads on the
-second, bit for bit (no kernel under test restores the state).
-
-The cache holds one layer (`layer` in config is the model's, for display): a call reads its own
-layer's pages only. Registered on first use in every process that runs units (`register`), the
-engine's workers and every repro alike.
+`ATTENTION_FUNC(qkv, [keys_before, values_before], config) -> (out, keys_after, values_after)` (DPS):
+a fresh one-layer `TIRPagedKVCache` built for the device's target from `config` (numbers only), sequence
+0 given the recorded state, then the real call (rotary, append, paged attention) and the state read
+back. The state goes in and out through one TIR kernel put where the cache keeps its debug reader: it
+swaps a tensor with the pages at the sequence's positions, so `attention_kv_cache_debug_get_kv` writes
+the state on its first call and reads it on its second, bit for bit. docs/native-llm.md says more.
 """
 
 from __future__ import annotations
