@@ -380,7 +380,8 @@ def diff_traces(path_a, path_b, tolerance: DiffTolerance = DiffTolerance(), ops:
         result.only_in_a = [op["name"] for op in a.outline.ops if _key(op, by_step) not in in_b]
         result.only_in_b = [op["name"] for op in b.outline.ops if _key(op, by_step) not in keys_a]
         pair = _Pair(a, b, tolerance)
-        matched = [op for op in a.outline.ops if _key(op, by_step) in in_b and (chosen is None or op["index"] in chosen)]
+        matched = [op for op in a.outline.ops
+                   if _key(op, by_step) in in_b and (chosen is None or op["index"] in chosen)]
         for done, op in enumerate(matched):
             progress(done, len(matched), op["name"])
             ib = in_b[_key(op, by_step)]
@@ -403,4 +404,5 @@ def _compare_layers(result: DiffResult, a: TraceReader, b: TraceReader, pair: _P
         ia, ib = ends_a[(layer, step)], ends_b[(layer, step)]
         if chosen is not None and ia not in chosen:
             continue
-        result.layers.append(LayerDiff(layer, step, ia, a.outline.ops[ia]["name"], ib, b.outline.ops[ib]["name"], pair.compare(ia, ib)))
+        result.layers.append(LayerDiff(layer, step, ia, a.outline.ops[ia]["name"], ib, b.outline.ops[ib]["name"],
+                                       pair.compare(ia, ib)))

@@ -92,7 +92,8 @@ def _stock_import(reader: TraceReader) -> dict | None:
         return None
     index = {op["name"]: op["index"] for op in reader.outline.ops}
     graph_changes = parse_source_graph(text, str(reader.path)).type_changes if text is not None else []
-    changes = stock_type_changes([OpInfo.from_json(op) for op in reader.outline.ops], graph_changes, stock.get("fixes") or [])
+    ops = [OpInfo.from_json(op) for op in reader.outline.ops]
+    changes = stock_type_changes(ops, graph_changes, stock.get("fixes") or [])
 
     def named(found) -> list[str]:
         names = sorted({c.op for c in found}, key=lambda name: index.get(name, -1))
