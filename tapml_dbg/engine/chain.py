@@ -19,8 +19,11 @@ kills the worker, a timeout) says so (`lost`), and the caller searches another w
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Protocol
 
+from tapml_dbg.engine.fused import UnitParts
 from tapml_dbg.judge.verdict import PROPAGATED, Verdict
+from tapml_dbg.model.graph import OpInfo
 from tapml_dbg.runtime.messages import ChainScreen
 from tapml_dbg.runtime.scheduler import Background
 
@@ -41,11 +44,23 @@ class ChainFinding:
     kept: dict = field(default_factory=dict, compare=False)  # the `also_keep` values of a run to the end
 
 
+class ChainSearchParts(UnitParts, Protocol):
+    """What the per-op search uses of a session (an `engine.session.Session` is one), besides a unit's
+    parts: the ops by name, an op's isolated verdict (a suspect's, first), the torch import started while
+    the chain runs."""
+
+    by_name: dict[str, OpInfo]
+
+    def isolated(self, index: int) -> Verdict: ...
+
+    def warm_up_torch(self) -> None: ...
+
+
 class ChainSearch:
     """One per-op search over ops [first, last] of a session."""
 
-    def __init__(self, session, first: int, last: int, unscreened: set[str], also_keep: set[str] = frozenset(),
-                 log: tuple | None = None):
+    def __init__(self, session: ChainSearchParts, first: int, last: int, unscreened: set[str],
+                 also_keep: set[str] = frozenset(), log: tuple | None = None):
         """`unscreened`: the ops only a full verdict may judge (`Verdicts.unscreened`); `also_keep`: ops whose
         values a run to the end hands back too (`ChainFinding.kept`); `log`: (a `Runtime.chain_log`, the
         isolated screen rule): each run's outcomes written there as it goes, each value checked

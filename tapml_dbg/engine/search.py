@@ -45,17 +45,20 @@ goes on (the runtime's overlap policy: runtime/overlap.py).
 from __future__ import annotations
 
 import time
-from typing import Callable
+from typing import Callable, Protocol
 
-from tapml_dbg.engine.chain import ChainFinding, ChainSearch
-from tapml_dbg.engine.generation import tokens_phase
+from tapml_dbg.engine.chain import ChainFinding, ChainSearch, ChainSearchParts
+from tapml_dbg.engine.generation import GenerationParts, tokens_phase
+from tapml_dbg.engine.isolated import IsolatedVerdicts
 from tapml_dbg.engine.kept import host_only_note, kept_note
 from tapml_dbg.engine.phases import SearchTrace, first_failing, first_failing_speculative, search_range
-from tapml_dbg.engine.phases_fused import FusedPrefixes
+from tapml_dbg.engine.phases_fused import FusedPrefixes, SearchParts
 from tapml_dbg.engine.phases_sweep import IsolatedSweep
+from tapml_dbg.engine.references import SourceReference
 from tapml_dbg.engine.results import BisectResult, Culprit, StepResult
 from tapml_dbg.judge.classify import type_evidence
 from tapml_dbg.judge.verdict import ISOLATED, PROPAGATED, Mode, Verdict, WrongClass
+from tapml_dbg.model.host_only import HostOnlyOp
 
 __all__ = ["Bisection", "SearchTrace", "first_failing", "first_failing_speculative"]  # the pure search: phases.py
 
@@ -72,10 +75,26 @@ def _noop(*_args, **_kwargs) -> None:
     return None
 
 
-class Bisection:
-    """One bisect run over an `engine.session.Session` (see the module docstring for the phases)."""
+class BisectParts(ChainSearchParts, SearchParts, GenerationParts, Protocol):
+    """What a bisect uses of a session (an `engine.session.Session` is one), besides what its chain, its
+    fused probes and its tokens use: the user's kept ops and the host-only ones (notes), the source
+    reference (its import note, its type changes), the isolated-verdict cache, the target's name, an
+    op's step result (the culprit's neighbourhood)."""
 
-    def __init__(self, session, sweep: bool = True, progress: Callable[..., None] = _noop):
+    user_kept: set[int]
+    host_only: list[HostOnlyOp]
+    reference: SourceReference
+    isolated_verdicts: IsolatedVerdicts
+    target: str
+
+    def step_result(self, index: int, isolated: Verdict | None = None,
+                    propagated: Verdict | None = None) -> StepResult: ...
+
+
+class Bisection:
+    """One bisect run over a session (see the module docstring for the phases)."""
+
+    def __init__(self, session: BisectParts, sweep: bool = True, progress: Callable[..., None] = _noop):
         self.session = session
         self.sweep_enabled = sweep
         self.progress = progress
