@@ -74,13 +74,13 @@ class Attention(nn.Module):
     """GQA attention: q/k/v projections fused into one qkv for the paged cache, which applies rotary
     to q and k, appends k/v to its pages and attends over them."""
 
-    def __init__(self, cfg: LlamaConfig):
+    def __init__(self, cfg: LlamaConfig, dtype: str):
         self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
         self.head_dim = cfg.hidden_size // cfg.num_attention_heads
-        self.q_proj = nn.Linear(cfg.hidden_size, self.heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(cfg.hidden_size, self.kv_heads * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(cfg.hidden_size, self.kv_heads * self.head_dim, bias=False)
-        self.o_proj = nn.Linear(self.heads * self.head_dim, cfg.hidden_size, bias=False)
+        self.q_proj = nn.Linear(cfg.hidden_size, self.heads * self.head_dim, bias=False, dtype=dtype)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.kv_heads * self.head_dim, bias=False, dtype=dtype)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.kv_heads * self.head_dim, bias=False, dtype=dtype)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, cfg.hidden_size, bias=False, dtype=dtype)
 
     def forward(self, x: Tensor, cache: PagedKVCache, layer_id: int):
         b, s, _ = x.shape
@@ -91,21 +91,21 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: LlamaConfig):
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+    def __init__(self, cfg: LlamaConfig, dtype: str):
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False, dtype=dtype)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False, dtype=dtype)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False, dtype=dtype)
 
     def forward(self, x: Tensor):
         return self.down_proj(op.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: LlamaConfig):
-        self.input_layernorm = nn.RMSNorm(cfg.hidden_size, -1, cfg.rms_norm_eps, bias=False)
-        self.self_attn = Attention(cfg)
-        self.post_attention_layernorm = nn.RMSNorm(cfg.hidden_size, -1, cfg.rms_norm_eps, bias=False)
-        self.mlp = MLP(cfg)
+    def __init__(self, cfg: LlamaConfig, dtype: str):
+        self.input_layernorm = nn.RMSNorm(cfg.hidden_size, -1, cfg.rms_norm_eps, bias=False, dtype=dtype)
+        self.self_attn = Attention(cfg, dtype)
+        self.post_attention_layernorm = nn.RMSNorm(cfg.hidden_size, -1, cfg.rms_norm_eps, bias=False, dtype=dtype)
+        self.mlp = MLP(cfg, dtype)
 
     def forward(self, x: Tensor, cache: PagedKVCache, layer_id: int):
         x = x + self.self_attn(self.input_layernorm(x), cache, layer_id)
@@ -113,10 +113,10 @@ class DecoderLayer(nn.Module):
 
 
 class Model(nn.Module):
-    def __init__(self, cfg: LlamaConfig):
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList([DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers)])
-        self.norm = nn.RMSNorm(cfg.hidden_size, -1, cfg.rms_norm_eps, bias=False)
+    def __init__(self, cfg: LlamaConfig, dtype: str):
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
+        self.layers = nn.ModuleList([DecoderLayer(cfg, dtype) for _ in range(cfg.num_hidden_layers)])
+        self.norm = nn.RMSNorm(cfg.hidden_size, -1, cfg.rms_norm_eps, bias=False, dtype=dtype)
 
     def forward(self, ids: Tensor, cache: PagedKVCache):
         x = self.embed_tokens(ids)
@@ -128,10 +128,10 @@ class Model(nn.Module):
 class NativeLlama(nn.Module):
     """transformers' LlamaForCausalLM in relax.frontend.nn, with MLC-LLM's entry points."""
 
-    def __init__(self, cfg: LlamaConfig, target: Target):
-        self.model = Model(cfg)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        self.cfg, self.target = cfg, target
+    def __init__(self, cfg: LlamaConfig, target: Target, dtype: str = "float32"):
+        self.model = Model(cfg, dtype)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False, dtype=dtype)
+        self.cfg, self.target, self.dtype = cfg, target, dtype
 
     def prefill(self, ids: Tensor, cache: PagedKVCache):
         return self.lm_head(self.model(ids, cache)), cache
@@ -153,7 +153,7 @@ class NativeLlama(nn.Module):
             mla_original_qk_head_dim=0, mla_original_v_head_dim=0, rope_mode=RopeMode.NORMAL, rope_scale=1,
             rope_theta=rope_theta(cfg),
             rope_scaling={}, rope_ext_factors=rx.prim_value(0), rotary_dim=head_dim,
-            enable_disaggregation=False, dtype="float32", target=self.target)
+            enable_disaggregation=False, dtype=self.dtype, target=self.target)
 
     def spec(self) -> nn.spec.ModuleSpec:
         cache = nn.spec.Object(object_type=PagedKVCache)
@@ -166,11 +166,12 @@ class NativeLlama(nn.Module):
         }, self)
 
 
-def build_tvm(target: str = "llvm") -> dict:
-    """The same model as build() in TVM, its weights copied from it by name (the contract above)."""
+def build_tvm(target: str = "llvm", dtype: str = "float32") -> dict:
+    """The same model as build() in TVM, its weights copied from it by name (the contract above), in
+    `dtype` (weights, activations and the cache's pages)."""
     model, (ids,) = build()
     torch_weights = {name: value.detach().numpy() for name, value in model.state_dict().items()}
-    native = NativeLlama(model.config, Target(target) if isinstance(target, str) else target)
+    native = NativeLlama(model.config, Target(target) if isinstance(target, str) else target, dtype)
     mod, named = native.export_tvm(spec=native.spec())
     params = []
     for name, param in named:
@@ -182,10 +183,20 @@ def build_tvm(target: str = "llvm") -> dict:
         params.append((name, np.ascontiguousarray(weight)))
     cfg = model.config
     kv = {"num_layers": cfg.num_hidden_layers, "num_kv_heads": cfg.num_key_value_heads,
-          "head_dim": cfg.hidden_size // cfg.num_attention_heads, "dtype": "float32", "rope_theta": rope_theta(cfg)}
+          "head_dim": cfg.hidden_size // cfg.num_attention_heads, "dtype": dtype, "rope_theta": rope_theta(cfg)}
     return {"mod": mod, "params": params, "prompt": ids.numpy().astype("int32"), "functions": dict(FUNCTIONS),
             "cache": dict(CACHE), "kv": kv, "target": target if isinstance(target, str) else str(target),
             "model_class": type(native).__name__}
+
+
+def build_tvm_fp16(target: str = "llvm") -> dict:
+    """build_tvm in float16 (`record examples/native_llama.py:build_tvm_fp16 --source tvm:T --generate N`)."""
+    return build_tvm(target, "float16")
+
+
+def build_tvm_bf16(target: str = "llvm") -> dict:
+    """build_tvm in bfloat16."""
+    return build_tvm(target, "bfloat16")
 
 
 # ---- the deployment loop ----

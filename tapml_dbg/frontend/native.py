@@ -39,7 +39,7 @@ def defines_native(spec: str) -> bool:
     """The model file defines `build_tvm` and no FUNC was named: `--source tvm:T` records it natively."""
     path, func = split_model_spec(spec)
     if ":" in spec.rpartition(".py")[2] or func != "build":
-        return func == NATIVE_FUNC
+        return func.startswith(NATIVE_FUNC)  # build_tvm, or a variant of it (build_tvm_fp16)
     try:
         text = path.read_text(errors="replace")
     except OSError:
