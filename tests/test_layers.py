@@ -237,6 +237,21 @@ def test_the_engine_starts_no_thread():
     assert not wrong, "the engine states what to run, the runtime runs it beside (Runtime.beside):\n" + "\n".join(wrong)
 
 
+def test_the_engine_neither_sleeps_nor_shares_closure_state():
+    """No `time.sleep`, polling or `nonlocal` in engine/: a phase decides what runs next from findings,
+    the runtime's overlap policy (runtime/overlap.py) waits and follows (issue 46)."""
+    wrong = []
+    for path in _sources():
+        if _part(_module_name(path)) != "engine":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Nonlocal):
+                wrong.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} nonlocal {', '.join(node.names)}")
+            elif isinstance(node, ast.Attribute) and node.attr == "sleep":
+                wrong.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} .sleep")
+    assert not wrong, "the engine decides, the runtime waits:\n" + "\n".join(wrong)
+
+
 MAX_ENGINE_CLASS_METHODS = 20  # Session is state and its collaborators by job, not a corridor ([14], [19])
 # the search's Bisection, being made a driver over phases (issue 46): remove it from here once it is
 CLASS_METHODS_PENDING: set[str] = set()  # none left: Bisection is a driver over phases (16 methods)
