@@ -11,6 +11,7 @@ one of the chain's values clears the isolated screen; docs/perf.md).
 from __future__ import annotations
 
 import os
+import threading
 
 from tapml_dbg.runtime.appended import AppendedLines
 
@@ -43,11 +44,16 @@ class ChainLog:
         self._lines = AppendedLines(path)
         self.reached: set[str] = set()
         self.cleared: set[str] = set()
+        # a search's sweep reads it from the caller's thread while the overlap policy's chain thread reads
+        # what the sweep has left (runtime/overlap.py): one reader at a time, or both read the same lines
+        # and the offset moves on twice, past lines written after them
+        self._reading = threading.Lock()
 
     def refresh(self) -> None:
-        for line in self._lines.new():
-            name, _space, flag = line.rpartition(" ")
-            if name:
-                self.reached.add(name)
-                if flag == "1":
-                    self.cleared.add(name)
+        with self._reading:
+            for line in self._lines.new():
+                name, _space, flag = line.rpartition(" ")
+                if name:
+                    self.reached.add(name)
+                    if flag == "1":
+                        self.cleared.add(name)
