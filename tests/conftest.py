@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -21,6 +22,12 @@ from tapml_dbg import settings
 
 settings.apply_process_defaults()  # the suite's process runs sessions too: as `tapml-dbg` does, before numpy
 os.environ[settings.SERVER] = "0"  # a `tapml-dbg serve` left running on this machine serves none of the suite's commands
+# torch writes TORCHINDUCTOR_CACHE_DIR into os.environ the first time inductor's cache is asked for (a
+# transformers import, a record in a test's own process): a variable the suite's fork server did not
+# start with, so every command and session zygote after it ran as a fresh interpreter importing torch
+# and TVM again (fork_server.compatible; tests/test_serve.py's forked-from-its-server test failed in a
+# full run). Set from the start (torch keeps a value it finds), it is the server's too.
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(tempfile.gettempdir(), f"torchinductor_{os.getuid()}"))
 fork_cli.use_zygote_server(fork_cli.SERVER.zygote_executable)  # its sessions' zygotes: tests/fork_cli.py
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -156,19 +163,25 @@ class Traces:
         self.paths: dict[str, Path] = {}
 
     def get(self, example: str, *extra: str) -> Path:
-        key = example + "".join(extra)
+        return self.record(str(EXAMPLES / f"{example}.py"), *extra, name=example)[0]
+
+    def record(self, spec: str, *extra: str, name: str) -> tuple[Path, str]:
+        """`tapml-dbg record SPEC -o TRACE EXTRA...` (SPEC: `FILE.py[:FUNC]`), once per run: the trace and
+        what the record printed. `name` starts the trace's file name (one name for one SPEC)."""
+        key = spec + "\0" + "\0".join(extra)
         if key not in self.paths:
             digest = hashlib.sha256("\0".join(extra).encode()).hexdigest()[:12]
-            path = self.folder / f"{example}{digest}.h5"
+            path = self.folder / f"{name}{digest}.h5"
             with open(self.folder / f"{path.name}.lock", "w") as lock:
                 fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
                 if not path.exists():
                     partial = path.with_suffix(f".part{os.getpid()}.h5")
-                    result = run_cli("record", str(EXAMPLES / f"{example}.py"), "-o", str(partial), *extra)
+                    result = run_cli("record", spec, "-o", str(partial), *extra)
                     assert result.returncode == 0, result.stderr
+                    path.with_suffix(".stdout").write_text(result.stdout.replace(str(partial), str(path)))
                     os.replace(partial, path)
             self.paths[key] = path
-        return self.paths[key]
+        return self.paths[key], self.paths[key].with_suffix(".stdout").read_text()
 
 
 def run_folder(tmp_path_factory, name: str) -> Path:
