@@ -20,21 +20,16 @@ GROUPED_MM = "TVM 0.27 has no converter for transformers.grouped_mm_fallback"
 FLOOR_DIVIDE = "TVM 0.27's converter for aten.div.Tensor_mode fails: TypeError: Binary operators must have the same"
 
 
-def _record(folder: Path, func: str) -> tuple[Path, str]:
-    path = folder / f"{func}.h5"
-    result = run_cli("record", f"{MOE}:{func}", "-o", str(path))
-    assert result.returncode == 0, result.stderr
-    return path, result.stdout
+@pytest.fixture(scope="module")
+def mixtral(traces) -> tuple[Path, str]:
+    """The trace and what its record printed: recorded once per run (the module's tests may run on
+    both xdist workers)."""
+    return traces.record(f"{MOE}:build", name="moe_mixtral")
 
 
 @pytest.fixture(scope="module")
-def mixtral(tmp_path_factory):
-    return _record(tmp_path_factory.mktemp("moe"), "build")
-
-
-@pytest.fixture(scope="module")
-def qwen2_moe(tmp_path_factory):
-    return _record(tmp_path_factory.mktemp("moe"), "build_qwen2_moe")
+def qwen2_moe(traces) -> tuple[Path, str]:
+    return traces.record(f"{MOE}:build_qwen2_moe", name="moe_qwen2")
 
 
 def _host_only(entries: list[dict]) -> dict[str, str]:
