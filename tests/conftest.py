@@ -19,6 +19,7 @@ import pytest
 
 import fork_cli
 from tapml_dbg import settings
+from tapml_dbg.runtime import fork_server
 
 settings.apply_process_defaults()  # the suite's process runs sessions too: as `tapml-dbg` does, before numpy
 os.environ[settings.SERVER] = "0"  # a `tapml-dbg serve` left running on this machine serves none of the suite's commands
@@ -78,6 +79,7 @@ def no_process_left_behind():
     os.environ[RUN_MARK] = mark
     fork_cli.SERVER.environment = dict(os.environ)  # what a test sets for a while is no part of it
     yield
+    drifted = environment_drift(dict(os.environ), fork_cli.SERVER.environment)
     fork_cli.SERVER.stop()
     deadline = time.monotonic() + LEFTOVER_GRACE_S
     left = processes_of_this_run(mark)
@@ -91,6 +93,17 @@ def no_process_left_behind():
         except psutil.NoSuchProcess:
             pass
     assert not left, "processes outlived the test suite (now killed):\n" + "\n".join(described)
+    assert not drifted, (f"the test process's environment changed for good in {drifted}: every command and "
+                         "session zygote after it ran as a fresh interpreter, not forked from the suite's server "
+                         "(set the variable at conftest's start, as TORCHINDUCTOR_CACHE_DIR is)")
+
+
+def environment_drift(now: dict, at_start: dict) -> list[str]:
+    """The variables that differ from the fork server's environment (but those a command reads when it
+    runs, fork_server.RUNTIME_ONLY*): a command whose environment differs there is not forked."""
+    runtime = (*fork_server.RUNTIME_ONLY_PREFIXES, "PYTEST_")
+    return sorted(name for name in set(now) | set(at_start) if now.get(name) != at_start.get(name)
+                  and name not in fork_server.RUNTIME_ONLY and not name.startswith(runtime))
 
 
 def pytest_configure(config):
