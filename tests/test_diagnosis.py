@@ -151,12 +151,12 @@ def test_repro_and_its_standalone_script_judge_with_the_sessions_bound_after_a_m
 # ------------------------------------------------------------------ `tol` and the active rule
 def test_tol_refuses_what_the_noise_floor_ignores_and_takes_it_under_the_fixed_rule(fp16):
     t = Transcript(fp16)
-    before = fp16.policy.to_json()
+    before = fp16.verdicts.policy.to_json()
     out = t.run("tol float16 0.1")
     assert "`tol float16 0.1` changes nothing: the noise-floor rule" in out and "`tol fixed` first" in out
     out = t.run("tol propagated 20")
     assert "`tol propagated 20` changes nothing: the noise-floor rule" in out and "`tol fixed` first" in out
-    assert fp16.policy.to_json() == before  # nothing was set
+    assert fp16.verdicts.policy.to_json() == before  # nothing was set
     assert "op #9 _softmax: rtol=0.1" in t.run("tol op 9 0.1")  # a per-op tolerance counts under either rule
     assert "float16: rtol=0.1 atol=0.001" in t.run("tol fixed") + t.run("tol float16 0.1")
     assert "propagated verdicts use 20x" in t.run("tol propagated 20")
