@@ -266,7 +266,7 @@ def test_a_cold_search_counts_no_run_as_remembered_even_when_its_chain_runs_agai
     from tapml_dbg.trace import TraceReader
 
     path, cache = traces.get("mlp"), tmp_path / "cache"
-    names = [op["name"] for op in TraceReader(path).ops][10:]
+    names = [op["name"] for op in TraceReader(path).outline.ops][10:]
     policy = TolerancePolicy(by_op={name: Tolerance(1e-3, 1e-5) for name in names})
     first = bisect(path, None, cache, policy=policy)
     assert checkpoints(cache)
