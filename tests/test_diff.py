@@ -44,12 +44,13 @@ def float32():
 
 
 def copy_trace(source: Path, target: Path, scale_from: int | None = None, factor: float = FACTOR,
-               rename=lambda name: name, leave_out: frozenset[int] = frozenset()) -> Path:
+               rename=lambda name: name, leave_out: frozenset[int] = frozenset(), relayer=lambda layer: layer) -> Path:
     """`source` written again as `target`: float outputs of ops `scale_from` and after multiplied by
-    `factor`, op names through `rename`, the ops in `leave_out` not written (the trace then incomplete)."""
+    `factor`, op names through `rename` and layers through `relayer`, the ops in `leave_out` not written
+    (the trace then incomplete)."""
     with TraceReader(source) as reader:
-        ops = [{**op, "name": rename(op["name"]), "inputs": [rename(name) for name in op["inputs"]]}
-               for op in reader.outline.ops]
+        ops = [{**op, "name": rename(op["name"]), "inputs": [rename(name) for name in op["inputs"]],
+                "layer": relayer(op.get("layer", ""))} for op in reader.outline.ops]
         writer = TraceWriter(target, meta=reader.meta, graph_json=reader.outline.graph_json, tvmscript=reader.outline.tvmscript,
                              ops=ops, inputs={n: reader.tensors.input(n) for n in reader.outline.input_names},
                              params={n: reader.tensors.param(n) for n in reader.outline.param_names},
@@ -258,10 +259,11 @@ def test_bad_input_is_one_line(traces, tmp_path):
     mlp = str(traces.get("mlp"))
     not_a_trace = tmp_path / "notes.h5"
     not_a_trace.write_text("not a trace")
-    renamed = copy_trace(traces.get("mlp"), tmp_path / "renamed.h5", rename=lambda name: f"other_{name}")
+    renamed = copy_trace(traces.get("mlp"), tmp_path / "renamed.h5", rename=lambda name: f"other_{name}",
+                         relayer=lambda layer: f"other.{layer}")  # another model: no op name, no layer in common
     cases = [((mlp, str(tmp_path / "missing.h5")), "does not exist; check the path"),
              ((str(not_a_trace), mlp), "is not a tapml trace (not an HDF5 file)"),
-             ((mlp, str(renamed)), "share no op name: diff pairs ops by name"),
+             ((mlp, str(renamed)), "share no op name and no layer: diff pairs ops by name"),
              ((mlp, mlp, "--atol", "1e-3"), "--atol goes with --rtol"),
              ((mlp, mlp, "--rtol", "-1"), "--rtol must be a number >= 0"),
              ((mlp, mlp, "--ops", "blocks.9"), "no op or layer named 'blocks.9'")]
