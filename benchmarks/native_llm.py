@@ -18,27 +18,17 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from reference_target import cli, versions  # a sibling script: `python benchmarks/native_llm.py` puts it on the path
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "native_llama.py"
 FAULTS = ROOT / "tests" / "transforms" / "faults.py"
 PAGED = "vm.builtin.attention_kv_cache_attention_with_fused_qkv"
-TIMEOUT_S = 1800.0
-
-
-def cli(*args: str, cache: Path | None = None, env: dict | None = None) -> tuple[subprocess.CompletedProcess, float]:
-    full = dict(os.environ, TAPML_SERVER="0", **(env or {}))
-    if cache is not None:
-        full["TAPML_CACHE_DIR"] = str(cache)
-    started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "tapml_dbg", *args], capture_output=True, text=True, env=full,
-                          timeout=TIMEOUT_S, cwd=ROOT)
-    return done, time.perf_counter() - started
 
 
 def record(spec: str, out: Path, steps: int, *extra: str) -> float:
@@ -70,18 +60,6 @@ def bisect(trace: Path, target: str, cache: Path, fault: str | None) -> tuple[st
         return f"clean ({report['ops']} ops)", seconds
     op = report["op"]
     return f"#{op['index']} {op['name']} step {op.get('step')} ({op['verdict']})", seconds
-
-
-def versions() -> str:
-    import importlib.metadata as metadata
-
-    found = []
-    for name in ("apache-tvm", "torch", "transformers", "numpy"):
-        try:
-            found.append(f"{name} {metadata.version(name)}")
-        except metadata.PackageNotFoundError:
-            continue
-    return ", ".join(found)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -42,8 +42,8 @@ def model_file(name: str) -> tuple[Path, str]:
     raise SystemExit(f"no model {name!r}: give an example, a zoo architecture or a file (FILE[:FUNC])")
 
 
-def cli(*args: str, cache: Path | None = None) -> tuple[subprocess.CompletedProcess, float]:
-    env = dict(os.environ, TAPML_SERVER="0")
+def cli(*args: str, cache: Path | None = None, env: dict | None = None) -> tuple[subprocess.CompletedProcess, float]:
+    env = dict(os.environ, TAPML_SERVER="0", **(env or {}))
     if cache is not None:
         env["TAPML_CACHE_DIR"] = str(cache)
     started = time.perf_counter()

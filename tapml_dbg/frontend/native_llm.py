@@ -23,13 +23,13 @@ Everything about the module is checked here, so that a bad file fails with one l
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from tapml_dbg.errors import ModelError
 from tapml_dbg.frontend.importer import flatten_ty, ordered_free_vars, output_names, relax_op_name
-from tapml_dbg.frontend.native import common_path, module_path
+from tapml_dbg.frontend.native import NativeModel, common_path, module_path
 from tapml_dbg.model.generation import PREFILL_STEP, TOKENS_INPUT, step_kind
 from tapml_dbg.model.graph import Graph, OpInfo
 from tapml_dbg.model.paged_kv import PAGED_KV_OP, is_paged_kv_call, paged_kv_call
@@ -38,6 +38,7 @@ from tapml_dbg.portable.runner import parse_target
 
 REQUIRED_KEYS = ("mod", "params", "prompt", "functions", "cache", "kv")
 REQUIRED_FUNCTIONS = ("create_cache", "prefill", "decode")
+ENTRY = "prefill+decode"  # a generation's entry, as the trace's meta `native.entry` names it
 IDS_INPUT = "ids"
 LOGITS_OUTPUT = "logits"
 
@@ -54,7 +55,6 @@ class NativeLLM:
     kv: dict  # num_layers, num_kv_heads, head_dim, dtype, rope_theta[, rope_scale, rotary_dim]
     target: str = ""
     model_class: str = "relax.frontend.nn"
-    extra: dict = field(default_factory=dict)
 
 
 def native_llm(result, where: str = "build_tvm()") -> NativeLLM:
@@ -114,18 +114,9 @@ def check_target(native: NativeLLM, target: str, where: str) -> None:
                          "given")
 
 
-@dataclass
-class Unrolled:
-    """The generation as one graph, with what the recorder stores beside it."""
-
-    graph: Graph
-    inputs: dict[str, np.ndarray]
-    params: dict[str, np.ndarray]
-    steps: list[int]  # the step of each op
-
-
-def unroll(native: NativeLLM, tokens: list[int]) -> Unrolled:
-    """The graph of a prefill over the prompt and len(tokens) decode steps fed `tokens`."""
+def unroll(native: NativeLLM, tokens: list[int]) -> NativeModel:
+    """The graph of a prefill over the prompt and len(tokens) decode steps fed `tokens`, as a native model
+    whose entry is `ENTRY`."""
     import tvm
     from tvm import relax
 
@@ -153,18 +144,18 @@ def unroll(native: NativeLLM, tokens: list[int]) -> Unrolled:
                 func = decode
             env = {func.params[0]: step_ids, **dict(zip(func.params[2:], main_weights))}
             result = _step(builder, steps, step, func, env, state, native)
-            last = _last_position(builder, steps, step, result)
-            logits.append(last)
+            logits.append(_last_position(builder, steps, step, result))
         out = _emit(builder, steps, len(tokens), relax.op.concat(logits, axis=1), LOGITS_OUTPUT)
+        picked = [var.name for var in (*logits, out)]
         finals = [value for layer in sorted(state) for value in state[layer]]
         builder.emit_func_output(relax.Tuple([out, *finals]))
     main = builder.get()["main"]
     mod = tvm.IRModule({"main": main})
     names = [IDS_INPUT, TOKENS_INPUT] + [name for name, _ in native.params]
-    graph = _graph(mod, names, steps)
+    graph = _graph(mod, names, steps, set(picked))
     inputs = {IDS_INPUT: native.prompt, TOKENS_INPUT: np.asarray([tokens], dtype="int32")}
     params = {var.name: value for var, (_, value) in zip(main_weights, native.params)}
-    return Unrolled(graph, inputs, params, steps)
+    return NativeModel(graph, inputs, params, ENTRY)
 
 
 def _function(native: NativeLLM, role: str):
@@ -225,17 +216,16 @@ def _attention(builder, steps, step: int, binding, env: dict, state: dict, nativ
                          f"cache's {BUILTIN.rpartition('.')[2]} calls only")
     _, layer, scale, qkv = value.args[1].fields
     qkv = _substitute(qkv, env)
-    qkv_type = qkv.ty if hasattr(qkv, "ty") else None
     out_type = value.ty_args[0]
     n_new, heads, head_dim = (int(d) for d in out_type.shape)
-    kv_heads = (int(qkv_type.shape[-2]) - heads) // 2
+    kv_heads = (int(qkv.ty.shape[-2]) - heads) // 2
     layer = int(layer.value)
     before = state.get(layer)
     n_total = n_new + (int(before[0].ty.shape[0]) if before else 0)
     config = {"layer": layer, "num_qo_heads": heads, "num_kv_heads": kv_heads, "head_dim": head_dim,
               "sm_scale": float(scale.value), "rope_theta": float(native.kv["rope_theta"]),
               "rope_scale": native.kv.get("rope_scale", 1), "rotary_dim": int(native.kv.get("rotary_dim", head_dim)),
-              "page_size": int(native.cache.get("page_size", 16)), "dtype": str(out_type.dtype)}
+              "page_size": int(native.cache.get("page_size", PAGE_SIZE)), "dtype": str(out_type.dtype)}
     state_type = relax.TensorType((n_total, kv_heads, head_dim), out_type.dtype)
     name = f"{binding.var.name}_step{step}"
     call = _emit(builder, steps, step, paged_kv_call([qkv, *(before or ())], config, [out_type, state_type, state_type]),
@@ -274,7 +264,7 @@ def _last_position(builder, steps, step: int, logits):
                  f"logits_step{step}")
 
 
-def _graph(mod, arg_names: list[str], steps: list[int]) -> Graph:
+def _graph(mod, arg_names: list[str], steps: list[int], picked: set[str]) -> Graph:
     """The op table of the unrolled `main`: one op per binding, with its step and layer."""
     from tvm import relax
 
@@ -283,7 +273,7 @@ def _graph(mod, arg_names: list[str], steps: list[int]) -> Graph:
     params = [(p.name, flatten_ty(p.ty)[0]) for p in main.params[2:]]
     module_of = {p.name: module_path(name) for p, name in zip(main.params, arg_names) if "." in name}
     bindings = [b for block in main.body.blocks for b in block.bindings]
-    layers = _layers(bindings, module_of)
+    layers = _layers(bindings, module_of, picked)
     ops = []
     for index, (binding, step) in enumerate(zip(bindings, steps)):
         name = PAGED_KV_OP if is_paged_kv_call(binding.value) else relax_op_name(binding.value)
@@ -298,7 +288,7 @@ def _graph(mod, arg_names: list[str], steps: list[int]) -> Graph:
 LAYOUT_OPS = ("relax.reshape", "relax.permute_dims", "relax.squeeze", "relax.expand_dims", "get_item")
 
 
-def _layers(bindings, module_of: dict[str, str]) -> list[str]:
+def _layers(bindings, module_of: dict[str, str], picked: set[str]) -> list[str]:
     """Each op's layer, as transformers' module paths would place it (so that `diff` meets a transformers
     recording of the model at its layers' boundaries):
     - an op that reads weights (or values computed from weights alone: a weight's transpose) belongs to
@@ -325,10 +315,11 @@ def _layers(bindings, module_of: dict[str, str]) -> list[str]:
         following[index] = upcoming
         upcoming = weighted[index] if weighted[index] is not None else upcoming
     layers: dict[str, str] = {}
+    order: dict[str, int] = {}  # each op's position: the latest op a binding reads
     for index, binding in enumerate(bindings):
         reads = [name for name in ordered_free_vars(binding.value) if name in layers]
         op = relax_op_name(binding.value)
-        if binding.var.name.startswith(LOGITS_OUTPUT):
+        if binding.var.name in picked:
             layer = ""
         elif weighted[index] is not None:
             layer = weighted[index]
@@ -337,17 +328,20 @@ def _layers(bindings, module_of: dict[str, str]) -> list[str]:
         elif op in LAYOUT_OPS and len(reads) == 1:
             layer = layers[reads[0]]
         else:
-            layer = _caller(reads, layers, owners, following[index])
+            layer = _caller(max(reads, key=order.__getitem__), reads, layers, owners, following[index])
         layers[binding.var.name] = layer
+        order[binding.var.name] = index
     return list(layers.values())
 
 
-def _caller(reads: list[str], layers: dict[str, str], owners: set[str], upcoming: str | None) -> str:
-    """The module that calls a compute op without weights (see `_layers`)."""
+def _caller(latest_read: str, reads: list[str], layers: dict[str, str], owners: set[str],
+            upcoming: str | None) -> str:
+    """The module that calls a compute op without weights (see `_layers`): `latest_read` is the latest
+    op it reads, `upcoming` the module of the next op that reads weights."""
     common = common_path([layers[name] for name in reads])
     if common in owners:
         common = common.rpartition(".")[0]
-    latest = layers[reads[-1]] if len(reads) == 1 else layers[max(reads, key=list(layers).index)]
+    latest = layers[latest_read]
     around = common_path([latest, upcoming]) if upcoming is not None else common
     deeper, shallower = (around, common) if around.count(".") > common.count(".") else (common, around)
     return deeper if deeper.startswith(shallower) else common

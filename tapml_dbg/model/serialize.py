@@ -13,7 +13,6 @@ turns whatever TVM still refuses into a `TraceError`.
 from __future__ import annotations
 
 import base64
-import json
 import math
 import re
 import threading
@@ -23,7 +22,7 @@ import numpy as np
 from tapml_dbg.errors import TraceError
 from tapml_dbg.model.host_only import is_host_only_call, placeholder
 from tapml_dbg.model.paged_kv import call_parts, is_paged_kv_call, paged_kv_call
-from tapml_dbg.portable.paged_kv import config_text, parse_config
+from tapml_dbg.portable.paged_kv import check_config
 
 SCHEMA = "tapml-relax-graph/1"
 ALLOWED_ATTRS_PREFIX = "relax.attrs."  # a trace may only rebuild op attributes, no other TVM object
@@ -247,8 +246,8 @@ def _check_paged_kv(expr: dict, defined: set[str], where: str, depth: int) -> No
     for k, arg in enumerate(args):
         _check_expr(arg, defined, f"{where}.paged_kv[{k}]", depth + 1)
     try:
-        parse_config(json.dumps(_dict(expr.get("config"), f"{where}.config")))
-    except (ValueError, TypeError) as exc:
+        check_config(_dict(expr.get("config"), f"{where}.config"))
+    except ValueError as exc:
         raise GraphFormatError(f"{where}.config: {exc}") from None
     types = _list(expr.get("ty_args"), f"{where}.ty_args")
     if len(types) != 3:
@@ -407,7 +406,7 @@ def _expr_to_json(expr) -> dict:
                 "ty_args": [_type_to_json(t) for t in expr.ty_args]}
     if isinstance(expr, relax.Call) and is_paged_kv_call(expr):  # its own kind: the config is data
         tensors, config, out_types = call_parts(expr)
-        return {"paged_kv": [_expr_to_json(a) for a in tensors], "config": json.loads(config_text(config)),
+        return {"paged_kv": [_expr_to_json(a) for a in tensors], "config": dict(sorted(config.items())),
                 "ty_args": [_type_to_json(t) for t in out_types]}
     if isinstance(expr, relax.Call):
         if not hasattr(expr.op, "name") or isinstance(expr.op, relax.GlobalVar):

@@ -23,8 +23,12 @@ _lock = threading.Lock()
 
 
 def parse_config(text: str) -> dict:
-    """The config string of a recorded call, checked: numbers (and a dtype) only."""
-    config = json.loads(text)
+    """The config string of a recorded call, checked."""
+    return check_config(json.loads(text))
+
+
+def check_config(config) -> dict:
+    """A call's config: exactly CONFIG_KEYS, numbers (and a dtype) only."""
     if not isinstance(config, dict) or set(config) != set(CONFIG_KEYS):
         raise ValueError(f"a paged-KV call's config must have exactly the keys {', '.join(CONFIG_KEYS)}")
     for key in CONFIG_KEYS:

@@ -21,16 +21,14 @@ import numpy as np
 
 from tapml_dbg.errors import ModelError, TargetError
 from tapml_dbg.frontend.model_loader import load_python_function
-from tapml_dbg.frontend.native import NATIVE_FUNC, NativeModel, native_spec
-from tapml_dbg.frontend.native_llm import NativeLLM, check_target, native_llm, unroll
+from tapml_dbg.frontend.native import NATIVE_FUNC, native_spec
+from tapml_dbg.frontend.native_llm import ENTRY, NativeLLM, check_target, native_llm, unroll
 from tapml_dbg.model.generation import PREFILL_STEP, GenerationInfo, StepInfo, step_kind
+from tapml_dbg.portable import one_line
 from tapml_dbg.portable.runner import device_kind, parse_target
 from tapml_dbg.record.native import record_model
 from tapml_dbg.record.recorder import Progress, RecordResult
 from tapml_dbg.trace.schema import META_GENERATION
-
-ENTRY = "prefill+decode"  # meta native.entry of a generation
-
 
 @dataclass
 class Deployment:
@@ -50,12 +48,11 @@ def record_native_generation(model_spec: str, out_path: str | Path, target: str,
     spec = native_spec(model_spec)
     native = load_llm(spec, target)
     deployment = deploy(native, target, steps)
-    unrolled = unroll(native, deployment.tokens[:steps])
+    model = unroll(native, deployment.tokens[:steps])
     prompt = native.prompt.shape[1]
     info = GenerationInfo(native.model_class, prompt, [
         StepInfo(k, step_kind(k), 0 if k == PREFILL_STEP else prompt + k - 1, prompt + k, deployment.tokens[k])
         for k in range(steps + 1)])
-    model = NativeModel(unrolled.graph, unrolled.inputs, unrolled.params, ENTRY)
     meta = {META_GENERATION: info.to_meta(),
             "native": {"entry": ENTRY, "file": spec.rpartition(":")[0] or spec, "functions": native.functions,
                        "cache": native.cache}}
@@ -93,7 +90,7 @@ def deploy(native: NativeLLM, target: str, steps: int) -> Deployment:
     try:
         executable = tvm.compile(native.mod, target=parsed)
     except Exception as exc:  # noqa: BLE001 - TVM's own errors, one line
-        raise TargetError(f"the native LLM does not build for {target}: {_line(exc)}") from None
+        raise TargetError(f"the native LLM does not build for {target}: {one_line(exc)}") from None
     device = tvm.device(device_kind(parsed))
     vm = relax.VirtualMachine(executable, device)
     names = native.functions
@@ -104,7 +101,7 @@ def deploy(native: NativeLLM, target: str, steps: int) -> Deployment:
         call("vm.builtin.kv_state_add_sequence")(cache, 0)
     except Exception as exc:  # noqa: BLE001
         raise TargetError(f"the paged KV cache cannot be created on {target} with cache={native.cache}: "
-                          f"{_line(exc)} (check build_tvm()'s 'cache' arguments and the target its kernels were "
+                          f"{one_line(exc)} (check build_tvm()'s 'cache' arguments and the target its kernels were "
                           "made for)") from None
     started = time.perf_counter()
     ids, tokens, logits = native.prompt, [], []
@@ -114,7 +111,7 @@ def deploy(native: NativeLLM, target: str, steps: int) -> Deployment:
         try:
             out = vm[func](tvm.runtime.tensor(ids.astype("int32"), device), cache, *params)
         except Exception as exc:  # noqa: BLE001
-            raise TargetError(f"{func} (step {step}) fails on {target}: {_line(exc)}") from None
+            raise TargetError(f"{func} (step {step}) fails on {target}: {one_line(exc)}") from None
         call("vm.builtin.kv_state_end_forward")(cache)
         last = out[0].numpy()[:, -1:, :]  # (logits, cache)
         logits.append(last)
@@ -122,8 +119,3 @@ def deploy(native: NativeLLM, target: str, steps: int) -> Deployment:
         ids = np.array([[tokens[-1]]], dtype="int32")
     device.sync()
     return Deployment(tokens, np.concatenate(logits, axis=1), time.perf_counter() - started)
-
-
-def _line(exc: Exception) -> str:
-    lines = [line for line in str(exc).strip().splitlines() if line.strip()]
-    return f"{type(exc).__name__}: {lines[-1][:300] if lines else ''}"
