@@ -29,7 +29,7 @@ from tapml_dbg.judge.diagnosis import MEANINGS, PASSED, TYPE_MEANING, diagnose, 
 from tapml_dbg.judge.verdict import FUSED, ISOLATED, PROPAGATED, Status, Verdict, WrongClass
 from tapml_dbg.portable.standalone import standalone_script
 from tapml_dbg.repro.dump import dump_op
-from tapml_dbg.ui.report.html import page
+from tapml_dbg.report.html import page
 
 CUMSUM = 14  # examples/qwen2_several_bugs.py: aten.cumsum over a bool mask
 SOFTMAX = 9  # examples/fp16_memory_attention.py: the README's fp16 softmax

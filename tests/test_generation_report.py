@@ -16,7 +16,7 @@ from conftest import fault_transform, fresh
 from tapml_dbg.engine.report import build_report
 from tapml_dbg.engine.session import Session
 from tapml_dbg.judge.tokens import BUG, SAME
-from tapml_dbg.ui.report.html import page
+from tapml_dbg.report.html import page
 
 STEPS = 3
 SECTION = '<h2 id="generation-section">Generation</h2>'

@@ -1,6 +1,6 @@
 """The package's layers (DESIGN.md "Architecture"): arrows point down, never up, and never round.
 
-(entry ->) ui -> repro -> engine / record / frontend -> judge / runtime / host -> trace -> model
+(entry ->) ui -> api -> report -> repro -> engine / record / frontend -> judge / runtime / host -> trace -> model
 -> portable / errors / settings
 (trace sits above model: the capture window of a recording is parsed by model.select).
 Read with `ast` from the source files: nothing is imported, so a broken module still gets judged.
@@ -21,9 +21,10 @@ RANKS = {
     "judge": 3, "runtime": 3, "host": 3,
     "frontend": 4, "record": 4, "engine": 4,
     "repro": 5,
-    "api": 6,
-    "ui": 7,
-    "entry": 8, "__main__": 9,
+    "report": 6,  # the HTML report's folder: what `Replay.report` writes (it sizes files as repro/ does)
+    "api": 7,
+    "ui": 8,
+    "entry": 9, "__main__": 10,
 }
 # the package's `open()` imports the API when called: a worker process imports the package first
 # and must not import the engine; the entry point imports the CLI after it set the process's

@@ -25,7 +25,7 @@ from tapml_dbg.frontend.importer import export_program
 from tapml_dbg.judge.verdict import Status
 from tapml_dbg.api import Replay
 from tapml_dbg.ui import cli
-from tapml_dbg.ui.report import model_explorer as me
+from tapml_dbg.report import model_explorer as me
 
 model_explorer = pytest.importorskip("model_explorer")
 dacite = pytest.importorskip("dacite")  # a dependency of ai-edge-model-explorer

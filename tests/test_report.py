@@ -28,7 +28,7 @@ from tapml_dbg.judge.compare import Metrics
 from tapml_dbg.judge.verdict import Mode, Status, Verdict
 from tapml_dbg.model.graph import OpInfo
 from tapml_dbg.ui import cli
-from tapml_dbg.ui.report.html import page
+from tapml_dbg.report.html import page
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 BROWSER_TIMEOUT_S = 60.0

@@ -175,7 +175,7 @@ def test_a_wrapped_transformers_llama_names_the_library_line_and_the_users_call(
 
 def test_the_report_card_and_a_repro_readme_show_a_library_line_and_the_users_call():
     from tapml_dbg.repro.files import markdown_location
-    from tapml_dbg.ui.report.html import _location_rows
+    from tapml_dbg.report.html import _location_rows
 
     where = SourceLocation(MODELING_LLAMA, 66, "x = y | z", "transformers", SourceLocation("m.py", 3, "out = lm(ids)"))
     assert _location_rows(where) == [("library line", f"<code>{MODELING_LLAMA}:66</code> <code>x = y | z</code>"),
@@ -222,7 +222,7 @@ def test_the_report_card_and_the_repro_readmes_name_the_model_line(demo_session,
     from tapml_dbg.engine.report import build_report
     from tapml_dbg.repro.carve import carve
     from tapml_dbg.repro.dump import dump_op
-    from tapml_dbg.ui.report.html import page
+    from tapml_dbg.report.html import page
 
     session = fresh(demo_session)
     html = page(build_report(session))

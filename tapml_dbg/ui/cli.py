@@ -33,8 +33,8 @@ from tapml_dbg.trace.verify import verify_trace
 from tapml_dbg.ui.console import error_line, make_console, progress
 from tapml_dbg.ui.render import NextCommands, TraceSummary, render
 from tapml_dbg.ui.repl.app import run_replay
-from tapml_dbg.ui.report.html import prepare_folder, write_report
-from tapml_dbg.ui.report.model_explorer import write_model_explorer
+from tapml_dbg.report.html import prepare_folder, write_report
+from tapml_dbg.report.model_explorer import write_model_explorer
 from tapml_dbg.ui import verbs
 
 DESCRIPTION = """\

@@ -43,8 +43,8 @@ from tapml_dbg.repro.files import human_bytes
 from tapml_dbg.trace.schema import tvm_source_target
 from tapml_dbg.trace.verify import VerifyReport
 from tapml_dbg.ui.repl import results as R
-from tapml_dbg.ui.report.html import ReportWritten
-from tapml_dbg.ui.report.model_explorer import ModelExplorerWritten
+from tapml_dbg.report.html import ReportWritten
+from tapml_dbg.report.model_explorer import ModelExplorerWritten
 
 PRINT_PRECISION = 5  # digits `print` shows per element
 PRINT_THRESHOLD = 64  # arrays with more elements are summarized (numpy's threshold)

@@ -30,7 +30,7 @@ from pathlib import Path
 from tapml_dbg.engine.report import ErrorReport, OpPoint
 from tapml_dbg.judge.verdict import ISOLATED, PROPAGATED, Mode
 from tapml_dbg.model.graph import OpInfo
-from tapml_dbg.ui.report.html import prepare_folder
+from tapml_dbg.report.html import prepare_folder
 
 FOLDER_NAME = "model_explorer"  # under the report's DIR
 GRAPH_NAME = "graph.json"

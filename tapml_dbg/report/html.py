@@ -19,7 +19,7 @@ from tapml_dbg.judge.compare import Metrics
 from tapml_dbg.judge.tokens import BUG, DRIFT, SAME
 from tapml_dbg.judge.verdict import ISOLATED, PROPAGATED, Status, Verdict
 from tapml_dbg.repro.files import human_bytes
-from tapml_dbg.ui.report.chart import (ZOOM_INCHES, error_chart_svg, generation_chart_svg, migration_chart_svg,
+from tapml_dbg.report.chart import (ZOOM_INCHES, error_chart_svg, generation_chart_svg, migration_chart_svg,
                                        zoom_range)
 
 INDEX_NAME = "index.html"
