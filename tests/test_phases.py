@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import ast
 import random
+import threading
+import time
 import types
 from pathlib import Path
 
@@ -15,7 +17,8 @@ from tapml_dbg.engine.phases import (FollowStep, PrefixSearch, SearchRange, Sear
                                      follow_chain, is_fusion_question, last_recorded, search_range)
 from tapml_dbg.runtime.background import Background
 from tapml_dbg.runtime.messages import ChainResult, UnitResult, UnitStatus
-from tapml_dbg.runtime.overlap import BesidePlan, ChainBesideSweep, side_share
+from tapml_dbg.runtime import overlap
+from tapml_dbg.runtime.overlap import BesidePlan, ChainBesideSweep, SearchOverlap, SearchPlan, side_share
 
 
 def _persistent(first_bad: int | None):
@@ -128,7 +131,7 @@ class _FakeLanes:
     def side_interrupted(self):
         return self.stopped
 
-    def chain_found_nothing(self):
+    def found_nothing(self):
         self.asked.append(("found nothing", None))
 
     def chain_timeout(self, units):
@@ -153,7 +156,7 @@ def test_a_chain_that_found_nothing_takes_the_upper_part_of_the_sweep():
     the sweep is bounded below that share; every result comes back counted."""
     lanes = _FakeLanes(ChainResult(UnitStatus.OK))
     seen = {}
-    policy = ChainBesideSweep(lanes, _plan(left=range(100)))
+    policy = ChainBesideSweep(lanes, _plan(left=range(100)), found_nothing=lanes.found_nothing)
 
     def sweep(view):
         policy.running.join()  # (a sweep slower than the chain)
@@ -186,7 +189,7 @@ def test_a_suspect_is_run_once_more_on_the_chain_worker_while_the_sweep_goes_on(
 def test_an_interrupted_sweep_kills_the_side_worker_and_cancels_the_builds_ahead():
     lanes = _FakeLanes(ChainResult(UnitStatus.OK))
     building = Background(lambda: None, "test-building")
-    policy = ChainBesideSweep(lanes, _plan(building=building))
+    policy = ChainBesideSweep(lanes, _plan(), building=building)
 
     def sweep(view):
         raise KeyboardInterrupt
@@ -195,6 +198,98 @@ def test_an_interrupted_sweep_kills_the_side_worker_and_cancels_the_builds_ahead
         policy.run(sweep)
     assert lanes.stopped and building.stop.is_set() and not policy.running.is_alive()
 
+
+
+class _FakeSearchLanes(_FakeLanes):
+    """`_FakeLanes` that build ahead too: what was built ahead (units, niceness), compiled ahead, stopped."""
+
+    def __init__(self, chained):
+        super().__init__(chained)
+        self.built, self.compiled, self.stops = [], [], 0
+
+    def build_ahead(self, requests, niceness=10):
+        self.built.append((list(requests), niceness))
+
+    def stop_ahead(self):
+        self.stops += 1
+
+    def compile_ahead(self, units, wait=True):
+        self.compiled.append((list(units), wait))
+        return None
+
+
+class _FakeMemo:
+    def __init__(self, last=None):
+        self.last, self.noted, self.begun = last, [], 0
+
+    def begin_search(self):
+        self.begun += 1
+
+    def last_search(self):
+        return self.last
+
+    def note_search(self, chain_found):
+        self.noted.append(chain_found)
+
+
+def _search(lanes, memo, found: bool) -> None:
+    """One search through the policy, as `Bisection.search` makes it: the chain beside a sweep, then its end."""
+    with SearchOverlap(lanes, SearchPlan(probes_ahead=["probe"], chain_units=["c1", "c2"]), memo) as overlap:
+        overlap.beside_sweep(_plan(), lambda view: None)
+        overlap.chain_done(found=found)
+
+
+@pytest.mark.parametrize("found", [True, False])
+def test_on_two_busy_cores_a_search_holds_its_fused_probes_until_its_chain_found_nothing(monkeypatch, found):
+    """Without a spare core and without a note that the last chain found nothing, the chain's units are
+    built ahead from its end and the probes held: built at the search's priority once the chain's first
+    run found nothing, never when it found the divergence (building ahead then stops). The chain's units
+    are compiled ahead beside the chain; the search is begun and its finding noted in the memo."""
+    monkeypatch.setattr(overlap, "AHEAD_SPARE_MIN_CORES", 10**6)
+    lanes = _FakeSearchLanes(ChainResult(UnitStatus.OK, suspects=["op5"], outputs=[[1]]) if found
+                             else ChainResult(UnitStatus.OK))
+    memo = _FakeMemo()
+    _search(lanes, memo, found)
+    assert memo.begun == 1 and memo.noted == [found]
+    assert lanes.compiled == [(["c1", "c2"], False)]
+    held = [] if found else [(["probe"], 0)]
+    assert lanes.built == [(["c2", "c1"], 10)] + held
+    assert lanes.stops == (2 if found else 1)  # at the chain's end when it found, and at the search's end
+
+
+@pytest.mark.parametrize("spare_cores, last", [(True, None), (False, {"chain_found": False})])
+def test_fused_probes_are_built_from_the_start_with_a_spare_core_or_after_a_chain_that_found_nothing(
+        monkeypatch, spare_cores, last):
+    monkeypatch.setattr(overlap, "AHEAD_SPARE_MIN_CORES", 1 if spare_cores else 10**6)
+    lanes = _FakeSearchLanes(ChainResult(UnitStatus.OK))
+    _search(lanes, _FakeMemo(last), found=False)
+    assert lanes.built == [(["probe", "c2", "c1"], 10)]  # nothing held, nothing built again at the chain's end
+
+
+def test_a_sweep_waiting_for_the_chain_wakes_as_soon_as_the_chain_is_back(monkeypatch):
+    """The sweep's wait polls the chain's log (written by another process), but the chain's return ends
+    it at once, not a poll later."""
+    monkeypatch.setattr(overlap, "FOLLOW_POLL_S", 60.0)
+    release = threading.Event()
+    lanes = _FakeLanes(ChainResult(UnitStatus.OK))
+    run_beside = lanes.run_beside
+
+    def slow_chain(request, timeout_s=None):
+        release.wait(10)
+        return run_beside(request, timeout_s)
+
+    lanes.run_beside = slow_chain
+    waited = []
+
+    def sweep(view):
+        assert not view.chain_done()
+        threading.Timer(0.05, release.set).start()
+        started = time.monotonic()
+        view.wait()
+        waited.append((time.monotonic() - started, view.chain_done()))
+
+    ChainBesideSweep(lanes, _plan()).run(sweep)
+    assert waited[0][0] < 10 and waited[0][1]
 
 def test_the_engine_never_waits_nor_shares_state_through_closures():
     """What waits (a sweep following a chain) and what runs beside what is the runtime's: no `time.sleep`

@@ -16,7 +16,7 @@ from tapml_dbg.engine.phases_fused import FusedPrefixes
 from tapml_dbg.engine.session import Session
 from tapml_dbg.judge.compare import Tolerance, TolerancePolicy
 from tapml_dbg.judge.noise_floor import NoiseFloor
-from tapml_dbg.runtime import run_memo, scheduler
+from tapml_dbg.runtime import overlap, run_memo
 from tapml_dbg.runtime.lanes import AHEAD_NICENESS, Lanes
 from tapml_dbg.runtime.run_memo import RunMemo
 from tapml_dbg.runtime.target import TargetSpec
@@ -232,7 +232,7 @@ def test_on_two_cores_fused_probes_are_built_from_the_start_only_after_a_chain_f
     for spare_cores, cache, wanted in (
             (False, tmp_path / "two", [[chain_only], [chain_only], [chain_only, at_chain_end], [from_start]]),
             (True, tmp_path / "more", [[from_start]] * 4)):
-        monkeypatch.setattr(scheduler, "AHEAD_SPARE_MIN_CORES", 1 if spare_cores else 10**6)
+        monkeypatch.setattr(overlap, "AHEAD_SPARE_MIN_CORES", 1 if spare_cores else 10**6)
         answers = []
         builds.clear()
         for transform in moves:

@@ -25,7 +25,6 @@ from tapml_dbg.engine.fused import UnitParts
 from tapml_dbg.judge.verdict import PROPAGATED, Verdict
 from tapml_dbg.model.graph import OpInfo
 from tapml_dbg.runtime.messages import ChainScreen
-from tapml_dbg.runtime.scheduler import Background
 
 CHAIN_SUSPECTS = 8  # suspects a chain collects before it stops: a passing one costs no second run
 
@@ -139,14 +138,14 @@ class ChainSearch:
         probes = ((index - 1, False),) if index > self.first else ()
         return ChainFinding(index, verdict, upstream, runs=runs, probes=probes + ((index, True),))
 
-    def prepare(self, wait: bool = True) -> Background | None:
+    def prepare(self) -> None:
         """Every distinct unit of the chain the cache does not hold yet, built ahead by the runtime
-        (`Runtime.compile_ahead`). `wait=False`: in the background while the chain runs (returned:
-        join it before `remember`); the chain then takes each unit it reaches from the cache, waiting
-        on the unit's lock while a compile lane builds it, or builds it itself."""
-        if not self.indices or not self.session.lanes.compiles_ahead:
-            return None
-        return self.session.lanes.compile_ahead(self.units_to_build(), wait)
+        (`Runtime.compile_ahead`) before a chain that runs alone. (Beside a sweep, the runtime's
+        overlap policy compiles them in the background while the chain runs: the chain then takes each
+        unit it reaches from the cache, waiting on the unit's lock while a compile lane builds it, or
+        builds it itself.)"""
+        if self.indices and self.session.lanes.compiles_ahead:
+            self.session.lanes.compile_ahead(self.units_to_build())
 
     def units_to_build(self) -> list:
         """Every distinct unit of the chain the cache does not hold yet (as far as its index knows), in

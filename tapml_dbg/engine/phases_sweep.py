@@ -71,13 +71,12 @@ class IsolatedSweep:
         return self.verdicts.lowest_failing(self.judged(self.first, end), plan, self.progress)
 
     # -- beside the chain -----------------------------------------------------------------------
-    def plan_beside(self, request, timeout: float, bound_of: Callable, building) -> BesidePlan:
+    def plan_beside(self, request, timeout: float, bound_of: Callable) -> BesidePlan:
         """What this sweep wants run beside it while the chain's `request` runs (`bound_of(result)`: the
-        highest op the sweep still needs once the chain is back; `building`: the chain's compiles ahead)."""
+        highest op the sweep still needs once the chain is back)."""
         return BesidePlan(chain=request, timeout=timeout, bound_of=bound_of, spare_of=self._suspect_spare,
                           left=self._left, batch_of=self._side_batch, lowest_failing=self._lowest_failing_spare,
-                          on_start=self.on_start,  # (not before its request: the import holds the GIL)
-                          building=building)
+                          on_start=self.on_start)  # (not before its request: the import holds the GIL)
 
     def follow(self, beside) -> None:
         """The sweep beside the chain (`beside`: the runtime's view of it), following the chain's log;
@@ -89,7 +88,7 @@ class IsolatedSweep:
         self.verdicts.fill(self.judged(self.first, self.last + 1), plan, self.progress)
 
     def take(self, beside) -> int:
-        """What ran beside the sweep (`Runtime.beside_sweep`'s outcome), taken in; the units run to
+        """What ran beside the sweep (`SearchOverlap.beside_sweep`'s outcome), taken in; the units run to
         classify the culprit (its second run), not to find it."""
         verdicts = self.verdicts
         if beside.top is not None:  # the sweep's upper part, run beside it once the chain was done

@@ -3,8 +3,9 @@
 The phases' decisions are pure (engine/phases.py: which fused prefixes next, what a sweep that
 follows the chain runs, the range searched; `first_failing` and `first_failing_speculative` know
 nothing but a pass/fail predicate over indices); `Bisection` runs what they ask for, its state in
-the object, not on the session. What runs beside what is the runtime's (`Runtime.beside_sweep`,
-runtime/overlap.py): the engine hands it a `BesidePlan` and its sweep, and starts no thread.
+the object, not on the session. What is built ahead and what runs beside what is the runtime's
+(`Runtime.search_overlap`, runtime/overlap.py): the engine hands it a `SearchPlan` (what to build ahead),
+then a `BesidePlan` and its sweep, and says what its chain found; it starts no thread.
 
 1. chain: every op compiled alone (once per distinct op) and chained on the target, each value
    screened as it is computed; the first op whose value is wrong, isolated or propagated, is
@@ -59,6 +60,7 @@ from tapml_dbg.engine.results import BisectResult, Culprit, StepResult
 from tapml_dbg.judge.classify import type_evidence
 from tapml_dbg.judge.verdict import ISOLATED, PROPAGATED, Mode, Verdict, WrongClass
 from tapml_dbg.model.host_only import HostOnlyOp
+from tapml_dbg.runtime.scheduler import SearchOverlap, SearchPlan
 
 __all__ = ["Bisection", "SearchTrace", "first_failing", "first_failing_speculative"]  # the pure search: phases.py
 
@@ -111,7 +113,7 @@ class Bisection:
         self.parallel = session.lanes.size > 1
         self.explain_units = 0  # units run to classify the culprit (Verdicts.explain), not to find it
         self.chain = ChainFinding()  # what the per-op chain found (phase 1)
-        self.beside = None  # what ran beside the sweep while the chain ran (`Runtime.beside_sweep`)
+        self.beside = None  # what ran beside the sweep while the chain ran (`SearchOverlap.beside_sweep`)
         # phase 4, beside the chain where there is a side worker, following the chain's log of its outcomes;
         # its screen, and the ops only a full verdict may judge (in the chain and the sweep)
         rules = session.verdicts.screen_rule(ISOLATED), session.verdicts.unscreened()
@@ -129,10 +131,7 @@ class Bisection:
         session = self.session
         started = time.perf_counter()
         units_before, remembered_before = session.lanes.units, session.lanes.cache.remembered
-        try:
-            candidate = self.search()
-        finally:
-            session.lanes.stop_ahead()  # what it did not build by now is not wanted
+        candidate = self.search()
         end = candidate if candidate is not None else self.last + 1
         earliest = None
         if self.sweep_enabled and self.parallel:  # the sweep's batches and the candidate's unit side by side
@@ -175,35 +174,34 @@ class Bisection:
         if self.last < self.first:
             return None
         self.progress(0, None, f"chain ops {self.first}..{self.last}")
-        self.session.lanes.begin_search()  # records from here on are this search's own, not earlier runs'
         log = self.sweep.chain_log
         chain = ChainSearch(self.session, self.first, self.last, self.sweep.unscreened,
                             also_keep=set(self.tokens.keep) if self.tokens is not None else set(),
                             log=(log, self.sweep.screen) if log is not None else None)
-        # on idle cycles while the chain runs: phase 2's first probes (where the runtime expects them
-        # wanted), then the chain's units from its end (the chain builds them from its start: the two meet halfway)
-        self.session.lanes.build_ahead_of_search(self.prefixes.ahead(), chain.units_to_build()[::-1])
-        beside = self._chain_beside_sweep(chain) if self.sweep_enabled and self.session.lanes.has_side else None
-        self.chain = chain.run(beside)
-        self.sweep.chain_cleared()
-        self.session.lanes.note_search(chain_found=self.chain.index is not None)
-        self.search_trace.probes.extend(self.chain.probes)
-        if self.chain.index is not None:
-            self.session.lanes.stop_ahead()  # no fused probe to make
-            return self.chain.index
-        if self.chain.lost:
-            self.notes.append(f"{LOST_CHAIN_NOTE} ({self.chain.message})")
-        return self.prefixes.search()
+        # what the search may want built ahead: phase 2's first probes (wanted when the chain finds
+        # nothing) and the chain's units; when and where is the runtime's overlap policy
+        plan = SearchPlan(probes_ahead=self.prefixes.ahead(), chain_units=chain.units_to_build())
+        with self.session.lanes.search_overlap(plan) as overlap:
+            beside = self._chain_beside_sweep(chain, overlap) \
+                if self.sweep_enabled and self.session.lanes.has_side else None
+            self.chain = chain.run(beside)
+            self.sweep.chain_cleared()
+            overlap.chain_done(found=self.chain.index is not None)
+            self.search_trace.probes.extend(self.chain.probes)
+            if self.chain.index is not None:
+                return self.chain.index
+            if self.chain.lost:
+                self.notes.append(f"{LOST_CHAIN_NOTE} ({self.chain.message})")
+            return self.prefixes.search()
 
-    def _chain_beside_sweep(self, chain: ChainSearch):
+    def _chain_beside_sweep(self, chain: ChainSearch, overlap: SearchOverlap):
         """The chain's first run on a worker of its own while the lanes sweep isolated verdicts from
         `first` up (two cores at work, as the runtime's overlap policy shares them: runtime/overlap.py);
         the sweep stops at the chain's first suspect once it is known, or at a failing op. The request
         and its result, counted; what else ran beside the sweep is taken in."""
         request = chain.request()  # (a trace that cannot feed the chain raises here, first)
-        # compile lanes build ahead while the chain runs
-        plan = self.sweep.plan_beside(request, chain.timeout, chain.bound, chain.prepare(wait=False))
-        self.beside = self.session.lanes.beside_sweep(plan, self.sweep.follow)
+        plan = self.sweep.plan_beside(request, chain.timeout, chain.bound)
+        self.beside = overlap.beside_sweep(plan, self.sweep.follow)
         self.explain_units += self.sweep.take(self.beside)
         return request, self.beside.chained
 

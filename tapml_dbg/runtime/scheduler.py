@@ -26,18 +26,17 @@ from tapml_dbg.runtime.chain_log import ChainLog
 from tapml_dbg.runtime.compile_cache import DEFAULT_CACHE_DIR, load_transform, transform_identity
 from tapml_dbg.runtime.lanes import MIN_COMPILE_LANES, Lanes
 from tapml_dbg.runtime.messages import ChainRequest, ChainResult, UnitRequest, UnitResult
-from tapml_dbg.runtime.overlap import BesideOutcome, BesidePlan, ChainBesideSweep, SweepBeside
+from tapml_dbg.runtime.overlap import BesidePlan, SearchOverlap, SearchPlan
 from tapml_dbg.runtime.run_memo import RunMemo
 from tapml_dbg.runtime.target import TargetSpec, parse_target
 from tapml_dbg.runtime.tvm_import import import_tvm_without_torch, warm_up_torch
 
-__all__ = ["DEFAULT_CACHE_DIR", "Background", "BesidePlan", "Runtime", "check_setup", "transform_identity",
-           "transform_retyped", "warm_up_torch"]
+__all__ = ["DEFAULT_CACHE_DIR", "Background", "BesidePlan", "Runtime", "SearchOverlap", "SearchPlan", "check_setup",
+           "transform_identity", "transform_retyped", "warm_up_torch"]
 
 T = TypeVar("T")
 OPS_PER_TIMEOUT = 100  # a chain may take the unit timeout once per this many ops
 PREPARE_UNITS_PER_LANE = 4  # building ahead starts a compile lane per this many units to build
-AHEAD_SPARE_MIN_CORES = 3  # a core beside the chain's worker and the sweep's lane: probes built ahead cost nothing
 SERIES_AHEAD_BYTES = 256 * 2**20  # a series made beside the caller keeps at most this much waiting to be taken
 
 
@@ -60,10 +59,6 @@ def transform_retyped(spec: TargetSpec) -> dict[str, str]:
 class Runtime(Lanes):
     """The lanes of one session, plus the scheduling policy the engine leaves to the runtime."""
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._held_probes: list[UnitRequest] = []  # a search's fused probes, until its chain found nothing
-
     @classmethod
     def open(cls, trace_path: str | Path, spec: TargetSpec, cache_dir: str | Path, *, start_workers: bool = False,
              searching: bool = False) -> "Runtime":
@@ -78,10 +73,11 @@ class Runtime(Lanes):
         return runtime
 
     # -- work beside the caller ------------------------------------------------------------
-    def beside_sweep(self, plan: BesidePlan, sweep: Callable[[SweepBeside], None]) -> BesideOutcome:
-        """A search's chain (`plan`) on the side worker while `sweep(view)` runs in the caller's thread on
-        the lanes, as the overlap policy shares them (runtime/overlap.py); what ran beside, counted."""
-        return ChainBesideSweep(self, plan).run(sweep)
+    def search_overlap(self, plan: SearchPlan) -> SearchOverlap:
+        """A search's overlap policy (runtime/overlap.py), a context manager around the whole search: it
+        begins the search, builds `plan`'s units ahead when and where it decides, runs the chain beside
+        the sweep (`beside_sweep`) and takes what the chain found (`chain_done`)."""
+        return SearchOverlap(self, plan, self._search_memo)
 
     def series_beside(self, produce: Callable[[Callable[..., UnitResult | ChainResult]], Iterable[T]], name: str,
                       weight: Callable[[T], int]) -> "BesideSeries[T] | None":
@@ -138,47 +134,6 @@ class Runtime(Lanes):
         """Note in the index the key of every unit a chain ran (for the next `units_to_build`)."""
         if self.compiles_ahead and result.unit_keys:
             self.index.record((unit.unit_json, key) for unit, (key, _cached) in zip(request.units, result.unit_keys))
-
-    # -- what the last search found ---------------------------------------------------------
-    def build_ahead_of_search(self, probes: list[UnitRequest], chain_units: list[UnitRequest]) -> None:
-        """Before a search's chain runs: its units are built ahead (from its end: the chain builds them
-        from its start) and, in case the chain finds nothing, phase 2's fused `probes`. The probes
-        come first where a core is spare beside the chain's worker and the sweep's lane, or after a
-        search on this trace and device whose chain found nothing (the memo's note). Elsewhere they
-        are held until the chain has found nothing (`chain_found_nothing`): on two busy cores a
-        probe's build (the whole model's, the size of TVM's own build) takes part of a core the chain
-        and the sweep need, and no phase runs it when the chain finds the divergence, as it mostly
-        does when a user bisects (figures: docs/perf.md)."""
-        self._held_probes = []
-        if self._probes_ahead_wanted():
-            self.build_ahead(probes + chain_units)
-        else:
-            self._held_probes = list(probes)
-            self.build_ahead(chain_units)
-
-    def chain_found_nothing(self) -> None:
-        """The search's chain is done without a suspect: its fused probes are wanted next, so the ones
-        held are built now, at the search's own priority, beside the rest of the sweep."""
-        held, self._held_probes = self._held_probes, []
-        if held and not self.side_interrupted():  # (Ctrl-C: no phase follows)
-            self.build_ahead(held, niceness=0)
-
-    def _probes_ahead_wanted(self) -> bool:
-        if (os.cpu_count() or 1) >= AHEAD_SPARE_MIN_CORES:
-            return True
-        noted = self._search_memo.last_search() if self._search_memo is not None else None
-        return bool(noted) and not noted.get("chain_found")
-
-    def begin_search(self) -> None:
-        """A search begins: the units its workers skip from records it makes itself are not counted as
-        remembered (`CacheReport.remembered`: what earlier runs gave)."""
-        if self._search_memo is not None:
-            self._search_memo.begin_search()
-
-    def note_search(self, chain_found: bool) -> None:
-        """What this search's chain found, for the next search's `build_ahead_of_search`."""
-        if self._search_memo is not None:
-            self._search_memo.note_search(chain_found)
 
     @cached_property
     def _search_memo(self) -> RunMemo | None:
