@@ -159,7 +159,7 @@ class SweepBeside:
 
 
 class ChainBesideSweep:
-    """One search's chain on the side worker beside its sweep on the lanes (`Runtime.beside_sweep`)."""
+    """One search's chain on the side worker beside its sweep on the lanes (`SearchOverlap.beside_sweep`)."""
 
     def __init__(self, runtime: SideLanes, plan: BesidePlan, building: Background | None = None,
                  found_nothing: Callable[[], None] = lambda: None):

@@ -12,7 +12,7 @@ Two records, in the compile cache's folder under `memo/<trace identity>/`, let a
   which also names the ops before it whose values cleared the isolated screen (`cleared_before`:
   a bisect's sweep does not run those alone, runtime/chain_log.py).
 And one note for the session's scheduling: whether the last search's chain found its divergence
-(`search-<salt>.json`; `Runtime.build_ahead_of_search`).
+(`search-<salt>.json`; `runtime/overlap.py:SearchOverlap`).
 The trace's identity is its file's (path, device, inode, size, modification time): a trace written
 again is another trace. The digests also hold the target's device (`TargetSpec`: target, RPC
 server or tracker and key) and the environment the workers run in (a pass may read variables).

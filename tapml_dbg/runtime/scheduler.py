@@ -3,10 +3,12 @@
 The engine imports three runtime modules (DESIGN.md, "Architecture"; tests/test_layers.py): the
 plan messages (`messages`: units, chains, batches and their typed results), the target spec
 (`target`) and this one. What the engine states here is *what* it wants: a unit or chain run, a
-batch of independent units dispatched, a piece of its own work run beside the caller, the units a
-chain will need built ahead. *How* stays in runtime/: the worker lanes and the side worker
-(`lanes`), compile lanes and the minimum that makes them worth starting, the compile cache's unit
-index (which units are built: its bookkeeping), threads (`background`), the TVM and torch imports
+batch of independent units dispatched, a piece of its own work run beside the caller, a search's
+plan (what it may want built ahead, its chain beside its sweep) and what its chain found. *How* stays
+in runtime/: the worker lanes and the side worker (`lanes`), a search's overlap policy (`overlap`:
+what is built ahead and when, what runs beside what), compile lanes and the minimum that makes them
+worth starting, the compile cache's unit index (which units are built: its bookkeeping), threads
+(`background`), the TVM and torch imports
 (`tvm_import`), transforms and their identity (`compile_cache`). A change to the search's
 scheduling touches runtime/ only.
 """
