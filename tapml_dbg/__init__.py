@@ -27,7 +27,7 @@ def __getattr__(name: str):
     from tapml_dbg.api import COMMANDS
 
     for entry in COMMANDS:
-        if entry.function.__name__ == name and not entry.on_replay:
+        if entry.function is not None and entry.function.__name__ == name and not entry.on_replay:
             return entry.function
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 

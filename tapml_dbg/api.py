@@ -13,15 +13,24 @@ For scripts and notebooks (docs/api.md):
 Each method returns the result object the CLI renders (each has `to_json()`); the CLI's commands
 are this layer plus rendering. pandas is needed only by `table()` (`pip install tapml-dbg[api]`).
 
-It is also the one table of commands: a method (or function) marked `@command(Command(...))` is a
-`tapml-dbg` subcommand, and a REPL command when its entry has `repl_help`; `ui/verbs.py` makes both
-front ends' parsers, usage lines and completion from the entry, `ui/cli.py` calls it and renders the
-result (`ui/render.py`, one renderer per result type). A new command is its engine function, one
-method here with its entry, and its renderer (docs/architecture.md "What a new command touches").
+Besides a trace opened on a target: `record(model, output)` writes a trace, `info(trace)` summarizes
+it (`verify=True`: checks every part), `diff(a, b)` compares two.
+
+It is also the one table of commands, and every `tapml-dbg` subcommand is an entry of it, its
+arguments declared here as `Arg`s: a method (or function) marked `@command(Command(...))` is a
+subcommand, and a REPL command when its entry has `repl_help`; `ui/verbs.py` makes both front ends'
+parsers, usage lines and completion from the entry, `ui/cli.py` calls it and renders the result
+(`ui/render.py`, one renderer per result type). The one rule: what a command computes or writes is
+its API method or function here; what belongs to the command line alone (rendering, `next:` lines,
+exit codes, `--json` printing) stays in `ui/cli.py`. So `replay` (an interactive terminal session)
+and `serve` (a process server), which are nothing but the command line, are entries without a
+function (`command_line_only`). A new command is its engine function, one method here with its
+entry, and its renderer (docs/architecture.md "What a new command touches").
 """
 
 from __future__ import annotations
 
+import shlex
 import textwrap
 import time
 from dataclasses import dataclass, replace
@@ -31,6 +40,7 @@ from typing import Callable
 from tapml_dbg.engine.diff import DiffResult, DiffTolerance, diff_traces
 from tapml_dbg.engine.fix import FixResult, fix as fix_causes
 from tapml_dbg.engine.generation import TokenReport, free_running, teacher_forced
+from tapml_dbg.engine.kept import kept_selector
 from tapml_dbg.engine.migrate import MigrateResult
 from tapml_dbg.engine.mixed import MixedRun, parse_offload
 from tapml_dbg.engine.report import OpPoint, error_points
@@ -39,12 +49,22 @@ from tapml_dbg.engine.reference import Reference
 from tapml_dbg.engine.session import Session, open_judged
 from tapml_dbg.engine.triage import TriageResult, triage
 from tapml_dbg.errors import UsageError
+from tapml_dbg.frontend.generation import parse_steps
+from tapml_dbg.frontend.native import defines_native
 from tapml_dbg.judge.verdict import ISOLATED, PROPAGATED, Mode
 from tapml_dbg.model.graph import OpInfo
 from tapml_dbg.repro.carve import CarveResult, carve as carve_ops
 from tapml_dbg.repro.dump import DumpResult, dump_op
+from tapml_dbg.record.native import record_native
+from tapml_dbg.record.native_llm import record_native_generation
+from tapml_dbg.record.recorder import RecordResult, record as record_torch
+from tapml_dbg.report.folder import ReportFolder, ReportOptions, write_report_folder
+from tapml_dbg.runtime import fork_server
 from tapml_dbg.runtime.compile_cache import DEFAULT_CACHE_DIR
 from tapml_dbg.runtime.target import DEFAULT_UNIT_TIMEOUT_S, TargetSpec
+from tapml_dbg.trace.inspect import TraceInfo, trace_info
+from tapml_dbg.trace.schema import tvm_source_target
+from tapml_dbg.trace.verify import VerifyReport, verify_trace
 
 Progress = Callable[..., None]
 TABLE_COLUMNS = ("index", "name", "op", "layer", "step", "file", "line", "code", "library", "user_file", "user_line",
@@ -76,6 +96,7 @@ class Arg:
     group: str = ""  # mutually exclusive with the other arguments of this group (required when they are)
     param: str | None = None
     repl: bool = False
+    store: str | None = None  # the name argparse stores its value under, where not the flag's (`-c`: commands)
 
     @property
     def positional(self) -> bool:
@@ -89,6 +110,8 @@ class Arg:
     @property
     def dest(self) -> str:
         """The name argparse stores its value under."""
+        if self.store:
+            return self.store
         return self.flags[0] if self.positional else self.flag.lstrip("-").replace("-", "_")
 
     @property
@@ -113,13 +136,13 @@ class Command:
     repl_help: str | None = None
     operands: str = ""
     operand_completion: tuple = ()
-    function: Callable | None = None  # set by `command`
+    function: Callable | None = None  # set by `command`; None: the command line's own (`command_line_only`)
 
     @property
     def on_replay(self) -> bool:
         """A `Replay` method (the trace opened on a target first), or a function of its own arguments
         (declared outside a class)."""
-        return "." in self.function.__qualname__
+        return self.function is not None and "." in self.function.__qualname__
 
     @property
     def repl_options(self) -> tuple[Arg, ...]:
@@ -142,12 +165,40 @@ def command(entry: Command) -> Callable:
     return register
 
 
+def command_line_only(entry: Command) -> None:
+    """Declare a command that has no API function (`replay`: an interactive terminal session; `serve`: a
+    process server): the command line runs it itself (`ui/cli.py:_HANDLERS`); its arguments are declared
+    here all the same, as every subcommand's are."""
+    COMMANDS.append(entry)
+
+
 def find_command(name: str) -> Command:
     """The entry of the command `name` (a KeyError when the table has none)."""
     for entry in COMMANDS:
         if entry.name == name:
             return entry
     raise KeyError(f"no command {name!r} in the table of commands")
+
+
+SPELLED_OPTIONS = ("target", "rpc", "tracker", "key", "transform", "reference_target", "reference_rpc",
+                   "reference_transform")  # what a suggested command line repeats (with --keep)
+
+
+def command_line(subcommand: str, trace: str, *words: str, options: dict | None = None) -> str:
+    """A `tapml-dbg` command line to suggest: `subcommand` on `trace` with `words`, then those of `options`
+    (values by dest, as the user gave them: target options and `keep`) that `subcommand` takes; the
+    default target, llvm, left out."""
+    options = options or {}
+    takes = {arg.dest for arg in find_command(subcommand).arguments}
+    parts = ["tapml-dbg", subcommand, trace, *words]
+    for name in SPELLED_OPTIONS:
+        value = options.get(name)
+        if value and name in takes and not (name == "target" and value == "llvm"):
+            parts += [f"--{name.replace('_', '-')}", str(value)]
+    kept = options.get("keep")
+    if kept and "keep" in takes and "--keep" not in words:  # the ops the user keeps, kept again
+        parts += ["--keep", kept]
+    return " ".join(shlex.quote(part) for part in parts)
 
 
 HELP_WIDTH = 95  # a REPL help body written from one paragraph is wrapped at this width
@@ -308,13 +359,84 @@ DIFF = Command(
                                "layers that end in them", metavar="SEL", param="ops"),
                JSON),
     progress="diff")
+RECORD = Command(
+    "record", "run a model on the source and write a trace",
+    "Exports the model with torch.export, imports it into TVM Relax and runs it op by op in torch eager, storing "
+    "every op's inputs and outputs in one HDF5 file.",
+    (Arg(("model",), "FILE.py[:FUNC], FUNC() -> (module, inputs)", metavar="MODEL", param="model"),
+     Arg(("-o", "--output"), "the trace file to write (.h5); its folder must exist", metavar="TRACE", required=True,
+         param="output"),
+     Arg(("--source",), "torch (default) or tvm:TARGET; with tvm:TARGET a file that defines build_tvm() is recorded "
+                        "as a TVM-native model (docs/reference-target.md)", default="torch", param="source"),
+     Arg(("--entry",), "a TVM-native model's entry function (default: main, else forward, else the only one)",
+         metavar="NAME", param="entry"),
+     Arg(("--inputs",), "real inputs, one array per model input", metavar="FILE.npz", param="inputs"),
+     Arg(("--seed",), "seed for random weights and inputs", type=int, default=0, param="seed"),
+     Arg(("--compression",), "HDF5 compression of stored tensors (default none; lzf is cheap, gzip 10-30x slower)",
+         choices=("none", "lzf", "gzip"), default="none", param="compression"),
+     Arg(("--window",), "store tensors only for these ops (A:B, end exclusive; an op; or a layer such as "
+                        "transformer.h.3) plus the values they read; every op keeps its stats", metavar="OPS|LAYER",
+         param="window"),
+     Arg(("--generate",), "record a transformers causal LM's greedy generation: the prefill and N decode steps with "
+                          "a KV cache, as one graph whose ops know their step (docs/generation.md)", metavar="N",
+         param="generate"),
+     Arg(("--max-bytes",), "budget for stored op tensors (e.g. 200M, 1.5G): tensors of ops from the window's start "
+                           "(or op 0) until the budget is spent; every op keeps its stats", metavar="SIZE",
+         param="max_bytes")),
+    progress="recording")
+INFO = Command(
+    "info", "summarize a trace",
+    "Model, source, versions, sizes, op and layer counts; --json adds the op table (index, name, source op, layer of "
+    "every op).",
+    (Arg(("trace",), TRACE_HELP, metavar="TRACE", param="trace"),
+     Arg(("--json",), "one JSON object with the op table", switch=True),
+     Arg(("--verify",), "read every part of the trace and check its checksums; list each damaged part (exit 1 when "
+                        "there is one)", switch=True, param="verify")))
+REPORT = Command(
+    "report", "write an HTML report of every op's error",
+    "A self-contained index.html (no network): every op's isolated and propagated error along the model, layers as "
+    "bands, the culprit marked, its card and the trace's summary.",
+    _arguments(TRACE,
+               Arg(("-o", "--output"), "the folder to write index.html into", metavar="DIR", required=True,
+                   param="folder"),
+               Arg(("--migrate",), "also run `migrate` (one mixed run per top-level block) and chart the model "
+                                   "output's error per step", switch=True, param="migrate"),
+               Arg(("--model-explorer",), "also write DIR/model_explorer/: the op graph and every op's error as JSON "
+                                          "for Google's AI Edge Model Explorer (pip install ai-edge-model-explorer), "
+                                          "and print the command that opens it", switch=True, param="model_explorer"),
+               TARGET, REFERENCE, KEEP),
+    progress="report")
+REPLAY = Command(
+    "replay", "interactive replay on a target",
+    "A debugger over the trace: step op by op, continue to a divergence or breakpoint, compare, print, plot, bisect "
+    "and dump without leaving the session (docs/repl.md).",
+    _arguments(TRACE, TARGET, REFERENCE,
+               Arg(("-c",), "run commands and exit", metavar='"CMD; CMD"', store="commands"),
+               Arg(("--script",), "run commands from FILE and exit", metavar="FILE")))
+SERVE = Command(
+    "serve", "keep TVM and torch imported: later commands start in a fraction of a second",
+    "A fork server for this compile cache (TAPML_CACHE_DIR): every later `tapml-dbg` command but `replay` starts as a "
+    "fork of a process that imported TVM and torch, and is otherwise the process it would have been (docs/serve.md). "
+    "It runs until Ctrl-C, `serve --stop` or --idle minutes without a command; TAPML_SERVER=0 runs a command without "
+    "it. Unless TAPML_SERVER is 0 or 1, a command that ran by itself and imported TVM or torch starts one as it "
+    "leaves.",
+    (Arg(("--idle",), "stop after MIN minutes without a command (default 30; 0: never)", metavar="MIN", type=float,
+         default=fork_server.DEFAULT_IDLE_S / 60),
+     Arg(("--detach",), "leave it running in the background and return", switch=True),
+     Arg(("--stop",), "stop the running server (the commands it runs finish)", switch=True)))
+command_line_only(REPLAY)
+command_line_only(SERVE)
 
 
 class Replay:
     """One trace on one target. Use as a context manager (it holds worker processes) or `close()` it."""
 
-    def __init__(self, session: Session):
+    def __init__(self, session: Session, trace: str | None = None, options: dict | None = None):
+        """`trace` as the user gave it, and `options` the target options by dest as the command line
+        takes them (`SPELLED_OPTIONS`): what `command_line` repeats."""
         self.session = session
+        self._trace = trace
+        self.options = dict(options or {})
         self._points: list[OpPoint] | None = None  # both verdicts of every op, once asked for
         self._points_kept: frozenset[int] = frozenset()  # the kept set they were computed with
 
@@ -324,8 +446,9 @@ class Replay:
                   progress: Progress = _noop) -> "Replay":
         """What the CLI opens: `searching` starts the worker a bisect's chain runs on too; `reference`: judge
         the target against that trusted TVM target instead of the recorded source (docs/reference-target.md)."""
-        return cls(open_judged(trace, spec, reference=reference, cache_dir=cache_dir, start_workers=True,
-                               searching=searching, progress=progress))
+        session = open_judged(trace, spec, reference=reference, cache_dir=cache_dir, start_workers=True,
+                              searching=searching, progress=progress)
+        return cls(session, str(trace), _spelled(spec, reference))
 
     @property
     def reference(self) -> Reference:
@@ -351,14 +474,28 @@ class Replay:
         """Where units run ("llvm", "cuda via rpc HOST:PORT")."""
         return self.session.where
 
+    @property
+    def trace(self) -> str:
+        """The trace's path, as it was given."""
+        return str(self.session.reader.path) if self._trace is None else self._trace
+
     # ------------------------------------------------------------------ what the CLI's commands ask
     def keep(self, ops: str | list[int] | None) -> list[int]:
         """Keep ops on the source (`--keep OPS`: selectors such as `"14,37"`, `"cumsum"`, a layer, or
         `"none"`; or indices), so that every method below goes on past them (docs/keep.md); the
         kept ops, with the other bindings of their source ops."""
         if ops is None or isinstance(ops, str):
-            return self.session.keep(ops or "none")
-        return self.session.set_kept(ops)
+            kept = self.session.keep(ops or "none")
+            self.options["keep"] = ops
+        else:
+            kept = self.session.set_kept(ops)
+            self.options["keep"] = kept_selector(ops) if ops else None
+        return kept
+
+    def command_line(self, subcommand: str, *words: str) -> str:
+        """The `tapml-dbg` command line of `subcommand` on this trace and target, with `words`:
+        `replay.command_line("dump", "--op", "9", "-o", "repro/")`."""
+        return command_line(subcommand, self.trace, *words, options=self.options)
 
     @command(BISECT)
     def bisect(self, sweep: bool = True, progress: Progress = _noop) -> BisectResult:
@@ -423,6 +560,16 @@ class Replay:
         """Every op compiled for the target, none run: the ops that do not build (`tapml-dbg compile`)."""
         return self.session.compile_all(progress=progress)
 
+    @command(REPORT)
+    def report(self, folder: str | Path, migrate: bool = False, model_explorer: bool = False,
+               bisect: BisectResult | None = None, progress: Progress = _noop) -> ReportFolder:
+        """Every op's isolated and propagated error as a self-contained page, `folder/index.html`
+        (`tapml-dbg report`): the culprit (`bisect`'s, when given that result), the causes, the command
+        lines to type (`command_line`); `migrate`: the output's error per migration step too;
+        `model_explorer`: `folder/model_explorer/` for Google's Model Explorer."""
+        return write_report_folder(self.session, folder, self.command_line,
+                                   ReportOptions(bisect, migrate, model_explorer), progress)
+
     # ------------------------------------------------------------------ tables
     def rows(self, progress: Progress = _noop) -> list[dict]:
         """One dict per op (the columns of `table()`), without pandas."""
@@ -446,6 +593,15 @@ class Replay:
             self._points = error_points(self.session, progress=progress)
             self._points_kept = self.session.kept
         return self._points
+
+
+def _spelled(spec: TargetSpec, reference: TargetSpec | None) -> dict:
+    """The target options of `spec` (and `reference`) by dest, as the command line takes them."""
+    options = {name: getattr(spec, name) for name in ("target", "rpc", "tracker", "key", "transform")}
+    if reference is not None:
+        options.update(reference_target=reference.target, reference_rpc=reference.rpc,
+                       reference_transform=reference.transform)
+    return options
 
 
 def _row(point: OpPoint, op: OpInfo) -> dict:
@@ -502,3 +658,38 @@ def diff(a: str | Path, b: str | Path, *, rtol: float | None = None, atol: float
     selectors resolved on A. A missing or damaged trace, or two traces with no op name in common, raises
     a `TapmlError`."""
     return diff_traces(a, b, DiffTolerance(rtol=rtol, atol=atol), ops=ops, progress=progress)
+
+
+@command(RECORD)
+def record(model: str, output: str | Path, *, source: str = "torch", entry: str | None = None,
+           inputs: str | None = None, seed: int = 0, compression: str = "none", window: str | None = None,
+           generate: int | str | None = None, max_bytes: int | str | None = None,
+           progress: Progress = _noop) -> RecordResult:
+    """Record `model` (`FILE.py[:FUNC]`, FUNC() -> (module, inputs)) into the trace `output` (`tapml-dbg
+    record`): on PyTorch eager, or with `source="tvm:T"` a file that defines `build_tvm()` on that TVM
+    target (`entry`: its entry function); `generate=N`: a causal LM's prefill and N greedy decode steps.
+    `window` (A:B, an op, a layer) and/or `max_bytes` ("200M"): tensors stored only there, every op's
+    stats everywhere. A bad model, option or path raises a `TapmlError`."""
+    source_target = tvm_source_target(source)
+    native = source_target is not None and (entry is not None or defines_native(model))
+    if entry is not None and not native:
+        raise UsageError("--entry names the entry function of a TVM-native model: give --source tvm:TARGET and "
+                         "a file that defines build_tvm()")
+    common = {"seed": seed, "compression": None if compression == "none" else compression, "progress": progress,
+              "window": window, "max_bytes": max_bytes}
+    if not native:
+        return record_torch(model, output, source=source, inputs_npz=inputs, **common,
+                            generate=None if generate is None else parse_steps(generate))
+    if inputs:  # a TVM-native model: build_tvm() -> (IRModule, args), recorded on the source target
+        raise UsageError("--inputs is for PyTorch models; a TVM-native model's build_tvm() returns its own arguments")
+    if generate is not None:  # a native LLM: prefill + N decode steps on TVM's paged KV cache
+        return record_native_generation(model, output, source_target, parse_steps(generate), **common)
+    return record_native(model, output, source_target, entry=entry, **common)
+
+
+@command(INFO)
+def info(trace: str | Path, *, verify: bool = False) -> TraceInfo | VerifyReport:
+    """What a trace holds (`tapml-dbg info`): model, source, versions, sizes, op and layer counts and the
+    op table, read without its tensors; `verify=True`: every part read and its checksums checked, the
+    damaged parts listed (`info --verify`; `.ok`). A missing or unreadable trace raises a `TapmlError`."""
+    return verify_trace(str(trace)) if verify else TraceInfo(trace_info(str(trace)))

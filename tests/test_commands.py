@@ -130,3 +130,22 @@ def test_importing_the_package_and_a_submodule_imports_no_engine():
                           capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["False", "False"]
+
+
+def test_every_subcommand_and_its_every_argument_is_declared_in_the_table():
+    """One way to declare a command line: every subcommand of `tapml-dbg --help` is an entry of the table,
+    and its parser holds exactly the entry's arguments, in their order (none added by hand in ui/cli.py);
+    `replay` and `serve`, which are the command line's own, are entries without an API function."""
+    import argparse
+
+    from tapml_dbg.api import COMMANDS, find_command
+    from tapml_dbg.ui import cli
+
+    parser = cli.build_parser()
+    subcommands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    assert sorted(subcommands) == sorted(entry.name for entry in COMMANDS)
+    for name, subparser in subcommands.items():
+        made = [(tuple(action.option_strings) or (action.dest,), action.dest) for action in subparser._actions
+                if not isinstance(action, argparse._HelpAction)]
+        assert made == [(arg.flags, arg.dest) for arg in find_command(name).arguments], name
+    assert sorted(entry.name for entry in COMMANDS if entry.function is None) == ["replay", "serve"]

@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from tapml_dbg.model.select import OpTable
 from tapml_dbg.trace.capture import op_bytes
 from tapml_dbg.trace.reader import TraceReader
 from tapml_dbg.model.graph import OpInfo
 from tapml_dbg.trace.schema import META_CAUSAL_LM, META_GENERATION, META_HOST_ONLY, META_STOCK_IMPORT
 from tapml_dbg.trace.source_graph import parse_source_graph, stock_type_changes
+
+
+@dataclass(frozen=True)
+class TraceInfo:
+    """What `tapml-dbg info` answers: `trace_info`'s dict, which `to_json()` is (`info --json`)."""
+
+    info: dict
+
+    def to_json(self) -> dict:
+        return self.info
 
 
 def trace_info(path: str) -> dict:

@@ -1,6 +1,10 @@
-"""The command line: argparse, one handler per subcommand; each calls the engine and renders its result.
+"""The command line: every subcommand is an entry of the table of commands (tapml_dbg.api.COMMANDS), its
+parser made from the entry (ui/verbs.py); `_call` runs its API method or function and renders the result.
 
-Exit codes: 0 done (a divergence found is still "done"), 1 a `TapmlError`, 2 bad usage.
+What stays here is the command line's own: rendering, `--json` printing, the `next:` lines (`_NEXT`),
+exit codes (`_EXIT`), the subcommands that are nothing but the command line (`replay`, `serve`) and
+the little a few others do besides (`_HANDLERS`). Exit codes: 0 done (a divergence found is still
+"done"), 1 a `TapmlError` (or a damaged trace under `info --verify`), 2 bad usage.
 """
 
 from __future__ import annotations
@@ -14,27 +18,17 @@ import shlex
 import sys
 from importlib import metadata
 
-from tapml_dbg.api import COMMANDS, KEEP, REFERENCE, TARGET, TRACE_HELP, Command, Replay, find_command
+from tapml_dbg.api import COMMANDS, Command, Replay, command_line, find_command
 from tapml_dbg.engine.kept import blocks_target, kept_selector
-from tapml_dbg.engine.report import build_report, migration_points
-from tapml_dbg.engine.triage import triage
 from tapml_dbg import settings
 from tapml_dbg.errors import TapmlError, UsageError
-from tapml_dbg.frontend.generation import parse_steps
-from tapml_dbg.frontend.native import defines_native
-from tapml_dbg.record.native import record_native
-from tapml_dbg.record.native_llm import record_native_generation
-from tapml_dbg.record.recorder import record
+from tapml_dbg.report.html import prepare_folder
 from tapml_dbg.runtime import fork_server
 from tapml_dbg.runtime.target import TargetSpec
-from tapml_dbg.trace.inspect import trace_info
-from tapml_dbg.trace.schema import tvm_source_target
-from tapml_dbg.trace.verify import verify_trace
+from tapml_dbg.trace.verify import VerifyReport
 from tapml_dbg.ui.console import error_line, make_console, progress
-from tapml_dbg.ui.render import NextCommands, TraceSummary, render
+from tapml_dbg.ui.render import NextCommands, render
 from tapml_dbg.ui.repl.app import run_replay
-from tapml_dbg.report.html import prepare_folder, write_report
-from tapml_dbg.report.model_explorer import write_model_explorer
 from tapml_dbg.ui import verbs
 
 DESCRIPTION = """\
@@ -70,15 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=version_text())
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in _subcommand_order():
-        if name in _OWN_PARSERS:
-            _OWN_PARSERS[name](commands)
-        else:
-            verbs.add_command(commands, find_command(name))
+        verbs.add_command(commands, find_command(name))
     return parser
 
 
-# the order of `tapml-dbg --help`: the CLI's own subcommands and the table's (tapml_dbg.api.COMMANDS); a
-# table entry not named here (diff, a command added) comes before the last
+# the order of `tapml-dbg --help` of the table's subcommands (tapml_dbg.api.COMMANDS); an entry not named
+# here (diff, a command added) comes before the last
 SUBCOMMAND_ORDER = ("record", "info", "replay", "bisect", "triage", "fix", "run", "migrate", "dump", "carve", "compile",
                     "report", "serve")
 
@@ -86,90 +77,6 @@ SUBCOMMAND_ORDER = ("record", "info", "replay", "bisect", "triage", "fix", "run"
 def _subcommand_order() -> list[str]:
     unnamed = [entry.name for entry in COMMANDS if entry.name not in SUBCOMMAND_ORDER]
     return [*SUBCOMMAND_ORDER[:-1], *unnamed, SUBCOMMAND_ORDER[-1]]
-
-
-def _record_parser(commands) -> None:
-    rec = verbs.add_subcommand(commands, "record", "run a model on the source and write a trace",
-                               "Exports the model with torch.export, imports it into TVM Relax and runs it op by op in "
-                               "torch eager, storing every op's inputs and outputs in one HDF5 file.")
-    rec.add_argument("model", metavar="MODEL", help="FILE.py[:FUNC], FUNC() -> (module, inputs)")
-    rec.add_argument("-o", "--output", required=True, metavar="TRACE",
-                     help="the trace file to write (.h5); its folder must exist")
-    rec.add_argument("--source", default="torch",
-                     help="torch (default) or tvm:TARGET; with tvm:TARGET a file that defines build_tvm() is "
-                          "recorded as a TVM-native model (docs/reference-target.md)")
-    rec.add_argument("--entry", metavar="NAME",
-                     help="a TVM-native model's entry function (default: main, else forward, else the only one)")
-    rec.add_argument("--inputs", metavar="FILE.npz", help="real inputs, one array per model input")
-    rec.add_argument("--seed", type=int, default=0, help="seed for random weights and inputs")
-    rec.add_argument("--compression", choices=["none", "lzf", "gzip"], default="none",
-                     help="HDF5 compression of stored tensors (default none; lzf is cheap, gzip 10-30x slower)")
-    rec.add_argument("--window", metavar="OPS|LAYER",
-                     help="store tensors only for these ops (A:B, end exclusive; an op; or a layer such as "
-                          "transformer.h.3) plus the values they read; every op keeps its stats")
-    rec.add_argument("--generate", metavar="N",
-                     help="record a transformers causal LM's greedy generation: the prefill and N decode steps "
-                          "with a KV cache, as one graph whose ops know their step (docs/generation.md)")
-    rec.add_argument("--max-bytes", metavar="SIZE",
-                     help="budget for stored op tensors (e.g. 200M, 1.5G): tensors of ops from the window's "
-                          "start (or op 0) until the budget is spent; every op keeps its stats")
-
-
-def _info_parser(commands) -> None:
-    info = verbs.add_subcommand(commands, "info", "summarize a trace",
-                                "Model, source, versions, sizes, op and layer counts; --json adds the op table "
-                                "(index, name, source op, layer of every op).")
-    info.add_argument("trace", metavar="TRACE", help=TRACE_HELP)
-    info.add_argument("--json", action="store_true", help="one JSON object with the op table")
-    info.add_argument("--verify", action="store_true",
-                      help="read every part of the trace and check its checksums; list each damaged part "
-                           "(exit 1 when there is one)")
-
-
-def _replay_parser(commands) -> None:
-    replay = verbs.add_subcommand(commands, "replay", "interactive replay on a target",
-                                  "A debugger over the trace: step op by op, continue to a divergence or breakpoint, "
-                                  "compare, print, plot, bisect and dump without leaving the session (docs/repl.md).")
-    replay.add_argument("trace", metavar="TRACE", help=TRACE_HELP)
-    verbs.add_arguments(replay, TARGET + REFERENCE)
-    replay.add_argument("-c", dest="commands", metavar='"CMD; CMD"', help="run commands and exit")
-    replay.add_argument("--script", metavar="FILE", help="run commands from FILE and exit")
-
-
-def _report_parser(commands) -> None:
-    report = verbs.add_subcommand(commands, "report", "write an HTML report of every op's error",
-                                  "A self-contained index.html (no network): every op's isolated and propagated "
-                                  "error along the model, layers as bands, the culprit marked, its card and the "
-                                  "trace's summary.")
-    report.add_argument("trace", metavar="TRACE", help=TRACE_HELP)
-    report.add_argument("-o", "--output", required=True, metavar="DIR", help="the folder to write index.html into")
-    report.add_argument("--migrate", action="store_true",
-                        help="also run `migrate` (one mixed run per top-level block) and chart the model output's "
-                             "error per step")
-    report.add_argument("--model-explorer", action="store_true",
-                        help="also write DIR/model_explorer/: the op graph and every op's error as JSON for Google's "
-                             "AI Edge Model Explorer (pip install ai-edge-model-explorer), and print the command "
-                             "that opens it")
-    verbs.add_arguments(report, TARGET + REFERENCE + KEEP)
-
-
-def _serve_parser(commands) -> None:
-    server = verbs.add_subcommand(commands, "serve",
-                                  "keep TVM and torch imported: later commands start in a fraction of a second",
-                                  "A fork server for this compile cache (TAPML_CACHE_DIR): every later `tapml-dbg` "
-                                  "command but `replay` starts as a fork of a process that imported TVM and torch, "
-                                  "and is otherwise the process it would have been (docs/serve.md). It runs until "
-                                  "Ctrl-C, `serve --stop` or --idle minutes without a command; TAPML_SERVER=0 runs a "
-                                  "command without it. Unless TAPML_SERVER is 0 or 1, a command that ran by itself "
-                                  "and imported TVM or torch starts one as it leaves.")
-    server.add_argument("--idle", type=float, default=fork_server.DEFAULT_IDLE_S / 60, metavar="MIN",
-                        help="stop after MIN minutes without a command (default 30; 0: never)")
-    server.add_argument("--detach", action="store_true", help="leave it running in the background and return")
-    server.add_argument("--stop", action="store_true", help="stop the running server (the commands it runs finish)")
-
-
-_OWN_PARSERS = {"record": _record_parser, "info": _info_parser, "replay": _replay_parser, "report": _report_parser,
-                "serve": _serve_parser}  # the subcommands that are no API method: the command line's own
 
 
 def _quiet_libraries() -> None:
@@ -211,58 +118,16 @@ def _bar(args) -> bool | None:
     return False if getattr(args, "json", False) else None
 
 
-def _record(args, out, err) -> int:
-    compression = None if args.compression == "none" else args.compression
-    source_target = tvm_source_target(args.source)
-    native = source_target is not None and (args.entry is not None or defines_native(args.model))
-    if args.entry is not None and not native:
-        raise UsageError("--entry names the entry function of a TVM-native model: give --source tvm:TARGET and "
-                         "a file that defines build_tvm()")
-    with progress("recording", err) as report:
-        if native:  # a TVM-native model: build_tvm() -> (IRModule, args), recorded on the source target
-            if args.inputs:
-                raise UsageError("--inputs is for PyTorch models; a TVM-native model's build_tvm() returns its own "
-                                 "arguments")
-            if args.generate is not None:  # a native LLM: prefill + N decode steps on TVM's paged KV cache
-                result = record_native_generation(args.model, args.output, source_target, parse_steps(args.generate),
-                                                  seed=args.seed, compression=compression, progress=report,
-                                                  window=args.window, max_bytes=args.max_bytes)
-            else:
-                result = record_native(args.model, args.output, source_target, entry=args.entry, seed=args.seed,
-                                       compression=compression, progress=report, window=args.window,
-                                       max_bytes=args.max_bytes)
-        else:
-            result = record(args.model, args.output, source=args.source, inputs_npz=args.inputs, seed=args.seed,
-                            compression=compression, progress=report, window=args.window, max_bytes=args.max_bytes,
-                            generate=parse_steps(args.generate) if args.generate is not None else None)
-    render(result, out)
-    trace = args.output
-    render(NextCommands([(_command("bisect", trace), "find the first op that diverges on llvm"),
-                         (_command("replay", trace), "step through it op by op")]), out)
-    return 0
-
-
-_TARGET_OPTIONS = ("target", "rpc", "tracker", "key", "transform", "reference_target", "reference_rpc",
-                   "reference_transform")  # what a suggested command repeats
+def _record_next(args, result) -> NextCommands:
+    """After a recording: search the trace."""
+    return NextCommands([(_command("bisect", args.output), "find the first op that diverges on llvm"),
+                         (_command("replay", args.output), "step through it op by op")])
 
 
 def _command(subcommand: str, trace: str, *extra: str, args=None) -> str:
-    """A `tapml-dbg` command line to suggest, with the target options of `args` as the user gave them."""
-    parts = ["tapml-dbg", subcommand, trace, *extra]
-    for name in _TARGET_OPTIONS if args is not None else ():
-        value = getattr(args, name, None)
-        if name.startswith("reference_") and subcommand not in _JUDGED_AGAINST:
-            continue
-        if value and not (name == "target" and value == "llvm"):
-            parts += [f"--{name.replace('_', '-')}", str(value)]
-    kept = getattr(args, "keep", None) if args is not None else None
-    if kept and subcommand in _KEEPING and "--keep" not in extra:  # the ops the user keeps, kept again
-        parts += ["--keep", kept]
-    return " ".join(shlex.quote(part) for part in parts)
-
-
-_KEEPING = ("bisect", "run", "migrate", "triage", "report")  # the subcommands that take --keep
-_JUDGED_AGAINST = ("bisect", "triage", "report", "replay")  # the subcommands that take --reference-target
+    """A `tapml-dbg` command line to suggest, with the target options of `args` as the user gave them
+    (`tapml_dbg.api.command_line`)."""
+    return command_line(subcommand, trace, *extra, options=vars(args) if args is not None else None)
 
 
 def _keep_next(args, indices, then: str) -> tuple[str, str]:
@@ -290,16 +155,12 @@ def _bisect_next(args, result) -> NextCommands:
     return NextCommands([past, *lines] if blocks_target(result.culprit) else [*lines, past])
 
 
-def _info(args, out, err) -> int:
-    if args.verify:
-        return _verify(args, out)
-    info = trace_info(args.trace)
-    if args.json:
-        print(strict_json(info))
-    else:
-        render(TraceSummary.from_info(info), out)
-        render(_info_next(args.trace, info), out)
-    return 0
+def _info_after(args, result) -> NextCommands:
+    """After `info`: search the trace; after `info --verify`, when nothing is damaged."""
+    if not isinstance(result, VerifyReport):
+        return _info_next(args.trace, result.info)
+    return NextCommands([(_command("bisect", args.trace), "find the first op that diverges on llvm")] if result.ok
+                        else [])
 
 
 def _info_next(trace: str, info: dict) -> NextCommands:
@@ -310,18 +171,6 @@ def _info_next(trace: str, info: dict) -> NextCommands:
         return NextCommands(search)
     return NextCommands([(" ".join(shlex.quote(part) for part in ("tapml-dbg", "record", info["model"], "-o", trace)),
                           "the recording stopped before the end: record it again"), *search])
-
-
-def _verify(args, out) -> int:
-    """`info --verify`: every damaged part of the trace; exit 1 when there is one."""
-    report = verify_trace(args.trace)
-    if args.json:
-        print(strict_json(report.to_json()))
-    else:
-        render(report, out)
-        if report.ok:
-            render(NextCommands([(_command("bisect", args.trace), "find the first op that diverges on llvm")]), out)
-    return 0 if report.ok else 1
 
 
 NON_FINITE = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}  # how --json spells them
@@ -360,7 +209,6 @@ def _open(args, searching: bool = False) -> Replay:
 def _bisect(args, out, err) -> int:
     folder = prepare_folder(args.report) if args.report else None  # a bad folder fails before the search
     with _open(args, searching=not args.no_sweep) as replay:
-        session = replay.session
         with progress("bisecting", err, show=_bar(args)) as report:
             result = replay.bisect(sweep=not args.no_sweep, progress=report)
         # the answer first, then the report; the workers stop after (a CUDA worker's exit: tenths of a second)
@@ -368,7 +216,10 @@ def _bisect(args, out, err) -> int:
             print(strict_json(result.to_json()), flush=True)
         else:
             render(result, out)
-        written = _write_report(args, session, err, folder, result) if folder is not None else None
+        written = None
+        if folder is not None:
+            with progress("report", err, show=_bar(args)) as report:
+                written = replay.report(folder, bisect=result, progress=report)
     if args.json:
         return 0
     if written is not None:
@@ -379,19 +230,20 @@ def _bisect(args, out, err) -> int:
 
 def _call(entry: Command, args, out, err) -> int:
     """A command of the table (tapml_dbg.api.COMMANDS): its API method on the trace opened from the options
-    (or its function of its own arguments) under a progress bar; `--json` prints the result's JSON, else it
-    is rendered, then the commands to type next (`_NEXT`, where the command has some)."""
+    (or its function of its own arguments), under a progress bar when the entry names one; `--json` prints
+    the result's JSON, else it is rendered, then the commands to type next (`_NEXT`, where the command has
+    some). The exit status: 0, or `_EXIT`'s for the result."""
     with _open(args) if entry.on_replay else contextlib.nullcontext() as replay:
-        with progress(entry.progress, err, show=_bar(args)) as report:
+        with progress(entry.progress, err, show=_bar(args) if entry.progress else False) as report:
             result = entry.function(*([replay] if entry.on_replay else []), **entry.params(vars(args)),
-                                    progress=report)
+                                    **({"progress": report} if entry.progress else {}))
     if getattr(args, "json", False):
         print(strict_json(result.to_json()))
-        return 0
-    render(result, out)
-    if entry.name in _NEXT:
-        render(_NEXT[entry.name](args, result), out)
-    return 0
+    else:
+        render(result, out)
+        if entry.name in _NEXT:
+            render(_NEXT[entry.name](args, result), out)
+    return _EXIT[entry.name](result) if entry.name in _EXIT else 0
 
 
 def _run_next(args, result) -> NextCommands:
@@ -449,34 +301,16 @@ def _fix_next(args, result) -> NextCommands:
                          (_command("triage", args.trace, args=args_fixed), "what is left with the fix applied")])
 
 
-def _write_report(args, session, err, folder, bisect=None):
-    with progress("report", err, show=_bar(args)) as report:
-        data = build_report(session, bisect=bisect, progress=report)
-    if getattr(args, "migrate", False):
-        with progress("migrating", err, show=_bar(args)) as report:
-            data.migration = migration_points(session.migrate(progress=report))
-    data.causes = triage(session, points=data.points)  # the verdicts are computed: grouping them is free
-    culprit = data.culprit
-    dump = _command("dump", args.trace, "--op", str(culprit.index), "-o", DEFAULT_REPRO_DIR, args=args) if culprit else ""
-    replay = (_command("replay", args.trace, args=args) + f' -c "compare {culprit.index}"') if culprit else ""
-    causes = {group.first.index: _cause_dump(args, group) for group in data.causes.groups}
-    return write_report(data, folder, dump_command=dump, replay_command=replay, cause_commands=causes)
-
-
 def _report(args, out, err) -> int:
-    folder = prepare_folder(args.output)
-    with _open(args) as replay:
-        written = _write_report(args, replay.session, err, folder)
-        session = replay.session
-        explorer = (write_model_explorer(written.report, session.ops, session.reader.outline.input_names,
-                                         session.reader.outline.param_names, folder) if args.model_explorer else None)
-    render(written, out)
-    if explorer is not None:
-        render(explorer, out)
-    culprit = written.report.culprit
-    if culprit is not None:
-        render(NextCommands([(written.dump_command, "the culprit as a standalone repro (tvm + numpy only)")]), out)
-    return 0
+    prepare_folder(args.output)  # a folder that cannot hold the page fails before the trace is opened
+    return _call(find_command("report"), args, out, err)
+
+
+def _report_next(args, result) -> NextCommands:
+    """After a report: the culprit's repro."""
+    if result.report.culprit is None:
+        return NextCommands([])
+    return NextCommands([(result.page.dump_command, "the culprit as a standalone repro (tvm + numpy only)")])
 
 
 def _dump(args, out, err) -> int:
@@ -531,11 +365,13 @@ def _serve(args, out, err) -> int:
     return 0
 
 
-# the CLI's own subcommands, and the table's whose handler does more than `_call` (bisect writes a report too;
-# dump writes its command line into the repro)
-_HANDLERS = {"record": _record, "info": _info, "replay": _replay, "report": _report, "serve": _serve,
-             "bisect": _bisect, "dump": _dump}
-_NEXT = {"run": _run_next, "migrate": _migrate_next, "triage": _triage_next, "fix": _fix_next}  # `next:` lines
+# the subcommands that are the command line's only (entries without a function: replay, serve), and those
+# whose handler does more than `_call` (bisect writes a report too; dump writes its command line into the
+# repro; report refuses a bad folder before it opens the trace)
+_HANDLERS = {"replay": _replay, "serve": _serve, "bisect": _bisect, "dump": _dump, "report": _report}
+_NEXT = {"record": _record_next, "info": _info_after, "run": _run_next, "migrate": _migrate_next,
+         "triage": _triage_next, "fix": _fix_next, "report": _report_next}  # `next:` lines
+_EXIT = {"info": lambda result: 0 if getattr(result, "ok", True) else 1}  # `info --verify`: 1 for a damaged trace
 
 
 if __name__ == "__main__":

@@ -41,8 +41,10 @@ from tapml_dbg.repro.carve import CarveResult
 from tapml_dbg.repro.dump import DumpResult
 from tapml_dbg.repro.files import human_bytes
 from tapml_dbg.trace.schema import tvm_source_target
+from tapml_dbg.trace.inspect import TraceInfo
 from tapml_dbg.trace.verify import VerifyReport
 from tapml_dbg.ui.repl import results as R
+from tapml_dbg.report.folder import ReportFolder
 from tapml_dbg.report.html import ReportWritten
 from tapml_dbg.report.model_explorer import ModelExplorerWritten
 
@@ -1042,6 +1044,13 @@ def _(result: ReportWritten, console: Console) -> None:
 
 
 @render.register
+def _(result: ReportFolder, console: Console) -> None:
+    render(result.page, console)
+    if result.explorer is not None:
+        render(result.explorer, console)
+
+
+@render.register
 def _(result: ModelExplorerWritten, console: Console) -> None:
     keyed = ", ".join(f"{name}: {count} of {result.ops} ops" for name, count in result.keyed.items())
     console.print(f"wrote the Model Explorer graph ({result.nodes} nodes) and node data ({escape(keyed)}) to "
@@ -1091,6 +1100,11 @@ def _(result: NativeRecordResult, console: Console) -> None:
     if result.capture:
         console.print(f"  tensors stored for {result.stored_ops} of {result.ops} ops "
                       f"({escape(capture_text(result.capture))}); every op has stats")
+
+
+@render.register
+def _(result: TraceInfo, console: Console) -> None:
+    render(TraceSummary.from_info(result.info), console)
 
 
 @render.register

@@ -41,9 +41,10 @@ def add_arguments(parser: argparse.ArgumentParser, arguments: tuple[Arg, ...]) -
 
 
 def _argparse_options(arg: Arg) -> dict:
+    options = {"dest": arg.store} if arg.store else {}
     if arg.switch:
-        return {"action": "store_true", "help": arg.help}
-    options = {"help": arg.help}
+        return {**options, "action": "store_true", "help": arg.help}
+    options["help"] = arg.help
     for name in ("metavar", "type", "default"):
         if getattr(arg, name) is not None:
             options[name] = getattr(arg, name)
