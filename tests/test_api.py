@@ -7,11 +7,13 @@ and on a planted fault; the docs' worked example is run as written.
 from __future__ import annotations
 
 import json
+import os
 import re
 
 import pytest
 
 import tapml_dbg
+from tapml_dbg import api
 from conftest import ROOT, fault_transform, run_cli
 from tapml_dbg.api import TABLE_COLUMNS, Replay
 from tapml_dbg.engine.migrate import MigrateResult
@@ -125,3 +127,35 @@ def test_the_docs_worked_example_runs_as_written(traces, tmp_path, monkeypatch):
     exec(compile(example, "docs/api.md", "exec"), scope)  # the reader's own code, from our docs
     assert scope["found"].culprit.index == CULPRIT
     assert len(scope["frame"]) == len(scope["replay"].ops)
+
+
+def test_the_docs_record_info_and_report_example_runs_as_written(tmp_path, monkeypatch):
+    """docs/api.md's second example: record, info and report from Python, what the CLI's commands do."""
+    text = (ROOT / "docs" / "api.md").read_text()
+    example = re.findall(r"```python\n(.*?)```", text, re.S)[1]
+    (tmp_path / "traces").mkdir()
+    (tmp_path / "examples").symlink_to(ROOT / "examples")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    scope: dict = {}
+    exec(compile(example, "docs/api.md", "exec"), scope)  # the reader's own code, from our docs
+    assert scope["recorded"].ops == scope["summary"].to_json()["num_ops"] > 0
+    assert scope["summary"].to_json()["complete"] and scope["written"].report.culprit is None
+    assert (tmp_path / "report" / "index.html").stat().st_size == scope["written"].page.bytes
+    assert scope["replay"].command_line("bisect") == "tapml-dbg bisect traces/mlp.h5"
+
+
+def test_record_refuses_what_the_cli_refuses(tmp_path):
+    with pytest.raises(UsageError, match="--entry names the entry function of a TVM-native model"):
+        api.record(str(ROOT / "examples" / "mlp.py"), tmp_path / "mlp.h5", entry="main")
+    assert not (tmp_path / "mlp.h5").exists()
+
+
+def test_report_offers_the_culprits_command_lines_for_this_trace_and_target(demo, tmp_path):
+    written = demo.report(tmp_path / "report")
+    assert written.report.culprit.index == CULPRIT
+    assert written.page.dump_command == demo.command_line("dump", "--op", str(CULPRIT), "-o", "repro/")
+    assert f"tapml-dbg dump {demo.trace} --op 9 -o repro/" in (tmp_path / "report" / "index.html").read_text()
+    spelled = Replay(demo.session, "t.h5", {"target": "cuda", "reference_target": "llvm", "keep": "3"})
+    assert spelled.command_line("dump", "--op", "9") == "tapml-dbg dump t.h5 --op 9 --target cuda"  # no --keep
+    assert spelled.command_line("bisect") == "tapml-dbg bisect t.h5 --target cuda --reference-target llvm --keep 3"
