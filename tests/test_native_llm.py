@@ -145,3 +145,39 @@ def test_a_bad_native_llm_gets_one_line(tmp_path, body, expected):
     lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and expected in lines[0], result.stderr[-2000:]
     assert "Traceback" not in result.stderr
+
+
+def test_the_paged_kv_kernels_are_built_once_per_store_and_a_damaged_one_again(tmp_path, monkeypatch):
+    """A session's workers (and later sessions) load the cache module a first process built and kept in the
+    compile cache's kernel store: the same values; a damaged file is built again, not loaded."""
+    import numpy as np
+    import tvm
+
+    from tapml_dbg.portable import paged_kv
+
+    config = {"layer": 0, "num_qo_heads": 2, "num_kv_heads": 2, "head_dim": 8, "sm_scale": 8 ** -0.5,
+              "rope_theta": 10000.0, "rope_scale": 1.0, "rotary_dim": 8, "page_size": 16, "dtype": "float32"}
+    qkv = np.random.default_rng(0).standard_normal((3, 6, 8)).astype("float32")
+
+    def call():
+        paged_kv._kits.clear()  # a fresh process: nothing built in memory
+        outputs = [tvm.runtime.empty(shape, "float32", tvm.cpu()) for shape in ((3, 2, 8), (3, 2, 8), (3, 2, 8))]
+        tvm.get_global_func(paged_kv.ATTENTION_FUNC)(tvm.runtime.tensor(qkv), paged_kv.config_text(config), *outputs)
+        return [output.numpy() for output in outputs]
+
+    builds = []
+    real_build = paged_kv._build
+    monkeypatch.setattr(paged_kv, "_build", lambda *args: builds.append(1) or real_build(*args))
+    paged_kv.register(tmp_path / "kernels")
+    try:
+        first = call()
+        assert len(builds) == 1 and len(list((tmp_path / "kernels").glob("paged-kv-*.so"))) == 1
+        again = call()
+        assert len(builds) == 1 and all(np.array_equal(a, b) for a, b in zip(first, again))
+        (library,) = (tmp_path / "kernels").glob("paged-kv-*.so")
+        library.write_bytes(library.read_bytes()[:1000])  # torn
+        rebuilt = call()
+        assert len(builds) == 2 and all(np.array_equal(a, b) for a, b in zip(first, rebuilt))
+    finally:
+        paged_kv._store.clear()
+        paged_kv._kits.clear()

@@ -10,8 +10,11 @@ the state on its first call and reads it on its second, bit for bit. docs/native
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import threading
+from pathlib import Path
 
 ATTENTION_FUNC = "tapml_dbg.paged_kv.attention_with_fused_qkv"  # the packed function a recorded call names
 BUILTIN = "vm.builtin.attention_kv_cache_attention_with_fused_qkv"  # the op it stands for, as users know it
@@ -20,6 +23,7 @@ CONFIG_KEYS = ("layer", "num_qo_heads", "num_kv_heads", "head_dim", "sm_scale", 
 MAX_TOTAL_SEQ_LEN_STEP = 128  # the cache's capacity, rounded up to this
 _kits: dict = {}
 _lock = threading.Lock()
+_store: list[Path] = []  # where built cache modules are kept across processes (`register`'s folder), if anywhere
 
 
 def parse_config(text: str) -> dict:
@@ -46,10 +50,14 @@ def config_text(config: dict) -> str:
     return json.dumps({key: config[key] for key in CONFIG_KEYS}, sort_keys=True)
 
 
-def register() -> None:
-    """Make `ATTENTION_FUNC` callable from compiled units in this process (idempotent)."""
+def register(store: str | Path | None = None) -> None:
+    """Make `ATTENTION_FUNC` callable from compiled units in this process (idempotent). `store`: a folder
+    where each built cache module is kept for later processes (a session's workers and later sessions
+    then load it instead of building TVM's paged-KV kernels again, seconds each); None builds in memory."""
     import tvm
 
+    if store is not None:
+        _store[:] = [Path(store)]
     if tvm.get_global_func(ATTENTION_FUNC, allow_missing=True) is None:
         tvm.register_global_func(ATTENTION_FUNC, _attention, override=True)
 
@@ -105,7 +113,7 @@ def _kit(config: dict, device) -> dict:
            device.index)
     with _lock:
         if key not in _kits:
-            _kits[key] = _build(config, target, device)
+            _kits[key] = _stored_or_built(config, target, device)
         return _kits[key]
 
 
@@ -117,9 +125,63 @@ def _target_of(device):
     return Target.from_device(device)
 
 
-def _build(config: dict, target, device) -> dict:
+def _stored_or_built(config: dict, target, device) -> dict:
+    """The cache module's kit: loaded from the store when it holds it intact, else built (and stored)."""
     import tvm
     from tvm import relax
+
+    path = _stored_path(config, target)
+    if path is not None and _intact(path):
+        try:
+            return _kit_of(relax.VirtualMachine(tvm.runtime.load_module(str(path)), device))
+        except Exception:  # noqa: BLE001 - it does not load here: built again below
+            pass
+    executable = _build(config, target)
+    if path is not None:
+        _keep(executable, path)
+    return _kit_of(relax.VirtualMachine(executable, device))
+
+
+def _kit_of(vm) -> dict:
+    return {"create": vm["create"], "vm": vm}
+
+
+def _stored_path(config: dict, target) -> Path | None:
+    """The store's file for this config's cache module on `target`, by everything that makes it: the
+    config's shape numbers, the target, TVM's version and this module's own kernels (its source)."""
+    if not _store:
+        return None
+    import tvm
+
+    made_of = "\n".join([config_text({**config, "layer": 0, "sm_scale": 0}), str(target), tvm.__version__,
+                         hashlib.sha256(Path(__file__).read_bytes()).hexdigest()])
+    return _store[0] / f"paged-kv-{hashlib.sha256(made_of.encode()).hexdigest()[:32]}.so"
+
+
+def _intact(path: Path) -> bool:
+    """The library there, its bytes the ones recorded beside it (a torn or damaged file is built again)."""
+    try:
+        return path.with_suffix(".sha256").read_text().strip() == hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return False
+
+
+def _keep(executable, path: Path) -> None:
+    """Store the built module (best effort: a store that cannot be written only costs the next build)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f"{path.stem}.tmp{os.getpid()}.so")
+        executable.export_library(str(partial))
+        digest = hashlib.sha256(partial.read_bytes()).hexdigest()
+        os.replace(partial, path)
+        path.with_suffix(".sha256").write_text(digest + "\n")
+    except Exception:  # noqa: BLE001
+        return
+
+
+def _build(config: dict, target):
+    """TVM's one-layer paged KV cache for `config`, its debug reader the swap kernel, compiled for `target`."""
+    import tvm
     from tvm.relax.frontend import nn
 
     module = _cache_module_class()(config, target)
@@ -133,8 +195,7 @@ def _build(config: dict, target, device) -> dict:
     if gpu:  # bound to threads already: TVM's default GPU schedule must leave it as it is
         swap = swap.with_attr("tirx.is_scheduled", True)
     mod[reader] = swap.with_attr("global_symbol", "tir_kv_cache_debug_get_kv")
-    vm = relax.VirtualMachine(tvm.compile(mod, target=target), device)
-    return {"create": vm["create"], "vm": vm}
+    return tvm.compile(mod, target=target)
 
 
 def _cache_module_class():

@@ -239,7 +239,9 @@ class Runner:
     """
 
     def __init__(self, target: str | None, rpc: str | None = None, tracker: str | None = None,
-                 key: str | None = None, no_device_hint: str = NO_DEVICE_HINT):
+                 key: str | None = None, no_device_hint: str = NO_DEVICE_HINT, kernel_store: str | None = None):
+        """`kernel_store`: a folder where kernels built at run time (the paged KV cache's) are kept for
+        later processes (portable/paged_kv.py); None keeps them in this process only."""
         self.target_text = target or DEFAULT_TARGET
         self.target = parse_target(self.target_text)
         self.rpc, self.tracker, self.key = rpc, tracker, key
@@ -250,7 +252,7 @@ class Runner:
         self._entries: dict[int, str] = {}  # id of a loaded VirtualMachine -> its unit's entry
         self._tmp = None
         if not self.is_remote:
-            register_paged_kv()  # a recorded paged-KV call runs here (portable/paged_kv.py)
+            register_paged_kv(kernel_store)  # a recorded paged-KV call runs here (portable/paged_kv.py)
 
     @property
     def where(self) -> str:

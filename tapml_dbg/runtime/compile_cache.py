@@ -54,6 +54,7 @@ LOCK_FOLDER = "locks"
 INDEX_FOLDER = "index"  # UnitIndex files: one per (target, transform file text)
 LOCK_STRIPES = 256  # keys share this many lock files (a key's lock: its first two hex digits)
 ENTRY_META_SUFFIX = ".json"
+KERNEL_STORE = "kernels"  # the folder of kernels built at run time (`kernel_store`)
 HASH_BLOCK_BYTES = 1 << 20
 
 
@@ -160,6 +161,11 @@ def _store_together(units: dict[str, tuple["CacheEntry", object]], target, expor
             entry.store_file(shared, record)
     finally:
         shared.unlink(missing_ok=True)
+
+
+def kernel_store(cache_dir: str | Path) -> str:
+    """The cache's folder for kernels a unit builds when it runs (TVM's paged KV cache: portable/paged_kv.py)."""
+    return str(Path(cache_dir) / KERNEL_STORE)
 
 
 def library_key(library: str | Path) -> str:

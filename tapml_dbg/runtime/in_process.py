@@ -13,7 +13,7 @@ import numpy as np
 from tapml_dbg.model.serialize import function_to_json
 from tapml_dbg.model.units import build_unit
 from tapml_dbg.portable import Runner, flatten
-from tapml_dbg.runtime.compile_cache import DEFAULT_CACHE_DIR, compile_unit
+from tapml_dbg.runtime.compile_cache import DEFAULT_CACHE_DIR, compile_unit, kernel_store
 from tapml_dbg.runtime.target import DEFAULT_TARGET
 
 
@@ -24,7 +24,7 @@ class LocalRunner:
         self.main = main
         self.target = target
         self.cache_dir = Path(cache_dir)
-        self.runner = Runner(target)  # loads each compiled library once
+        self.runner = Runner(target, kernel_store=kernel_store(self.cache_dir))  # loads each compiled library once
 
     def run_ops(self, op_names: list[str], values: dict[str, list[np.ndarray]]) -> list[list[np.ndarray]]:
         """Compute `op_names` (a contiguous chain) from `values` (name → flattened outputs)."""

@@ -24,7 +24,7 @@ from tapml_dbg.errors import TapmlError, TraceError
 from tapml_dbg.portable import PortableError, Runner, flatten, one_line
 from tapml_dbg.portable.screen import clearly_passes, clearly_passes_each
 from tapml_dbg.runtime.chain_log import ChainLogWriter
-from tapml_dbg.runtime.compile_cache import CompiledUnit, library_key, load_transform
+from tapml_dbg.runtime.compile_cache import CompiledUnit, kernel_store, library_key, load_transform
 from tapml_dbg.runtime.libraries import Libraries
 from tapml_dbg.runtime.messages import (AnyResult, BatchRequest, BatchResult, BuildRequest, ChainRequest, ChainResult,
                                        CompileRequest, CompileResult, Request, UnitRequest, UnitResult, UnitStatus,
@@ -436,7 +436,8 @@ class _WorkerState:
     def _runner(self) -> Runner:
         if self.runner is None:
             spec = self.config.spec
-            self.runner = Runner(spec.target, spec.rpc, spec.tracker, spec.key, no_device_hint=NO_DEVICE_HINT)
+            self.runner = Runner(spec.target, spec.rpc, spec.tracker, spec.key, no_device_hint=NO_DEVICE_HINT,
+                                 kernel_store=kernel_store(self.config.cache_dir))
         return self.runner
 
     def _forget_remote(self) -> None:
