@@ -180,7 +180,8 @@ def find_command(name: str) -> Command:
     raise KeyError(f"no command {name!r} in the table of commands")
 
 
-SPELLED_OPTIONS = ("target", "rpc", "tracker", "key", "transform", "reference_target", "reference_rpc",
+TARGET_OPTIONS = ("target", "rpc", "tracker", "key", "transform")  # a TargetSpec's fields the command line sets
+SPELLED_OPTIONS = (*TARGET_OPTIONS, "reference_target", "reference_rpc",
                    "reference_transform")  # what a suggested command line repeats (with --keep)
 
 
@@ -597,7 +598,7 @@ class Replay:
 
 def _spelled(spec: TargetSpec, reference: TargetSpec | None) -> dict:
     """The target options of `spec` (and `reference`) by dest, as the command line takes them."""
-    options = {name: getattr(spec, name) for name in ("target", "rpc", "tracker", "key", "transform")}
+    options = {name: getattr(spec, name) for name in TARGET_OPTIONS}
     if reference is not None:
         options.update(reference_target=reference.target, reference_rpc=reference.rpc,
                        reference_transform=reference.transform)

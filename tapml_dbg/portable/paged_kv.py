@@ -168,15 +168,15 @@ def _intact(path: Path) -> bool:
 
 def _keep(executable, path: Path) -> None:
     """Store the built module (best effort: a store that cannot be written only costs the next build)."""
+    partial = path.with_name(f"{path.stem}.tmp{os.getpid()}.so")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(f"{path.stem}.tmp{os.getpid()}.so")
         executable.export_library(str(partial))
         digest = hashlib.sha256(partial.read_bytes()).hexdigest()
         os.replace(partial, path)
         path.with_suffix(".sha256").write_text(digest + "\n")
     except Exception:  # noqa: BLE001
-        return
+        partial.unlink(missing_ok=True)  # (a half-written library is no one's)
 
 
 def _build(config: dict, target):

@@ -14,7 +14,6 @@ import contextlib
 import json
 import math
 import os
-import shlex
 import sys
 from importlib import metadata
 
@@ -169,7 +168,7 @@ def _info_next(trace: str, info: dict) -> NextCommands:
               (_command("replay", trace), "step through it op by op")]
     if info.get("complete") or not info.get("model"):
         return NextCommands(search)
-    return NextCommands([(" ".join(shlex.quote(part) for part in ("tapml-dbg", "record", info["model"], "-o", trace)),
+    return NextCommands([(_command("record", info["model"], "-o", trace),
                           "the recording stopped before the end: record it again"), *search])
 
 
