@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import compileall
 import fcntl
+import gc
 import hashlib
 import importlib.util
 import os
@@ -21,6 +22,7 @@ import fork_cli
 from tapml_dbg import settings
 from tapml_dbg.runtime import fork_server
 
+gc.disable()  # until the test modules are imported: `pytest_collection_finish`
 settings.apply_process_defaults()  # the suite's process runs sessions too: as `tapml-dbg` does, before numpy
 os.environ[settings.SERVER] = "0"  # a `tapml-dbg serve` left running on this machine serves none of the suite's commands
 # torch writes TORCHINDUCTOR_CACHE_DIR into os.environ the first time inductor's cache is asked for (a
@@ -114,6 +116,26 @@ def pytest_configure(config):
         signal.signal(signal.SIGINT, signal.default_int_handler)
     config.addinivalue_line("markers", "real_zygote: sessions start their zygote with a fresh interpreter "
                             "(`python -m tapml_dbg.runtime.zygote`), not forked from tests/fork_cli.py's server")
+
+
+def pytest_collection_finish(session):
+    """The libraries every test process uses (torch, TVM, transformers: ~740,000 objects) imported, and
+    with what the test modules imported frozen, out of the collector's reach: a test process runs
+    sessions in-process for minutes, and each full collection walked all of them again, as did the
+    collections while importing them."""
+    import tapml_dbg.engine.session  # noqa: F401 - TVM, torch.export, h5py
+    import torch  # noqa: F401
+
+    if importlib.util.find_spec("transformers") is not None:
+        import transformers.modeling_utils  # noqa: F401
+    gc.freeze()
+    gc.enable()
+
+
+def pytest_sessionstart(session):
+    """A run's controller under pytest-xdist collects nothing: its collector back on at once."""
+    if not os.environ.get("PYTEST_XDIST_WORKER") and session.config.getoption("numprocesses", None):
+        gc.enable()
 
 
 @pytest.fixture(autouse=True)
