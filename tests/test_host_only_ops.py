@@ -5,14 +5,20 @@ every replay keeps them on the source, lists them as findings, and debugs everyt
 
 from __future__ import annotations
 
+import io
 import json
+import re
 from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, fault_transform, run_cli
-from tapml_dbg.errors import TraceError
+import tapml_dbg
+from conftest import ROOT, fault_transform
+from tapml_dbg.errors import TapmlError, TraceError
 from tapml_dbg.model.serialize import function_from_json, function_to_json
+from tapml_dbg.ui import cli
+from tapml_dbg.ui.console import make_console
+from tapml_dbg.ui.render import render
 
 MOE = ROOT / "tests" / "models" / "moe.py"
 HISTC = "TVM 0.27 has no converter for aten.histc"
@@ -32,14 +38,44 @@ def qwen2_moe(traces) -> tuple[Path, str]:
     return traces.record(f"{MOE}:build_qwen2_moe", name="moe_qwen2")
 
 
+@pytest.fixture(scope="module")
+def mixtral_on_llvm(mixtral):
+    """The Mixtral opened on llvm once for the module's clean runs (bisect, run, dump, carve: the
+    commands' API methods, what each command prints as its JSON)."""
+    with tapml_dbg.open(mixtral[0]) as replay:
+        yield replay
+
+
+@pytest.fixture(scope="module")
+def mixtral_planted(mixtral, tmp_path_factory):
+    """The Mixtral with a x1.5 fault at `mul_14`, the op that reads `grouped_mm_fallback_1` (host-only):
+    one session for bisect and triage (triage judges every op, bisect's verdicts among them)."""
+    transform = fault_transform(tmp_path_factory.mktemp("mul_14"), "scale", "mul_14", scale=1.5)
+    with tapml_dbg.open(mixtral[0], transform=transform) as replay:
+        yield replay
+
+
 def _host_only(entries: list[dict]) -> dict[str, str]:
     return {entry["name"]: entry["reason"] for entry in entries}
 
 
-def test_a_mixtral_records_with_its_unimportable_ops_on_the_host(mixtral):
+def _cli(capsys, *args) -> str:
+    """`tapml-dbg ARGS` (its `main`, in this process): what it printed on stdout; exit status 0."""
+    assert cli.main([str(arg) for arg in args]) == 0
+    return capsys.readouterr().out
+
+
+def _rendered(result) -> str:
+    """A result as the command line prints it (the same renderer, a console of the same width)."""
+    buffer = io.StringIO()
+    render(result, make_console(buffer))
+    return buffer.getvalue()
+
+
+def test_a_mixtral_records_with_its_unimportable_ops_on_the_host(mixtral, capsys):
     path, printed = mixtral
     assert HISTC in printed and GROUPED_MM in printed
-    info = json.loads(run_cli("info", str(path), "--json").stdout)
+    info = json.loads(_cli(capsys, "info", path, "--json"))
     found = _host_only(info["host_only"])
     assert found["histc"] == HISTC
     assert found["grouped_mm_fallback"] == found["grouped_mm_fallback_1"] == GROUPED_MM
@@ -47,64 +83,56 @@ def test_a_mixtral_records_with_its_unimportable_ops_on_the_host(mixtral):
     ops = {op["name"]: op for op in info["ops"]}
     assert ops["histc"]["op"] == "aten.histc.default" and ops["histc"]["relax_op"] == "relax.call_dps_packed"
     assert ops["grouped_mm_fallback"]["op"] == "transformers.grouped_mm_fallback.default"
-    assert "host only" in run_cli("info", str(path)).stdout
+    assert "host only" in _cli(capsys, "info", path)
 
 
-def test_a_mixtral_bisects_clean_and_names_its_host_only_ops(mixtral):
-    path, _ = mixtral
-    result = run_cli("bisect", str(path), "--json")
-    assert result.returncode == 0, result.stderr
-    found = json.loads(result.stdout)
+def test_a_mixtral_bisects_clean_and_names_its_host_only_ops(mixtral_on_llvm):
+    found = mixtral_on_llvm.bisect().to_json()
     assert not found["diverged"], found["op"]
     assert _host_only(found["host_only"])["histc"] == HISTC
     assert found["kept"] == []  # kept by the tool, not by the user
     assert any(HISTC in note for note in found["notes"])
 
 
-def test_a_fault_planted_after_the_host_only_ops_is_found_at_its_op(mixtral, tmp_path):
+def test_a_fault_planted_after_the_host_only_ops_is_found_at_its_op(mixtral_planted):
     """`mul_14` reads `grouped_mm_fallback_1` (host-only): the chain goes past the host-only ops on
     their recorded values and names the planted op."""
-    path, _ = mixtral
-    transform = fault_transform(tmp_path, "scale", "mul_14", scale=1.5)
-    result = run_cli("bisect", str(path), "--transform", transform, "--json")
-    assert result.returncode == 0, result.stderr
-    found = json.loads(result.stdout)
+    found = mixtral_planted.bisect().to_json()
     assert found["diverged"] and found["op"]["name"] == "mul_14" and found["op"]["verdict"] == "isolated"
 
 
-def test_a_mixed_run_reexecutes_the_host_only_ops_on_the_host(mixtral, tmp_path):
+def test_a_mixed_run_reexecutes_the_host_only_ops_on_the_host(mixtral, mixtral_on_llvm, tmp_path):
     """`run --offload all`: histc, the custom op and the division run on the host (torch, the custom op
     looked up by name), fed the target's values, and the output agrees; a fault planted before the
     custom op reaches the output through it."""
-    path, _ = mixtral
-    clean = json.loads(run_cli("run", str(path), "--offload", "all", "--json").stdout)
+    clean = mixtral_on_llvm.run("all").to_json()
     assert clean["passed"] and not clean["failure"], clean
     assert any(GROUPED_MM in note for note in clean["notes"])
     transform = fault_transform(tmp_path, "scale", "mul_13", scale=3.0)
-    planted = json.loads(run_cli("run", str(path), "--offload", "all", "--transform", transform, "--json").stdout)
+    with tapml_dbg.open(mixtral[0], transform=transform) as replay:
+        planted = replay.run("all").to_json()
     assert not planted["passed"]
 
 
-def test_triage_lists_the_host_only_ops_as_findings_not_causes(mixtral, tmp_path):
-    path, _ = mixtral
-    transform = fault_transform(tmp_path, "scale", "mul_14", scale=1.5)
-    result = run_cli("triage", str(path), "--transform", transform, "--json")
-    assert result.returncode == 0, result.stderr
-    found = json.loads(result.stdout)
+def test_triage_lists_the_host_only_ops_as_findings_not_causes(mixtral_planted):
+    triaged = mixtral_planted.triage()
+    found = triaged.to_json()
     assert _host_only(found["host_only"])["grouped_mm_fallback"] == GROUPED_MM
     assert [group["ops"][0]["name"] for group in found["groups"]] == ["mul_14"]
-    text = run_cli("triage", str(path), "--transform", transform).stdout
+    text = _rendered(triaged)
     assert "on the host only" in text and HISTC in text
 
 
 def test_a_qwen2_moe_records_and_a_planted_fault_is_found(qwen2_moe, tmp_path):
     path, printed = qwen2_moe
     assert HISTC in printed and GROUPED_MM in printed
-    clean = json.loads(run_cli("bisect", str(path), "--json").stdout)
+    with tapml_dbg.open(path) as replay:
+        clean = replay.bisect().to_json()
     assert not clean["diverged"], clean["op"]
     assert set(_host_only(clean["host_only"])) == {"div", "histc", "grouped_mm_fallback", "grouped_mm_fallback_1"}
     transform = fault_transform(tmp_path, "scale", "sum_1", scale=1.5)
-    found = json.loads(run_cli("bisect", str(path), "--transform", transform, "--json").stdout)
+    with tapml_dbg.open(path, transform=transform) as replay:
+        found = replay.bisect().to_json()
     assert found["diverged"] and found["op"]["name"] == "sum_1"
 
 
@@ -128,7 +156,7 @@ def test_the_placeholder_round_trips_and_names_no_function():
         function_from_json(data)
 
 
-def test_an_op_with_no_converter_on_the_allowlist_runs_on_the_host(tmp_path):
+def test_an_op_with_no_converter_on_the_allowlist_runs_on_the_host(tmp_path, capsys):
     """`torch.logsumexp` decomposes to `aten.amax`, which TVM 0.27 has no converter for: it used to stop
     the recording (tests/test_bad_input.py now plants `aten.kthvalue`, which the host cannot run either)."""
     model = tmp_path / "logsumexp.py"
@@ -138,20 +166,17 @@ def test_an_op_with_no_converter_on_the_allowlist_runs_on_the_host(tmp_path):
                      "        return torch.logsumexp(x, dim=-1) * 2\n"
                      "def build():\n    return M(), (torch.randn(2, 8),)\n")
     path = tmp_path / "t.h5"
-    recorded = run_cli("record", str(model), "-o", str(path))
-    assert recorded.returncode == 0, recorded.stderr
-    assert "TVM 0.27 has no converter for aten.amax" in recorded.stdout
-    mixed = json.loads(run_cli("run", str(path), "--offload", "all", "--json").stdout)
+    assert "TVM 0.27 has no converter for aten.amax" in _cli(capsys, "record", model, "-o", path)
+    with tapml_dbg.open(path) as replay:
+        mixed = replay.run("all").to_json()
     assert mixed["passed"], mixed
 
 
-def test_dump_refuses_a_host_only_op_and_carve_leaves_them_out(mixtral, tmp_path):
-    path, _ = mixtral
-    dumped = run_cli("dump", str(path), "--op", "histc", "-o", str(tmp_path / "repro"))
-    assert dumped.returncode == 1 and "runs on the host only (TVM 0.27 has no converter for aten.histc)" in dumped.stderr
+def test_dump_refuses_a_host_only_op_and_carve_leaves_them_out(mixtral_on_llvm, tmp_path):
+    with pytest.raises(TapmlError, match=re.escape("runs on the host only (TVM 0.27 has no converter for aten.histc)")):
+        mixtral_on_llvm.dump("histc", tmp_path / "repro")
     assert not (tmp_path / "repro").exists()
-    carved = run_cli("carve", str(path), "-o", str(tmp_path / "suite"))
-    assert carved.returncode == 0, carved.stderr
+    mixtral_on_llvm.carve(tmp_path / "suite")
     meta = json.loads((tmp_path / "suite" / "meta.json").read_text())
     assert "histc" not in {entry["name"] for entry in meta["ops"]}
     assert any(line.startswith("op 137 histc: runs on the host only") for line in meta["skipped"])
