@@ -4,11 +4,13 @@ import-error finding when the stock import fails outright)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import textwrap
 
 import pytest
 
+import tapml_dbg
 from conftest import EXAMPLES, run_cli
 from tapml_dbg.engine.report import OpPoint
 from tapml_dbg.engine.triage import group_causes, stock_import_group
@@ -18,6 +20,7 @@ from tapml_dbg.trace import TraceReader
 from tapml_dbg.trace.schema import META_STOCK_IMPORT
 from tapml_dbg.trace.source_graph import TypeChange, stock_type_changes
 from tapml_dbg.trace.validate import SchemaError, validate_op_table
+from tapml_dbg.ui import cli
 
 INT_MATMUL = """
     import torch
@@ -63,18 +66,33 @@ def recorded(tmp_path_factory):
     return paths
 
 
-def _json(*args):
-    result = run_cli(*args)
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)
+@pytest.fixture(scope="module")
+def opened(recorded):
+    """name -> its trace opened on llvm, once for the module: bisect and triage ask one session (the
+    commands' API methods, whose JSON `bisect --json` and `triage --json` print; triage reuses bisect's
+    verdicts)."""
+    with contextlib.ExitStack() as stack:
+        replays = {}
+
+        def get(name: str):
+            if name not in replays:
+                replays[name] = stack.enter_context(tapml_dbg.open(recorded[name]))
+            return replays[name]
+
+        yield get
 
 
-def test_a_float64_linear_is_named_at_its_matmul_with_class_type(recorded):
+def _cli(capsys, *args) -> str:
+    """`tapml-dbg ARGS` (its `main`, in this process): what it printed on stdout; exit status 0."""
+    assert cli.main([str(arg) for arg in args]) == 0
+    return capsys.readouterr().out
+
+
+def test_a_float64_linear_is_named_at_its_matmul_with_class_type(opened):
     """Stock TVM imports the float64 addmm's matmul as float32 (out_dtype hard-coded) and then fails
     adding the float64 bias; the workaround imports it as float64, so no value differs on the target.
     bisect names the matmul, class type, and says the stock import fails; before, nothing diverged."""
-    trace = recorded["float64_linear"]
-    found = _json("bisect", str(trace), "--json")
+    found = opened("float64_linear").bisect().to_json()
     op = found["op"]
     assert found["diverged"] and (op["name"], op["op"], op["class"]) == ("addmm_p0", "aten.addmm.default", "type")
     assert ("the stock import declares float32 where the source computed float64 (tapml-dbg's matmul-dtype "
@@ -83,9 +101,10 @@ def test_a_float64_linear_is_named_at_its_matmul_with_class_type(recorded):
                                "operators must have the same datatype") for note in found["notes"]), found["notes"]
 
 
-def test_triage_lists_the_float64_matmul_and_the_stock_import_error(recorded):
-    trace = recorded["float64_linear"]
-    found = _json("triage", str(trace), "--json")
+def test_triage_lists_the_float64_matmul_and_the_stock_import_error(opened):
+    """`triage --json`; its text (the cause, "1 finding(s) of TVM's stock import", "addmm: the stock import
+    fails: TypeError: ...") is docs/triage.md's transcript, compared byte for byte."""
+    found = opened("float64_linear").triage().to_json()
     by_class = {group["class"]: group for group in found["groups"]}
     assert set(by_class) == {"type", "import-error"}, [g["cause"] for g in found["groups"]]
     typed = by_class["type"]
@@ -98,30 +117,26 @@ def test_triage_lists_the_float64_matmul_and_the_stock_import_error(recorded):
     assert "\n" not in error["ops"][0]["summary"]
     assert "after the stock type change at #1 addmm_p0" in error["evidence"]
     assert found["groups"][-1]["class"] == "import-error", "listed after the target's causes"
-    text = run_cli("triage", str(trace))
-    assert "1 finding(s) of TVM's stock import" in text.stdout
-    assert "addmm: the stock import fails: TypeError: Binary operators must have the same datatype" in text.stdout
 
 
-def test_an_integer_matmul_is_named_at_the_matmul(recorded):
+def test_an_integer_matmul_is_named_at_the_matmul(opened):
     """Stock TVM imports an int64 `a @ b` (and the sub after it) as float32 without failing."""
-    trace = recorded["int_matmul"]
-    found = _json("bisect", str(trace), "--json")
+    found = opened("int_matmul").bisect().to_json()
     op = found["op"]
     assert (op["index"], op["name"], op["op"], op["class"]) == (0, "mm", "aten.mm.default", "type")
     assert "the stock import declares float32 where the source computed int64" in op["evidence"]
     assert not any("stock import fails" in note for note in found["notes"])
-    triaged = _json("triage", str(trace), "--json")
+    triaged = opened("int_matmul").triage().to_json()
     assert [(g["class"], [o["name"] for o in g["ops"]]) for g in triaged["groups"]] == [("type", ["mm"])]
     assert triaged["groups"][0]["cause"] == "mm: the stock import declares float32 where the source computed int64"
 
 
-def test_info_says_what_the_stock_import_does(recorded):
-    info = _json("info", str(recorded["float64_linear"]), "--json")
+def test_info_says_what_the_stock_import_does(recorded, capsys):
+    info = json.loads(_cli(capsys, "info", recorded["float64_linear"], "--json"))
     stock = info["stock_import"]
     assert stock["fixes"] == ["matmul-dtype"] and stock["changed"] == ["#1 addmm_p0"] and stock["error_op"] == "#2 addmm"
     assert stock["reason"].startswith("TypeError: Binary operators")
-    text = run_cli("info", str(recorded["int_matmul"])).stdout
+    text = _cli(capsys, "info", recorded["int_matmul"])
     assert "stock import" in text and "#0 mm (type verdicts)" in text
     with TraceReader(recorded["int_matmul"]) as reader:
         assert reader.outline.ops[0]["stock_outputs"] == [{"output": 0, "shape": [3, 2], "dtype": "float32"}]
@@ -129,13 +144,13 @@ def test_info_says_what_the_stock_import_does(recorded):
         assert reader.meta[META_STOCK_IMPORT]["error"] is None
 
 
-def test_a_float32_model_is_not_imported_twice(recorded):
+def test_a_float32_model_is_not_imported_twice(recorded, capsys):
     """No fix changes a float32 matmul: no second import, nothing stored, nothing reported."""
     with TraceReader(recorded["float32_matmul"]) as reader:
         assert META_STOCK_IMPORT not in reader.meta
         assert all(op["stock_outputs"] == [] for op in reader.outline.ops)
         assert "stock_import" not in reader.meta.get("record_phases", {})
-    assert _json("info", str(recorded["float32_matmul"]), "--json")["stock_import"] is None
+    assert json.loads(_cli(capsys, "info", recorded["float32_matmul"], "--json"))["stock_import"] is None
 
 
 # ---------------------------------------------------------------------------- the rules, on data
