@@ -1,8 +1,9 @@
 """bf16 end to end: transformers LMs cast to torch.bfloat16 record, bisect, generate, dump and fix on llvm.
 
-bf16 is the dtype LLMs ship in. Tiny configs (1 layer, random weights, `.to(torch.bfloat16)`): the
-narrow ones (width 32, MLP 64) are clean on llvm; a wide MLP (2048, as real LLMs' are wider still)
-shows TVM 0.27's real bf16 bug: llvm's matmul sums bf16 products in bf16 (docs/coverage.md "bf16").
+bf16 is the dtype LLMs ship in. Tiny configs (examples/family_lms.py: 1 layer, random weights,
+`.to(torch.bfloat16)`): the narrow ones (width 32, MLP 64) are clean on llvm; a wide MLP (2048, as
+real LLMs' are wider still) shows TVM 0.27's real bf16 bug: llvm's matmul sums bf16 products in bf16
+(docs/coverage.md "bf16").
 """
 
 from __future__ import annotations
@@ -16,17 +17,21 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import fault_transform, run_cli
-from test_causal_lm import FAMILIES, SEQ, VOCAB, _build
+import tapml_dbg
+from conftest import EXAMPLES, fault_transform, run_cli
 from tapml_dbg import portable as lib
 from tapml_dbg.engine.session import Session
+from tapml_dbg.portable import load_function
 from tapml_dbg.record.recorder import record
 from tapml_dbg.repro import dump_op
 from tapml_dbg.trace import TraceReader
 from tapml_dbg.trace import source_graph as SG
 
-NARROW = "hidden_size=32, intermediate_size=64"  # test_causal_lm's tiny configs (1 layer, 4 heads)
-WIDE = "hidden_size=64, intermediate_size=2048"  # the down projection: a sum of 2048 products
+MODELS = EXAMPLES / "family_lms.py"  # build_FAMILY_bf16: test_causal_lm's tiny configs cast to bfloat16
+SEQ, VOCAB = 6, 64  # its prompt's positions and vocabulary
+# bf16 generation, one family of each kind: Qwen2 is Llama with q/k/v biases (every op and dtype a bf16
+# Llama records, and a bf16 addmm); Gemma scales its embedding, normalizes by (1 + w) and gates with gelu
+GENERATED = ["qwen2", "gemma"]
 
 
 # ------------------------------------------------------------------ the source graph's constants
@@ -58,62 +63,44 @@ def test_a_constant_whose_bits_do_not_fill_its_shape_is_refused():
 
 
 # ------------------------------------------------------------------ bf16 transformers LMs
-def _bf16_model_file(folder, family: str, width: str = NARROW) -> str:
-    """A model file whose build() returns the bare causal LM cast to bfloat16 and `(ids,)`."""
-    config, model, arguments = FAMILIES[family]
-    arguments = arguments.replace(NARROW, width)
-    path = folder / f"bf16_{family}.py"
-    path.write_text(f"""import torch
-from transformers import {config}, {model}
+def _generated(traces, family: str):
+    """`record FAMILY_bf16 --generate 2` (a prefill of 6 positions + 2 decode steps), once for the run:
+    (trace, what the record printed)."""
+    return traces.record(f"{MODELS}:build_{family}_bf16", "--generate", "2", name=f"bf16_{family}_gen")
 
 
-def build():
-    torch.manual_seed(0)
-    config = {config}({arguments}, vocab_size={VOCAB}, attn_implementation="eager")
-    return {model}(config).eval().to(torch.bfloat16), (torch.randint(0, {VOCAB}, (1, {SEQ})),)
-""")
-    return str(path)
+def _prefill_logits(reader) -> dict:
+    """The prefill's lm_head output: the logits of every prompt position (the steps keep the last one's)."""
+    return [op for op in reader.outline.ops if op["step"] == 0 and op["layer"] == "lm_head"][-1]
 
 
-@pytest.fixture(scope="module")
-def forward(tmp_path_factory):
-    """family -> (model file, trace of its bf16 forward), each recorded once for the module's tests."""
-    folder = tmp_path_factory.mktemp("bf16")
-    recorded = {}
-
-    def get(family: str):
-        if family not in recorded:
-            (folder / family).mkdir()
-            spec = _bf16_model_file(folder / family, family)
-            record(spec, folder / family / "t.h5")
-            recorded[family] = spec, folder / family / "t.h5"
-        return recorded[family]
-
-    return get
-
-
-@pytest.mark.parametrize("family", ["llama", "qwen2", "gemma"])
-def test_a_bf16_lm_records_its_bf16_logits_bit_exact_and_bisects_clean(forward, family):
-    """The forward: params and logits stored as bf16 (raw bits), the eager model's own logits, clean on llvm."""
-    spec, trace = forward(family)
-    model, (ids,) = _build(spec)
+@pytest.mark.parametrize("family", GENERATED)
+def test_a_bf16_lm_records_its_logits_bit_exact_generates_and_every_step_bisects_clean(traces, family):
+    """`record --generate 2` of the bf16 LM: params stored as bf16 (raw bits); the prefill's logits are the
+    eager model's own (`model(ids).logits`, bit for bit); the prefill and both decode steps clean on llvm,
+    every step's token the source's."""
+    trace, printed = _generated(traces, family)
+    assert "a prefill of 6 positions + 2 decode steps" in printed
+    model, (ids,) = load_function(str(MODELS), f"build_{family}_bf16")()
     with torch.no_grad():
         expected = model(ids).logits
     with TraceReader(trace) as reader:
         assert reader.complete
         assert {reader.tensors.param(name).dtype for name in reader.outline.param_names} == {np.dtype(ml_dtypes.bfloat16)}
-        (logits,) = reader.tensors.op_outputs(reader.outline.ops[-1]["index"])
+        (logits,) = reader.tensors.op_outputs(_prefill_logits(reader)["index"])
     assert logits.dtype == ml_dtypes.bfloat16 and logits.shape == (1, SEQ, VOCAB)
     assert logits.view(np.uint16).tobytes() == expected.view(torch.int16).numpy().tobytes()
     with Session.open(trace) as session:
-        result = session.bisect()
-    assert not result.diverged, result.culprit
+        found = session.bisect()
+    assert not found.diverged, found.culprit
+    assert len(found.tokens.steps) == 3 and found.first_bad_token is None
+    assert all(step.source == step.target for step in found.tokens.steps)
 
 
-def test_the_source_runner_reruns_bf16_ops_bit_exact_and_in_float64(forward):
+def test_the_source_runner_reruns_bf16_ops_bit_exact_and_in_float64(traces):
     """The host runner's two runs of a bf16 trace: in the recorded dtype, every op's value bit for bit;
     promoted, float64 within bf16's rounding of it (the reference the noise floor judges against)."""
-    _, trace = forward("llama")
+    trace, _ = _generated(traces, "qwen2")
     with Session.open(trace) as session:
         runner = session.reference.runner
         held = [op for op in session.ops if runner.holds(op.name) and op.outputs[0].dtype == "bfloat16"]
@@ -126,24 +113,10 @@ def test_the_source_runner_reruns_bf16_ops_bit_exact_and_in_float64(forward):
             assert wide.dtype == np.float64, op.name
             scale = max(float(np.abs(wide).max()), 1e-30)
             assert np.abs(wide - recorded.astype(np.float64)).max() <= 2 ** -7 * scale, op.name  # one bf16 ulp
-        logits = session.reference.propagated(session.ops[-1].index).value(0)  # the whole model in float64
+        logits = session.reference.propagated(session.ops[-1].index).value(0)  # the whole generation in float64
         assert logits.dtype == np.float64
         recorded = session.source_values(session.ops[-1].index)[0].astype(np.float64)
         assert np.abs(logits - recorded).max() <= 0.05 * np.abs(logits).max()
-
-
-@pytest.mark.parametrize("family", ["llama", "qwen2", "gemma"])
-def test_a_bf16_lm_generates_and_every_step_bisects_clean(tmp_path, family):
-    """`record --generate 2` of the bf16 LM: prefill and two decode steps, tokens the source's on llvm."""
-    spec = _bf16_model_file(tmp_path, family)
-    result = run_cli("record", spec, "-o", str(tmp_path / "g.h5"), "--generate", "2")
-    assert result.returncode == 0, result.stderr
-    assert "a prefill of 6 positions + 2 decode steps" in result.stdout
-    with Session.open(tmp_path / "g.h5") as session:
-        found = session.bisect()
-    assert not found.diverged, found.culprit
-    assert len(found.tokens.steps) == 3 and found.first_bad_token is None
-    assert all(step.source == step.target for step in found.tokens.steps)
 
 
 def test_the_host_recomputes_a_bf16_matmul_bit_exact_as_llvm_sums_it():
@@ -173,41 +146,40 @@ def test_the_host_recomputes_a_bf16_matmul_bit_exact_as_llvm_sums_it():
 
 
 @pytest.fixture(scope="module")
-def wide_llama(tmp_path_factory):
-    """A bf16 Llama whose MLP is 2048 wide: the down projection sums 2048 bf16 products."""
-    folder = tmp_path_factory.mktemp("bf16_wide")
-    spec = _bf16_model_file(folder, "llama", WIDE)
-    record(spec, folder / "wide.h5")
-    return folder / "wide.h5"
+def wide_llama(traces):
+    """A bf16 Llama whose MLP is 2048 wide (family_lms.py's llama_wide): the down projection sums 2048 bf16
+    products. Its replay on llvm and that replay's bisect, shared by the module's tests (what `fix` and
+    `report` find reuses the bisect's verdicts, as the REPL's commands do)."""
+    trace, _ = traces.record(f"{MODELS}:build_llama_wide_bf16", name="bf16_llama_wide")
+    with tapml_dbg.open(trace) as replay:
+        yield trace, replay, replay.bisect()
 
 
 def test_tvm_sums_a_bf16_matmul_in_bf16_on_llvm_and_fix_computes_it_in_float32(wide_llama, tmp_path):
     """TVM 0.27's real bf16 bug: llvm's matmul rounds to bf16 at every step of the sum (torch sums in
     float32 and rounds once). The bisect names the down projection's mm, alone on recorded inputs,
     class precision; `fix` computes it in float32 and the whole model then passes."""
-    with Session.open(wide_llama) as session:
-        result = session.bisect()
-        culprit = result.culprit
-        assert result.diverged and culprit.op == "aten.mm.default", culprit
-        assert (culprit.layer, culprit.verdict, str(culprit.wrong)) == (
-            "model.layers.0.mlp.down_proj", "isolated", "precision")
-        assert "accumulating in bfloat16 on the host reproduces it" in culprit.evidence
-        assert culprit.metrics.scale_rel_err > 0.04  # 5.3%: the source itself is 21x closer to float64
+    trace, replay, result = wide_llama
+    culprit = result.culprit
+    assert result.diverged and culprit.op == "aten.mm.default", culprit
+    assert (culprit.layer, culprit.verdict, str(culprit.wrong)) == (
+        "model.layers.0.mlp.down_proj", "isolated", "precision")
+    assert "accumulating in bfloat16 on the host reproduces it" in culprit.evidence
+    assert culprit.metrics.scale_rel_err > 0.04  # 5.3%: the source itself is 21x closer to float64
     out = tmp_path / "fix"
-    fixed = run_cli("fix", str(wide_llama), "-o", str(out), "--json")
-    assert fixed.returncode == 0, fixed.stderr
-    found = json.loads(fixed.stdout)
+    found = replay.fix(out).to_json()  # what `tapml-dbg fix --json` prints
     assert found["output_passed"] is True and found["unfixed"] == [], found
     assert [(op["index"], op["kind"]) for op in found["fixed"]] == [(culprit.index, "float32")]
     assert "cast back to bfloat16" in found["fixed"][0]["how"]
-    run = run_cli("run", str(wide_llama), "--offload", "all", "--transform", f"{out}/fix.py:fix", "--json")
+    run = run_cli("run", str(trace), "--offload", "all", "--transform", f"{out}/fix.py:fix", "--json")
     assert run.returncode == 0 and json.loads(run.stdout)["passed"] is True, run.stdout + run.stderr
 
 
 def test_a_bf16_dump_holds_raw_bits_and_reproduces_without_the_model(wide_llama, tmp_path):
-    with Session.open(wide_llama) as session:
-        op = next(op for op in session.ops if op.layer == "model.layers.0.mlp.down_proj" and op.op == "aten.mm.default")
-        dumped = dump_op(session, op.index, tmp_path / "repro", command="test dump")
+    _, replay, result = wide_llama
+    session = replay.session
+    op = next(op for op in session.ops if op.layer == "model.layers.0.mlp.down_proj" and op.op == "aten.mm.default")
+    dumped = dump_op(session, op.index, tmp_path / "repro", command="test dump")
     assert (dumped.status, dumped.reproduces) == ("fail", True)
     meta = json.loads((tmp_path / "repro" / "meta.json").read_text())
     with np.load(tmp_path / "repro" / "data.npz", allow_pickle=False) as npz:
@@ -219,26 +191,22 @@ def test_a_bf16_dump_holds_raw_bits_and_reproduces_without_the_model(wide_llama,
     out = io.StringIO()
     assert lib.repro_main(str(tmp_path / "repro"), [], out=out) == lib.EXIT_REPRODUCED, out.getvalue()
     assert "out 0 bfloat16 (6, 64): FAIL" in out.getvalue()
-    report = run_cli("report", str(wide_llama), "-o", str(tmp_path / "report"))
-    assert report.returncode == 0, report.stderr
-    assert f"culprit #{op.index} {op.name} (isolated)" in report.stdout
+    written = replay.report(tmp_path / "report", bisect=result)  # what `tapml-dbg report` writes
+    culprit = written.report.culprit
+    assert (culprit.index, culprit.name, culprit.verdict) == (op.index, op.name, "isolated")
     assert "accumulating in bfloat16" in (tmp_path / "report" / "index.html").read_text()
 
 
 def test_tvm_builds_no_bf16_layer_norm_or_power_on_llvm_and_fix_computes_them_in_float32(tmp_path):
     """Phi (LayerNorm, gelu_new's x ** 3) in bf16: TVM 0.27 does not build relax.nn.layer_norm ("only
     support float32 and float16") nor relax.power ("power only applies to float") in bfloat16 on llvm."""
-    spec = _bf16_model_file(tmp_path, "phi")
-    record(spec, tmp_path / "phi.h5")
-    with Session.open(tmp_path / "phi.h5") as session:
-        result = session.bisect()
-    culprit = result.culprit
-    assert (culprit.op, culprit.layer, culprit.verdict) == (
-        "aten.native_layer_norm.default", "model.layers.0.input_layernorm", "compile-error"), culprit
-    assert "layer_norm: only support float32 and float16" in culprit.message
-    fixed = run_cli("fix", str(tmp_path / "phi.h5"), "-o", str(tmp_path / "fix"), "--json")
-    assert fixed.returncode == 0, fixed.stderr
-    found = json.loads(fixed.stdout)
+    record(f"{MODELS}:build_phi_bf16", tmp_path / "phi.h5")
+    with tapml_dbg.open(tmp_path / "phi.h5") as replay:
+        culprit = replay.bisect().culprit
+        assert (culprit.op, culprit.layer, culprit.verdict) == (
+            "aten.native_layer_norm.default", "model.layers.0.input_layernorm", "compile-error"), culprit
+        assert "layer_norm: only support float32 and float16" in culprit.message
+        found = replay.fix(tmp_path / "fix").to_json()  # what `tapml-dbg fix --json` prints
     assert found["output_passed"] is True and found["unfixed"] == [], found
     assert sorted(op["name"].rstrip("_1") for op in found["fixed"]) == ["native_layer_norm", "native_layer_norm",
                                                                         "pow"]
@@ -246,12 +214,13 @@ def test_tvm_builds_no_bf16_layer_norm_or_power_on_llvm_and_fix_computes_them_in
     assert all(op["before"]["status"] == "compile-error" for op in found["fixed"]), found["fixed"]
 
 
-def test_a_fault_planted_in_a_bf16_lm_is_found_at_its_op(forward, tmp_path):
-    """A 25% error at the bf16 `act(gate) * up` of a clean bf16 Llama: above bf16's noise floor, found there."""
-    _, trace = forward("llama")
+def test_a_fault_planted_in_a_bf16_lm_is_found_at_its_op(traces, tmp_path):
+    """A 25% error at the bf16 `act(gate) * up` of a clean bf16 Qwen2's prefill: above bf16's noise floor,
+    found there."""
+    trace, _ = _generated(traces, "qwen2")
     with TraceReader(trace) as reader:
         planted = next(op for op in reader.outline.ops if op["layer"] == "model.layers.0.mlp" and op["op"] == "aten.mul.Tensor")
-        assert planted["outputs"][0]["dtype"] == "bfloat16"
+        assert planted["outputs"][0]["dtype"] == "bfloat16" and planted["step"] == 0
     transform = fault_transform(tmp_path, "scale", planted["name"], scale=1.25)
     with Session.open(trace, transform=transform) as session:
         result = session.bisect()
