@@ -1,6 +1,8 @@
-"""`tapml-dbg report` of a generation trace ([15]): the Generation section charts the worst propagated
-op error and the logits' KL per step, marks the first bad token and tables the steps; a trace of one
-forward gets no such section.
+"""A generation trace end to end: `tapml-dbg report`'s Generation section ([15]) charts the worst
+propagated op error and the logits' KL per step, marks the first bad token and tables the steps (a
+trace of one forward gets no such section); one session each for the clean generation (bisect, `run`'s
+outputs, the report) and for one planted fault (the first bad token in bisect, free running, the
+report, a search again from the trace's memo), so that every command judges the ops once.
 
 The model is examples/plain_qwen2.py with a prompt of 8 positions and 3 decode steps (as in
 tests/test_generation.py); the planted fault negates step 2's logits.
@@ -8,17 +10,24 @@ tests/test_generation.py); the planted fault negates step 2's logits.
 
 from __future__ import annotations
 
+import io
+import json
 import re
 
 import pytest
 
 from conftest import fault_transform, fresh
+from tapml_dbg.api import Replay
+from tapml_dbg.engine.generation import free_running
 from tapml_dbg.engine.report import build_report
 from tapml_dbg.engine.session import Session
 from tapml_dbg.judge.tokens import BUG, SAME
 from tapml_dbg.report.html import page
+from tapml_dbg.ui.cli import strict_json
+from tapml_dbg.ui.console import make_console
+from tapml_dbg.ui.render import render
 
-STEPS = 3
+PROMPT, STEPS = 8, 3
 SECTION = '<h2 id="generation-section">Generation</h2>'
 
 
@@ -27,9 +36,11 @@ def generation(traces):
     return traces.get("plain_qwen2", "--generate", str(STEPS))
 
 
-def _report(trace, **options):
-    with Session.open(trace, **options) as session:
-        return session.ops, build_report(session)
+def printed(result) -> str:
+    """`result` as the CLI renders it."""
+    buffer = io.StringIO()
+    render(result, make_console(buffer))
+    return buffer.getvalue()
 
 
 def _step_rows(text: str) -> list[str]:
@@ -39,7 +50,36 @@ def _step_rows(text: str) -> list[str]:
 
 
 def test_a_clean_generation_has_every_step_the_same(generation):
-    ops, report = _report(generation)
+    """One session on the clean generation, every command on it (the CLI prints what these return:
+    ui/cli.py):
+    - `bisect` finds no op and no bad token: every step chooses the source's token, KL ~0, and
+      `bisect --json` says so (`op`, `first_bad_token` null, a token verdict per step);
+    - `run --offload all` names each output: the steps' logits (the one with an argmax), the state a
+      next step reads, each layer's cache (text and JSON `label`);
+    - the report of that bisect: every step the same, its worst error one of its own ops', none failing;
+      the Generation section, its chart and table, the step boundaries on the per-op chart."""
+    with Session.open(generation) as session:
+        replay = Replay(session)
+        result = replay.bisect()
+        run = replay.run("all")
+        ops, report = session.ops, build_report(session, bisect=result)
+    assert not result.diverged, result.culprit
+    assert result.first_bad_token is None
+    assert [s.verdict for s in result.tokens.steps] == [SAME] * (STEPS + 1)
+    assert max(s.kl for s in result.tokens.steps) < 1e-6
+    found = json.loads(strict_json(result.to_json()))
+    assert found["first_bad_token"] is None and found["op"] is None
+    assert [s["step"] for s in found["tokens"]["steps"]] == list(range(STEPS + 1))
+    assert {s["verdict"] for s in found["tokens"]["steps"]} == {SAME}
+
+    lines = [line for line in printed(run).splitlines() if line.startswith("  output ")]
+    assert lines[0].startswith(f"  output output[0] (logits of steps 0..{STEPS}, each step's last position): pass")
+    assert "argmax agrees" in lines[0]
+    assert "(keys, model.layers.0.self_attn)" in lines[5] and "(values, model.layers.0.self_attn)" in lines[6]
+    assert "(cache length, model.layers.1.self_attn)" in lines[-1]
+    assert not any("argmax" in line for line in lines[1:])  # a cache's argmax means nothing
+    assert json.loads(strict_json(run.to_json()))["outputs"][1]["label"] == "next token index"
+
     steps = report.generation.steps
     assert [s.step for s in steps] == list(range(STEPS + 1))
     assert [s.kind for s in steps] == ["prefill"] + ["decode"] * STEPS
@@ -60,11 +100,41 @@ def test_a_clean_generation_has_every_step_the_same(generation):
 
 
 def test_a_wrong_step_2_logits_is_the_first_bad_token(generation, tmp_path):
+    """Step 2's logits (its lm_head output) negated: its top-1 is the source's worst token. One planted
+    fault, every command that meets it:
+    - bisect names that op in step 2 (`op.step` in its JSON) and step 2 the first bad token, a bug
+      outside the top-k (random weights: flat logits, yet KL > 1e-3), the steps before the same;
+    - free running feeds the target its own token at step 2 on to step 3;
+    - the report of that bisect: the Generation section marks step 2 (the worst error, failing ops,
+      the chart's mark, the table's culprit row), the steps before pass;
+    - a search again (its chain from a checkpoint, the sweep from the memo, runtime/run_memo.py) names
+      the same op, step and token, and more runs come from the memo: a generation's chain hands back
+      its output for the tokens (`also_keep`), it never starts past it. (The suite's compile cache is
+      shared: other tests' searches of this trace may have left records too.)"""
     with Session.open(generation) as session:
         logits = [op for op in session.ops if op.step == 2 and op.layer == "lm_head"][-1]
-    _, report = _report(generation, transform=fault_transform(tmp_path, "scale", logits.name, scale=-1))
-    first = report.generation.first_bad
-    assert (first.step, first.verdict) == (2, BUG)
+        recorded = [step["token"] for step in session.reader.meta["generation"]["steps"]]
+    transform = fault_transform(tmp_path, "scale", logits.name, scale=-1)
+    with Session.open(generation, transform=transform) as session:
+        result = session.bisect()
+        remembered = session.lanes.cache.remembered
+        free = free_running(session)
+        report = build_report(session, bisect=result)
+    assert (result.culprit.name, result.culprit.step) == (logits.name, 2)
+    first = result.first_bad_token
+    assert (first.step, first.position, first.in_top_k) == (2, PROMPT + 2, False)
+    assert first.source == recorded[2] and first.target != first.source
+    assert [s.verdict for s in result.tokens.steps[:2]] == [SAME, SAME]
+    assert result.tokens.steps[2].verdict == BUG and result.tokens.steps[2].kl > 1e-3
+    found = json.loads(strict_json(result.to_json()))
+    assert (found["op"]["name"], found["op"]["step"]) == (logits.name, 2)
+    assert found["first_bad_token"] == {"step": 2, "position": PROMPT + 2, "source": first.source,
+                                        "target": first.target, "in_top_k": False}
+    assert free.runs >= 2  # the target's own token at step 2 fed to step 3
+    assert free.steps[2].target == first.target and free.first_bad.step == 2
+
+    first_bad = report.generation.first_bad
+    assert (first_bad.step, first_bad.verdict) == (2, BUG)
     steps = report.generation.steps
     assert [s.token.verdict for s in steps[:2]] == [SAME, SAME] and steps[2].token.kl > 1e-3
     assert steps[2].worst > 1 and steps[2].failing >= 1 and steps[1].failing == 0
@@ -76,6 +146,13 @@ def test_a_wrong_step_2_logits_is_the_first_bad_token(generation, tmp_path):
     assert all('<span class="pass">same</span>' in rows[k] for k in (0, 1))
     chart = text[text.index('<svg id="generation-chart"'):]
     assert "first bad token: step 2 (bug)" in chart[:chart.index("</svg>")]
+
+    with Session.open(generation, transform=transform) as session:
+        again = session.bisect()
+        assert session.lanes.cache.remembered > remembered
+    assert (again.culprit.name, again.culprit.step) == (logits.name, 2)
+    assert (again.first_bad_token.step, again.first_bad_token.target, again.first_bad_token.source) == \
+        (2, first.target, first.source)
 
 
 def test_a_forward_trace_has_no_generation_section(demo_session):

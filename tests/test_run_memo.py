@@ -1,6 +1,8 @@
 """The trace's memo (runtime/run_memo.py): after a pass edit a search skips what earlier runs on the
 trace established (isolated units that cleared, a chain's checkpoints), and names what a search
-without it names; anything it cannot trust (another trace file, another rule, a damaged file) is run."""
+without it names; anything it cannot trust (another trace file, another rule, a damaged file) is run.
+A generation searched again from the memo (the same step, op and first bad token) is the end of
+tests/test_generation_report.py's first-bad-token test."""
 
 from __future__ import annotations
 
@@ -152,28 +154,6 @@ def test_checkpoints_are_spread_along_a_chain(spacing_units):
     positions = sorted(run_memo.checkpoint_positions(units))
     assert positions[0] == every and all(b - a == every for a, b in zip(positions, positions[1:]))
     assert positions[-1] < units and len(positions) <= run_memo.CHECKPOINTS_PER_CHAIN
-
-
-def test_a_generation_searched_again_from_the_memo_names_the_same_step_op_and_token(traces, tmp_path):
-    """A generation's chain hands back its output for the tokens (`also_keep`): it never starts past
-    it. Step 2's logits negated: the second search (its chain from a checkpoint, the sweep from the
-    record) names the same op, step and first bad token as the first. (The session's shared compile
-    cache: other tests' searches of this trace may have left records too.)"""
-    path = traces.get("plain_qwen2", "--generate", "3")
-    with Session.open(path) as session:
-        logits = [op.name for op in session.ops if op.step == 2 and "lm_head" in (op.layer or "")][-1]
-    transform = fault_transform(tmp_path, "scale", logits, scale=-1)
-
-    def search():
-        with Session.open(path, transform=transform) as session:
-            result = session.bisect()
-            first = result.first_bad_token
-            return ((result.culprit.name, result.culprit.step, first.step, first.target, first.source),
-                    session.lanes.cache.remembered)
-
-    first, again = search(), search()
-    assert first[0] == again[0] and (first[0][0], first[0][1], first[0][2]) == (logits, 2, 2)
-    assert again[1] > first[1]
 
 
 def test_a_chain_saves_within_its_own_budget(tmp_path, monkeypatch):
