@@ -1,11 +1,16 @@
-"""`triage`: every divergence of a model, grouped by cause, on real TVM 0.27 bugs and planted faults."""
+"""`triage`: every divergence of a model, grouped by cause, on real TVM 0.27 bugs and planted faults.
+
+The issue's model, examples/qwen2_several_bugs.py (a tiny transformers Qwen2 without an attention mask,
+`logits[:, -1]` and an int count times 0.5: five distinct TVM 0.27 bugs), is docs/triage.md's
+transcript, compared line by line: its five causes (the bool `cumsum` that does not build, the two
+bool `index` ops as one cause, the bool `eq`, the out-of-bounds `select`, the int64 `mul` with the
+`sub` it hands its failure on folded in), every op in one cause. Here: its report's table of causes.
+"""
 
 from __future__ import annotations
 
 import io
 import json
-
-import pytest
 
 from conftest import fault_transform, fresh, run_cli
 from tapml_dbg.engine.report import OpPoint
@@ -20,31 +25,6 @@ from tapml_dbg.ui.repl.app import Repl, make_console
 
 def _causes(result) -> dict[str, list[int]]:
     return {group.cause: [op.index for op in group.ops] for group in result.groups}
-
-
-def test_several_real_divergences_of_one_model_are_its_causes(traces):
-    """The issue's model: a tiny transformers Qwen2 without an attention mask, `logits[:, -1]` and an
-    int count times 0.5. TVM 0.27 imports and compiles it with five distinct bugs; one triage lists
-    them, the two bool `index` ops as one cause, and folds the failures they hand on."""
-    trace = traces.get("qwen2_several_bugs")
-    result = run_cli("triage", str(trace), "--json")
-    assert result.returncode == 0, result.stderr
-    found = json.loads(result.stdout)
-    groups = {(g["ops"][0]["op"], g["class"]): g for g in found["groups"]}
-    assert len(found["groups"]) == 5, [g["cause"] for g in found["groups"]]
-    cumsum = groups[("aten.cumsum.default", "type")]  # bool where torch gives int64, and no llvm build
-    assert [op["verdict"] for op in cumsum["ops"]] == ["compile-error"]
-    assert "bool" in cumsum["cause"] and "int64" in cumsum["cause"]
-    index = groups[("aten.index.Tensor", "type")]
-    assert len(index["ops"]) == 2 and {op["verdict"] for op in index["ops"]} == {"isolated"}
-    assert [op["verdict"] for op in groups[("aten.eq.Tensor", "compile-error")]["ops"]] == ["compile-error"]
-    scaled = groups[("aten.mul.Tensor", "type")]  # counts * 0.5 imported as int64
-    assert "int64" in scaled["cause"] and "float32" in scaled["cause"]
-    assert scaled["inherited"], "the sub that reads the int64 product is folded into its cause"
-    select = next(g for (op, _), g in groups.items() if op == "aten.select.int")  # logits[:, -1]: out of bounds
-    assert select["class"] in ("nondeterministic", "nan/inf", "semantic")
-    every = [op["index"] for g in found["groups"] for op in g["ops"]] + [i for g in found["groups"] for i in g["inherited"]]
-    assert len(every) == len(set(every)), "an op belongs to one cause"
 
 
 def test_planted_faults_at_two_ops_are_two_causes_with_their_inherited_failures(traces, tmp_path):
@@ -115,9 +95,10 @@ def test_grouping_rule_on_given_verdicts():
     assert sorted(folded) == [3, 4]
 
 
-def test_triage_in_the_repl(demo_session):
-    """The REPL's `triage` on the README's example (the engine session the REPL, docs and report tests share;
-    `replay -c` through the CLI is tests/test_repl.py's)."""
+def test_triage_in_the_repl_and_its_json_give_each_op_its_source_line(demo_session):
+    """The REPL's `triage` on the README's example (the engine session the REPL, docs and report tests
+    share; `replay -c` through the CLI is tests/test_repl.py's), then what `triage --json` prints of the
+    same session (`triage --json` itself: tests/test_stock_import.py, tests/test_sticky_faults.py)."""
     out = io.StringIO()
     console = make_console(out)
     repl = Repl(fresh(demo_session), out=console, err=console, launch={"trace": str(demo_session.reader.path)},
@@ -125,6 +106,11 @@ def test_triage_in_the_repl(demo_session):
     repl.execute("triage")
     assert "cause(s) of divergence" in out.getvalue()
     assert "_softmax (float16): precision" in out.getvalue()
+    found = json.loads(strict_json(triage(demo_session).to_json()))
+    first = found["groups"][0]["ops"][0]
+    assert first["index"] == 9
+    assert first["source_location"] == {"file": "examples/fp16_memory_attention.py", "line": 21,
+                                        "code": "weights = torch.softmax(q @ self.keys.t(), dim=-1)"}
 
 
 def test_the_report_lists_every_cause_with_its_repro_command(traces, tmp_path):
@@ -138,12 +124,3 @@ def test_the_report_lists_every_cause_with_its_repro_command(traces, tmp_path):
     assert causes.count("<tr>") == 1 + 5, "a header and the model's five causes"
     assert f"tapml-dbg dump {trace} --op 14 -o repro/cumsum/" in causes
     assert "examples/qwen2_several_bugs.py:15" in causes, "the select and the mul come from the user's last line"
-
-
-def test_triage_json_gives_each_op_its_source_line(demo_session):
-    """What `triage --json` prints (`triage --json` itself: the test of several real divergences above)."""
-    found = json.loads(strict_json(triage(fresh(demo_session)).to_json()))
-    first = found["groups"][0]["ops"][0]
-    assert first["index"] == 9
-    assert first["source_location"] == {"file": "examples/fp16_memory_attention.py", "line": 21,
-                                        "code": "weights = torch.softmax(q @ self.keys.t(), dim=-1)"}
