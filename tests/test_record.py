@@ -12,7 +12,7 @@ from conftest import EXAMPLES, run_cli
 from tapml_dbg.frontend.importer import export_program, import_program
 from tapml_dbg.frontend.model_loader import load_model
 from tapml_dbg.model.serialize import function_from_json
-from tapml_dbg.record.recorder import record
+from tapml_dbg.record.recorder import DEFAULT_SEED, record
 from tapml_dbg.trace import TraceReader
 
 
@@ -21,31 +21,33 @@ def _bindings(func) -> int:
 
 
 @pytest.mark.parametrize("example", ["mlp", "tiny_gpt2"])
-def test_final_op_equals_model_output_bit_for_bit(tmp_path, example):
-    path = tmp_path / "t.h5"
-    result = record(str(EXAMPLES / f"{example}.py"), path, seed=3)
-    torch.manual_seed(3)
-    np.random.seed(3)
-    module, inputs = load_model(str(EXAMPLES / f"{example}.py"))
+def test_final_op_equals_model_output_bit_for_bit(traces, example):
+    """The suite's shared recording (`tapml-dbg record EXAMPLE`, the default seed): its last op is the
+    model's own output bit for bit, its inputs are those the seed gives (a recording with the same
+    seed records the same inputs), and `record` counts the ops it stored."""
+    spec = str(EXAMPLES / f"{example}.py")
+    path, printed = traces.record(spec, name=example)
+    torch.manual_seed(DEFAULT_SEED)
+    np.random.seed(DEFAULT_SEED)
+    module, inputs = load_model(spec)
     with torch.no_grad():
         expected = module(*inputs).numpy()
     with TraceReader(path) as reader:
-        assert reader.complete
+        assert reader.complete and reader.meta["seed"] == DEFAULT_SEED
         last = reader.outline.ops[-1]
         assert last["name"] == "output"
         (recorded,) = reader.tensors.op_outputs(last["index"])
         assert recorded.dtype == expected.dtype
         assert np.array_equal(recorded, expected), "the last op must be the model's own output, bit for bit"
-        assert len(reader.recorded.finished_ops()) == result.ops
+        assert np.array_equal(reader.tensors.input(reader.outline.input_names[0]), inputs[0].numpy())
+        assert printed.startswith(f"recorded {len(reader.recorded.finished_ops())} ops to {path} ")
 
 
-def test_op_count_equals_relax_bindings_and_layers(tmp_path):
+def test_op_count_equals_relax_bindings_and_layers(traces):
     spec = str(EXAMPLES / "mlp.py")
-    path = tmp_path / "mlp.h5"
-    record(spec, path)
     module, inputs = load_model(spec)
     graph, _ = import_program(export_program(module, inputs))
-    with TraceReader(path) as reader:
+    with TraceReader(traces.get("mlp")) as reader:
         ops = reader.outline.ops
         stored_main = function_from_json(json.loads(reader.outline.graph_json))
     assert len(ops) == _bindings(graph.mod["main"]) == _bindings(stored_main)
@@ -78,27 +80,34 @@ def test_info_human_output(traces):
     assert "complete" in result.stdout and "yes" in result.stdout
 
 
-def test_inputs_npz_and_seed(tmp_path):
+@pytest.fixture(scope="module")
+def mlp_on_tvm_seed_2(tmp_path_factory):
+    """examples/mlp.py recorded with `--source tvm:llvm` and seed 2: one recording for both tests below."""
+    path = tmp_path_factory.mktemp("tvm_source") / "tvm.h5"
+    record(str(EXAMPLES / "mlp.py"), path, source="tvm:llvm", seed=2)
+    return path
+
+
+def test_inputs_npz_and_seed(tmp_path, traces, mlp_on_tvm_seed_2):
+    """`--inputs` records the given arrays; another seed records other inputs (the same seed records
+    the same ones: test_final_op_equals_model_output_bit_for_bit)."""
     spec = str(EXAMPLES / "mlp.py")
     data = np.full((4, 16), 0.5, dtype=np.float32)
     np.savez(tmp_path / "in.npz", x=data)
     record(spec, tmp_path / "a.h5", inputs_npz=str(tmp_path / "in.npz"))
     with TraceReader(tmp_path / "a.h5") as reader:
         assert np.array_equal(reader.tensors.input(reader.outline.input_names[0]), data)
-    record(spec, tmp_path / "b.h5", seed=1)
-    record(spec, tmp_path / "c.h5", seed=1)
-    record(spec, tmp_path / "d.h5", seed=2)
-    with TraceReader(tmp_path / "b.h5") as b, TraceReader(tmp_path / "c.h5") as c, \
-            TraceReader(tmp_path / "d.h5") as d:
-        name = b.outline.input_names[0]
-        assert np.array_equal(b.tensors.input(name), c.tensors.input(name))
-        assert not np.array_equal(b.tensors.input(name), d.tensors.input(name))
+    torch.manual_seed(2)
+    np.random.seed(2)
+    _, seeded = load_model(spec)
+    with TraceReader(traces.get("mlp")) as seed_0, TraceReader(mlp_on_tvm_seed_2) as seed_2:
+        name = seed_0.outline.input_names[0]
+        assert seed_2.meta["seed"] == 2 and np.array_equal(seed_2.tensors.input(name), seeded[0].numpy())
+        assert not np.array_equal(seed_0.tensors.input(name), seed_2.tensors.input(name))
 
 
-def test_tvm_source(tmp_path):
-    path = tmp_path / "tvm.h5"
-    record(str(EXAMPLES / "mlp.py"), path, source="tvm:llvm")
-    with TraceReader(path) as reader:
+def test_tvm_source(mlp_on_tvm_seed_2):
+    with TraceReader(mlp_on_tvm_seed_2) as reader:
         assert reader.meta["source"] == "tvm:llvm"
         assert reader.complete and len(reader.recorded.finished_ops()) == len(reader.outline.ops)
 
