@@ -47,6 +47,19 @@ def _run(argv: list[str], seconds: int = HANG_S):
         signal.signal(signal.SIGALRM, previous)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_parser():
+    """`cli.main` builds tapml-dbg's whole argument parser for each command (every subcommand's options,
+    the installed versions for `--version`): half the CPU of an in-process `info`. The module's hundreds
+    of commands parse with one parser, built once here (a parser keeps no state between parses)."""
+    from tapml_dbg.ui import cli
+
+    parser = cli.build_parser()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(cli, "build_parser", lambda: parser)
+        yield
+
+
 @pytest.fixture(scope="module")
 def base(traces, tmp_path_factory):
     """A private copy of the mlp trace: other tests may hold the shared one open (HDF5 refuses to
