@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 
 import h5py
 import numpy as np
@@ -33,6 +34,18 @@ BAD_MODELS = {
 }
 
 
+def _main(capfd, *argv: str) -> subprocess.CompletedProcess:
+    """`tapml-dbg ARGV` through `cli.main` in this process, what it wrote to file descriptors 1 and 2
+    captured (TVM's own log lines too): a command refused before it does any work costs no process of
+    its own. The `record`s of bad models run as processes (`run_cli`): they import and export the user's model."""
+    from tapml_dbg.ui.cli import main
+
+    capfd.readouterr()
+    code = main(list(argv))
+    captured = capfd.readouterr()
+    return subprocess.CompletedProcess(list(argv), code, captured.out, captured.err)
+
+
 def _assert_one_line_error(result, *needles: str) -> None:
     assert result.returncode == 1, (result.stdout, result.stderr)
     assert "Traceback" not in result.stderr
@@ -51,48 +64,49 @@ def test_bad_model(tmp_path, name):
     _assert_one_line_error(result, needle)
 
 
-def test_missing_model_file(tmp_path):
-    _assert_one_line_error(run_cli("record", str(tmp_path / "nope.py"), "-o", str(tmp_path / "t.h5")),
+def test_missing_model_file(tmp_path, capfd):
+    _assert_one_line_error(_main(capfd, "record", str(tmp_path / "nope.py"), "-o", str(tmp_path / "t.h5")),
                            "not found")
 
 
-def test_missing_function(tmp_path):
+def test_missing_function(tmp_path, capfd):
     (tmp_path / "m.py").write_text("def other():\n    pass\n")
-    _assert_one_line_error(run_cli("record", f"{tmp_path / 'm.py'}:make", "-o", str(tmp_path / "t.h5")),
+    _assert_one_line_error(_main(capfd, "record", f"{tmp_path / 'm.py'}:make", "-o", str(tmp_path / "t.h5")),
                            "no function 'make'")
 
 
-def test_not_a_trace(tmp_path):
+def test_not_a_trace(tmp_path, capfd):
     path = tmp_path / "notes.h5"
     path.write_text("hello, not HDF5\n")
-    for command in (["info", str(path)], ["bisect", str(path)], ["replay", str(path), "-c", "info"]):
-        _assert_one_line_error(run_cli(*command))
+    _assert_one_line_error(run_cli("info", str(path)))  # as a process
+    for command in (["bisect", str(path)], ["replay", str(path), "-c", "info"]):
+        _assert_one_line_error(_main(capfd, *command))
 
 
-def test_missing_trace(tmp_path):
-    _assert_one_line_error(run_cli("info", str(tmp_path / "absent.h5")), "does not exist")
+def test_missing_trace(tmp_path, capfd):
+    _assert_one_line_error(_main(capfd, "info", str(tmp_path / "absent.h5")), "does not exist")
 
 
-def test_truncated_trace(tmp_path, traces):
+def test_truncated_trace(tmp_path, traces, capfd):
     data = traces.get("mlp").read_bytes()
     path = tmp_path / "cut.h5"
     path.write_bytes(data[: len(data) // 2])
-    _assert_one_line_error(run_cli("info", str(path)))
-    _assert_one_line_error(run_cli("bisect", str(path)))
+    _assert_one_line_error(_main(capfd, "info", str(path)))
+    _assert_one_line_error(_main(capfd, "bisect", str(path)))
 
 
-def test_newer_version(tmp_path, traces):
+def test_newer_version(tmp_path, traces, capfd):
     path = tmp_path / "new.h5"
     path.write_bytes(traces.get("mlp").read_bytes())
     with h5py.File(path, "r+") as handle:
         handle.attrs["version_major"] = 2
-    _assert_one_line_error(run_cli("info", str(path)), "upgrade")
+    _assert_one_line_error(_main(capfd, "info", str(path)), "upgrade")
 
 
-def test_bad_target_and_transform(traces, tmp_path):
+def test_bad_target_and_transform(traces, tmp_path, capfd):
     path = str(traces.get("mlp"))
-    _assert_one_line_error(run_cli("bisect", path, "--target", "nosuchkind"), "target")
-    _assert_one_line_error(run_cli("bisect", path, "--transform", str(tmp_path / "missing.py:f")), "not found")
+    _assert_one_line_error(_main(capfd, "bisect", path, "--target", "nosuchkind"), "target")
+    _assert_one_line_error(_main(capfd, "bisect", path, "--transform", str(tmp_path / "missing.py:f")), "not found")
 
 
 @pytest.mark.parametrize("target, needles", [
@@ -102,13 +116,13 @@ def test_bad_target_and_transform(traces, tmp_path):
     ('{"kind":"cuda","arch":"sm_x"}', ("CUDA arch 'sm_x'",)),
     ('{"kind":"cuda","host":{"kind":"llvm","mcpu":"nonsense"}}', ("mcpu 'nonsense'",)),
 ])
-def test_a_target_tvm_would_only_warn_about_is_refused(target, needles):
+def test_a_target_tvm_would_only_warn_about_is_refused(target, needles, capfd):
     """TVM 0.27 accepts these, logs a warning at compile time and compiles for a generic CPU (or fails
     per unit): the tool refuses them at once, in one line that says what LLVM does know."""
     from conftest import ROOT
 
     trace = str(ROOT / "traces" / "sample_mlp.h5")
-    _assert_one_line_error(run_cli("bisect", trace, "--target", target), "invalid target", *needles)
+    _assert_one_line_error(_main(capfd, "bisect", trace, "--target", target), "invalid target", *needles)
 
 
 def test_a_target_llvm_knows_is_accepted():
@@ -139,24 +153,25 @@ def broken(mod):
 
 
 @pytest.mark.parametrize("command", ["bisect", "triage"])
-def test_an_exception_in_the_users_pass_is_reported_as_the_pass_failing(tmp_path, command):
+def test_an_exception_in_the_users_pass_is_reported_as_the_pass_failing(tmp_path, command, capfd):
     """Not "the op does not compile for the target": the one line names the pass, its own line (file:line,
     the statement) and the exception, and the op whose unit it was applied to."""
     from conftest import ROOT
 
     (tmp_path / "my_pass.py").write_text(RAISING_PASS)
-    result = run_cli(command, str(ROOT / "traces" / "sample_mlp.h5"), "--transform", f"{tmp_path / 'my_pass.py'}:broken")
+    result = _main(capfd, command, str(ROOT / "traces" / "sample_mlp.h5"), "--transform",
+                   f"{tmp_path / 'my_pass.py'}:broken")
     _assert_one_line_error(result, f"the transform {tmp_path / 'my_pass.py'}:broken raised at {tmp_path / 'my_pass.py'}:6 in _check",
                            "raise ValueError(", "ValueError: this pass does not handle gelu", "op gelu_1: ")
     assert "does not compile" not in result.stdout + result.stderr
 
 
-def test_missing_op(traces, tmp_path):
-    _assert_one_line_error(run_cli("dump", str(traces.get("mlp")), "--op", "no_such_op", "-o", str(tmp_path / "d")),
-                           "no op named")
+def test_missing_op(traces, tmp_path, capfd):
+    _assert_one_line_error(_main(capfd, "dump", str(traces.get("mlp")), "--op", "no_such_op", "-o",
+                                 str(tmp_path / "d")), "no op named")
 
 
-def test_crafted_graph_cannot_build_arbitrary_objects(tmp_path):
+def test_crafted_graph_cannot_build_arbitrary_objects(tmp_path, capfd):
     """Opening a trace only rebuilds Relax op calls and their attributes; nothing else."""
     import json
 
@@ -173,7 +188,7 @@ def test_crafted_graph_cannot_build_arbitrary_objects(tmp_path):
         data = np.frombuffer(json.dumps(graph).encode(), dtype=np.uint8)
         del handle["graph/ir_json"]
         handle.create_dataset("graph/ir_json", data=data)
-    _assert_one_line_error(run_cli("bisect", str(path)), "not a Relax op attribute")
+    _assert_one_line_error(_main(capfd, "bisect", str(path)), "not a Relax op attribute")
 
 
 # ---- untrusted and damaged traces (the trace boundary) ---------------------------------------
@@ -233,12 +248,12 @@ def test_info_verify_reports_each_damaged_part(tmp_path, traces, capsys):
                                                                                           "op 12"]
 
 
-def test_corrupt_recorded_output_is_one_error_line_in_replay(tmp_path, traces):
+def test_corrupt_recorded_output_is_one_error_line_in_replay(tmp_path, traces, capfd):
     """Before checksums, replay judged op 25 against the flipped value without a word."""
     path = tmp_path / "flipped.h5"
     path.write_bytes(traces.get("mlp").read_bytes())
     flip_dataset_bit(path, "ops/25/0")
-    result = run_cli("replay", str(path), "-c", "compare 25")
+    result = _main(capfd, "replay", str(path), "-c", "compare 25")
     _assert_one_line_error(result, "op 25's recorded output 0 is corrupt (checksum mismatch)", "record")
 
 
