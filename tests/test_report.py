@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import fcntl
+import io
 import json
 import os
 import shutil
@@ -104,25 +105,40 @@ def test_layer_bands_pick_the_deepest_level_that_stays_readable():
 
 
 # ------------------------------------------------------------------ the engine's series on a real trace
-def test_report_and_bisect_agree_on_the_readme_example(demo_session, tmp_path, capsys, monkeypatch):
-    """One story: the page's culprit is bisect's, by the rule `continue` stops at."""
+@pytest.fixture(scope="module")
+def demo_pages(demo_session, tmp_path_factory):
+    """`tapml-dbg bisect TRACE --report b`, `tapml-dbg report TRACE -o r` and `... -o m --migrate` on the
+    README's example, on the shared engine session (every op's verdicts computed once for the three):
+    what each printed, and the folders they wrote."""
+    folder = tmp_path_factory.mktemp("demo_pages")
     path = fresh(demo_session).reader.path
-    monkeypatch.setattr(cli, "_open", lambda args, **_: contextlib.nullcontext(Replay(demo_session)))
-    assert cli.main(["bisect", str(path), "--report", str(tmp_path / "b")]) == 0
-    out = capsys.readouterr().out
+    printed = {}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(cli, "_open", lambda args, **_: contextlib.nullcontext(Replay(demo_session)))
+        for name, argv in (("bisect", ["bisect", str(path), "--report", str(folder / "b")]),
+                           ("report", ["report", str(path), "-o", str(folder / "r")]),
+                           ("migrate", ["report", str(path), "-o", str(folder / "m"), "--migrate"])):
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                assert cli.main(argv) == 0, name
+            printed[name] = out.getvalue()
+    return path, folder, printed
+
+
+def test_report_and_bisect_agree_on_the_readme_example(demo_pages):
+    """One story: the page's culprit is bisect's, by the rule `continue` stops at."""
+    path, folder, printed = demo_pages
+    out = printed["bisect"]
     assert "first divergent op: #9 _softmax" in out and "culprit #9 _softmax (isolated)" in out
-    text = (tmp_path / "b" / "index.html").read_text()
+    text = (folder / "b" / "index.html").read_text()
     assert "First divergent op: <b>#9 _softmax</b>" in text and "bisect (prefix search" in text
     assert f"tapml-dbg dump {path} --op 9 -o repro/" in text
 
 
-
-def test_report_migrate_charts_the_output_error_per_step(demo_session, tmp_path, capsys, monkeypatch):
+def test_report_migrate_charts_the_output_error_per_step(demo_pages):
     """`report --migrate`: [9]'s curve on the page, the step that offloads the fp16 softmax failing."""
-    path = fresh(demo_session).reader.path
-    monkeypatch.setattr(cli, "_open", lambda args, **_: contextlib.nullcontext(Replay(demo_session)))
-    assert cli.main(["report", str(path), "-o", str(tmp_path / "r"), "--migrate"]) == 0
-    text = (tmp_path / "r" / "index.html").read_text()
+    _path, folder, _printed = demo_pages
+    text = (folder / "m" / "index.html").read_text()
     table = text[text.index('<table id="migration">'):]
     table = table[:table.index("</table>")]
     rows = table.split("<tr>")[2:]  # the header, then one row per step
@@ -249,13 +265,11 @@ def open_in_browser(page_path: Path, screenshot: Path, profile: Path) -> dict:
 
 
 @pytest.mark.skipif(browser() is None, reason="no chromium (`apt-get install -y chromium`; .ci/run does)")
-def test_the_report_renders_in_a_real_browser(demo_session, tmp_path, capsys, monkeypatch):
-    path = fresh(demo_session).reader.path
-    monkeypatch.setattr(cli, "_open", lambda args, **_: contextlib.nullcontext(Replay(demo_session)))
-    assert cli.main(["report", str(path), "-o", str(tmp_path / "report")]) == 0
-    out = capsys.readouterr().out
+def test_the_report_renders_in_a_real_browser(demo_pages, tmp_path):
+    _path, folder, printed = demo_pages
+    out = printed["report"]
     assert out.startswith("wrote the report of 19 ops on llvm to ") and "next: tapml-dbg dump" in out
-    page_path = tmp_path / "report" / "index.html"
+    page_path = folder / "r" / "index.html"
     folder = Path(os.environ.get("TAPML_SCREENSHOT_DIR") or tmp_path)
     screenshot = folder / "report-fp16_memory_attention.png"
     found = open_in_browser(page_path, screenshot, tmp_path / "profile")
