@@ -14,7 +14,7 @@ import pytest
 
 import tapml_dbg
 from tapml_dbg import api
-from conftest import ROOT, fault_transform, run_cli
+from conftest import PLANTED_OP, ROOT, run_cli
 from tapml_dbg.api import TABLE_COLUMNS, Replay
 from tapml_dbg.engine.migrate import MigrateResult
 from tapml_dbg.engine.mixed import MixedRun
@@ -97,18 +97,19 @@ def test_dump_writes_a_repro_folder(demo, tmp_path):
     assert (tmp_path / "repro" / "repro.py").exists() and written.bytes > 0
 
 
-def test_a_planted_fault_is_the_only_failing_row(traces, tmp_path):
+def test_a_planted_fault_is_the_only_failing_row(traces, planted_faults):
+    """faults.py:scale on gelu_1 (x1.01), the REPL tests' planted fault: their units are compiled already."""
     trace = traces.get("mlp")
     with tapml_dbg.open(trace) as clean:
-        gelu = next(op.name for op in clean.ops if op.op == "aten.gelu.default")
+        assert PLANTED_OP in {op.name for op in clean.ops if op.op == "aten.gelu.default"}
         assert clean.bisect().culprit is None
-    with tapml_dbg.open(trace, transform=fault_transform(tmp_path, "scale", gelu, scale=1.5)) as replay:
+    with tapml_dbg.open(trace, transform=f"{planted_faults}:scale") as replay:
         assert isinstance(replay, Replay)
         frame = replay.table()
         failing = frame[frame["isolated"] == "fail"]
-        assert list(failing["name"]) == [gelu]
-        assert replay.bisect().culprit.name == gelu
-        assert replay.triage().groups[0].first.name == gelu
+        assert list(failing["name"]) == [PLANTED_OP]
+        assert replay.bisect().culprit.name == PLANTED_OP
+        assert replay.triage().groups[0].first.name == PLANTED_OP
 
 
 def test_open_refuses_a_bad_path_with_a_tapml_error(tmp_path):
