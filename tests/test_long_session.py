@@ -31,7 +31,9 @@ long_session = load_benchmark("long_session", "tapml_long_session")
 
 @pytest.fixture(scope="module")
 def trace(traces) -> str:
-    return str(traces.get("tiny_gpt2"))
+    """examples/mlp.py's shared recording: what these tests look at (files, processes, folders) does
+    not depend on the model's size, and its 26 ops still span every command of a loop."""
+    return str(traces.get("mlp"))
 
 
 def test_a_scripted_session_holds_its_files_and_leaves_nothing_after_quit(trace):
