@@ -12,6 +12,9 @@ from conftest import EXAMPLES, fault_transform, run_cli
 from tapml_dbg.engine.references import SourceReference
 from tapml_dbg.engine.search import LOST_CHAIN_NOTE
 from tapml_dbg.engine.session import Session
+from tapml_dbg.runtime.target import DEFAULT_UNIT_TIMEOUT_S
+
+HANG_LIMIT_S = 2  # the planted hang never ends: the limit only sets how long the test waits for it
 
 
 def _bisect(path, folder=None, fault=None, op=None, sweep=True, **settings):
@@ -30,7 +33,7 @@ def _middle_float_op(path) -> str:
     raise AssertionError("no float op in the second half")
 
 
-@pytest.mark.parametrize("example", ["mlp", "cnn", "tiny_gpt2", "tiny_llama"])
+@pytest.mark.parametrize("example", ["cnn", "tiny_gpt2", "tiny_llama"])  # mlp: test_sticky_faults, test_api
 def test_clean_replay_reports_nothing(traces, example):
     result, _ = _bisect(traces.get(example))
     assert not result.diverged, result.culprit
@@ -86,37 +89,37 @@ def test_fault_that_washes_out_is_still_found(traces, tmp_path):
             assert result.culprit.verdict == "isolated"
 
 
-def test_crashing_kernel_is_a_finding_and_the_session_survives(traces, tmp_path):
+def test_crashing_kernel_is_a_finding_and_the_session_survives(traces, tmp_path, monkeypatch):
+    """A kernel that crashes its worker (SIGSEGV) is the culprit, verdict `crash`, and the session goes
+    on. The chain dies without saying where, so fused prefix probes search; a probe's values that clear
+    the propagated screen pass without a full verdict, whose float64 reference is a run of the whole
+    source graph (on the 1.1B Llama, most of a crash's bisect): no such run is made, and the answer is
+    the same."""
+    runs = []
+    full_run = SourceReference.full_run
+    monkeypatch.setattr(SourceReference, "full_run", lambda self: runs.append(1) or full_run(self))
     result, session = _bisect(traces.get("mlp"), tmp_path, "out_of_bounds", "gelu_1")
     assert result.diverged and result.culprit.name == "gelu_1"
     assert result.culprit.verdict == "crash"
     assert "SIGSEGV" in result.culprit.message
     assert any(note.startswith(LOST_CHAIN_NOTE) for note in result.notes)  # the chain died with it
-
-
-def test_a_crash_searched_by_fused_probes_makes_no_float64_run_of_the_model(traces, tmp_path, monkeypatch):
-    """The chain dies without saying where, so fused prefix probes search; a probe's values that clear
-    the propagated screen pass without a full verdict, whose float64 reference is a run of the whole
-    source graph (on the 1.1B Llama, most of a crash's bisect). The answer is the same."""
-    runs = []
-    full_run = SourceReference.full_run
-    monkeypatch.setattr(SourceReference, "full_run", lambda self: runs.append(1) or full_run(self))
-    result, _session = _bisect(traces.get("mlp"), tmp_path, "out_of_bounds", "gelu_1")
-    assert result.culprit.name == "gelu_1" and result.culprit.verdict == "crash"
-    assert any(note.startswith(LOST_CHAIN_NOTE) for note in result.notes) and result.probes >= 2
+    assert result.probes >= 2
     assert runs == []
 
 
 def test_hanging_compile_times_out(traces, tmp_path):
+    """The hang sleeps for an hour: any limit cuts it; the fresh worker's first unit (a worker started
+    and a unit compiled, on a loaded machine) gets the default limit."""
     transform = fault_transform(tmp_path, "hang", "gelu")
-    with Session.open(traces.get("mlp"), transform=transform, timeout_s=8) as session:
+    with Session.open(traces.get("mlp"), transform=transform, timeout_s=HANG_LIMIT_S) as session:
         verdict = session.isolated(7)
         assert verdict.status == "timeout"
+        session.pool.timeout_s = DEFAULT_UNIT_TIMEOUT_S
         assert session.isolated(3).status == "pass"  # a fresh worker takes over
 
 
+# fp16_memory_attention's #9 _softmax: the README's bisect transcript and test_api (`bisect --json` = the API's answer)
 @pytest.mark.parametrize("example,op,aten", [
-    ("fp16_memory_attention", "_softmax", "aten._softmax.default"),
     ("fp16_stats_pool", "mean", "aten.mean.dim"),
 ])
 def test_real_tvm_divergence_found_in_the_middle(traces, example, op, aten):
