@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import io
 import json
-import os
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from conftest import EXAMPLES, ROOT, fault_transform, fresh, run_cli
+from conftest import EXAMPLES, ROOT, fault_transform, fresh
 from tapml_dbg.api import Replay
 from tapml_dbg.engine.results import BisectResult, Culprit, StepResult
 from tapml_dbg.engine.session import Session
@@ -26,9 +25,11 @@ from tapml_dbg.judge.compare import Metrics
 from tapml_dbg.judge.verdict import Mode, Status, Verdict
 from tapml_dbg.model.graph import OpInfo, SourceLocation, TensorSpec
 from tapml_dbg.trace.validate import SchemaError, validate_op_table
+from tapml_dbg.ui.cli import strict_json
 from tapml_dbg.ui.console import make_console
 from tapml_dbg.ui.render import render
 from tapml_dbg.ui.repl.app import Repl
+from test_causal_lm import recorded as recorded_causal_lm
 
 DEMO = EXAMPLES / "fp16_memory_attention.py"  # the README's example: #9 _softmax diverges on llvm
 DEMO_LINE = 21
@@ -134,12 +135,11 @@ def modeling_line(line: int) -> str:
     return Path(modeling.__file__).read_text().splitlines()[line - 1].strip()
 
 
-def test_a_planted_fault_in_a_transformers_llama_names_its_modeling_llama_line(tmp_path):
-    """A bare LlamaForCausalLM (no frame of the user's at all): the fault planted at the first RMSNorm's
-    rsqrt is named at modeling_llama.py's `torch.rsqrt` line, in bisect's --json, its text and table()."""
-    trace = tmp_path / "llama.h5"
-    recorded = run_cli("record", f"{EXAMPLES / 'tiny_llama.py'}:causal_lm", "-o", str(trace))
-    assert recorded.returncode == 0, recorded.stderr
+def test_a_planted_fault_in_a_transformers_llama_names_its_modeling_llama_line(traces, tmp_path):
+    """A bare LlamaForCausalLM (no frame of the user's at all; tests/test_causal_lm.py's, recorded once a
+    run): the fault planted at the first RMSNorm's rsqrt is named at modeling_llama.py's `torch.rsqrt`
+    line, in bisect's --json, its text and table()."""
+    trace, _spec, _printed = recorded_causal_lm(traces, "llama")
     with Session.open(trace, transform=fault_transform(tmp_path, "scale", "rsqrt")) as session:
         # every op of the model has its line (none had one before); the positions tapml-dbg computes from
         # the attention mask (frontend/causal_lm.py, no layer) have none: no frame of the user's or a library's
@@ -186,21 +186,18 @@ def test_the_report_card_and_a_repro_readme_show_a_library_line_and_the_users_ca
 
 
 # ------------------------------------------------------------------ the README example, recorded
-def test_the_readme_culprit_points_at_its_model_line(traces):
-    """`bisect --json` on the README example: #9 _softmax at examples/fp16_memory_attention.py:21."""
-    result = run_cli("bisect", str(traces.get("fp16_memory_attention")), "--json")
-    assert result.returncode == 0, result.stderr
-    op = json.loads(result.stdout)["op"]
+def test_the_readme_culprit_points_at_its_model_line(demo_session):
+    """bisect on the README example: #9 _softmax at examples/fp16_memory_attention.py:21, in its text (the
+    line under the culprit) and in `bisect --json` (what the CLI prints of this result: ui/cli.py)."""
+    result = Replay(fresh(demo_session)).bisect()
+    lines = printed(result).splitlines()
+    assert lines[0].startswith("first divergent op: #9 _softmax")
+    assert lines[1] == f"  at {shown(DEMO)}:{DEMO_LINE}  {DEMO_CODE}"
+    op = json.loads(strict_json(result.to_json()))["op"]
     assert (op["index"], op["name"]) == (9, "_softmax")
     assert op["source_location"] == {"file": shown(DEMO), "line": DEMO_LINE, "code": DEMO_CODE}
     if Path.cwd().resolve() == ROOT:  # the README's spelling, from the repository root
         assert op["source_location"]["file"] == "examples/fp16_memory_attention.py"
-
-
-def test_bisect_shows_the_model_line_under_the_culprit(demo_session):
-    lines = printed(Replay(fresh(demo_session)).bisect()).splitlines()
-    assert lines[0].startswith("first divergent op: #9 _softmax")
-    assert lines[1] == f"  at {shown(DEMO)}:{DEMO_LINE}  {DEMO_CODE}"
 
 
 def test_every_op_of_the_trace_knows_its_line(demo_session):
