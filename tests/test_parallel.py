@@ -1,18 +1,19 @@
 """Parallel probes: a pool of target workers, one per device lane (local, or one per tracker server).
 
 The answers must be the sequential ones; a crash in one lane is that unit's verdict only.
-Real TVM RPC servers and a tracker on 127.0.0.1 (see rpc_helpers.py).
+Real TVM RPC servers and a tracker on 127.0.0.1 (`Farm`).
 """
 
 from __future__ import annotations
 
 import json
 import random
+import time
 
 import pytest
 
 from conftest import fault_transform, run_cli
-from rpc_helpers import Server, Tracker, free_port
+from rpc_helpers import free_port
 from tapml_dbg.runtime.pool import plan_lanes
 from tapml_dbg.engine.search import SearchTrace, first_failing, first_failing_speculative
 from tapml_dbg.errors import UsageError
@@ -21,19 +22,70 @@ from tapml_dbg.engine.session import Session
 KEY = "cpu"
 
 
+def _log_to(path: str):
+    """A server's start-up hook: its log (one `connected from` line a session) to `path`."""
+    def log() -> None:
+        import logging
+
+        logger = logging.getLogger("RPCServer")
+        logger.handlers[:] = [logging.FileHandler(path)]
+    return log
+
+
+class Farm:
+    """A real TVM tracker and two servers under KEY on 127.0.0.1, started with TVM's own classes
+    (`tvm.rpc.Tracker`, `tvm.rpc.Server`: what `python -m tvm.exec.rpc_tracker|rpc_server` run),
+    each one popen_worker importing TVM, not a launcher importing it as well (~3.5 s of CPU each)."""
+
+    def __init__(self, folder):
+        from tvm import rpc
+        from tvm.rpc.tracker import Tracker
+
+        port = free_port()
+        self.tracker = Tracker("127.0.0.1", port=port, port_end=port + 1, silent=True)
+        self.address = f"127.0.0.1:{self.tracker.port}"
+        self.logs = [folder / f"server{n}.log" for n in range(2)]
+        self.servers = []
+        for log in self.logs:
+            port = free_port()
+            self.servers.append(rpc.Server("127.0.0.1", port=port, port_end=port + 1, key=KEY,
+                                           tracker_addr=("127.0.0.1", self.tracker.port),
+                                           server_init_callback=_log_to(str(log))))
+
+    @property
+    def port(self) -> int:
+        return self.tracker.port
+
+    def sessions(self) -> list[int]:
+        """How many sessions each server has served."""
+        return [log.read_text(errors="replace").count("connected from") if log.exists() else 0 for log in self.logs]
+
+    def wait_for_servers(self, count: int, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                if _free(self) >= count:
+                    return
+            except Exception:  # the tracker not ready yet, or no server registered under KEY yet
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"the tracker never saw {count} free '{KEY}' servers")
+
+    def stop(self) -> None:
+        for server in self.servers:
+            server.terminate()
+        self.tracker.terminate()
+
+
 @pytest.fixture(scope="module")
 def farm(tmp_path_factory):
     """A tracker with two servers under one key."""
-    folder = tmp_path_factory.mktemp("farm")
-    tracker = Tracker()
-    servers = [Server(tracker=tracker.address, key=KEY, log_path=folder / f"server{n}.log") for n in range(2)]
+    farm = Farm(tmp_path_factory.mktemp("farm"))
     try:
-        tracker.wait_for_servers(KEY, 2)
-        yield tracker, servers
+        farm.wait_for_servers(2)
+        yield farm
     finally:
-        for server in servers:
-            server.stop()
-        tracker.stop()
+        farm.stop()
 
 
 def _free(tracker) -> int:
@@ -86,20 +138,19 @@ def test_lane_plan():
 
 # ------------------------------------------------------------------------ over a tracker
 def test_parallel_bisect_over_a_tracker_gives_the_sequential_answer_on_both_servers(traces, farm, tmp_path):
-    tracker, servers = farm
     path = traces.get("mlp")
     transform = fault_transform(tmp_path, "scale", "gelu_1")
     with Session.open(path, transform=transform, cache_dir=tmp_path / "cache") as session:
         assert session.pool.size == 1  # local default
         sequential = session.bisect()
-    before = [server.sessions() for server in servers]
-    with Session.open(path, tracker=tracker.address, key=KEY, transform=transform,
+    before = farm.sessions()
+    with Session.open(path, tracker=farm.address, key=KEY, transform=transform,
                       cache_dir=tmp_path / "cache") as session:
         assert session.pool.size == 2  # one lane per free server
         parallel = session.bisect()  # probes two prefixes a round, sweeps ops 0..12 one unit each over both lanes
         assert all(count > 0 for count in session.pool.units), session.pool.units  # both lanes worked
-        assert _free(tracker) == 0  # each lane holds a lease on its own server
-    assert all(after > start for after, start in zip((s.sessions() for s in servers), before))
+        assert _free(farm) == 0  # each lane holds a lease on its own server
+    assert all(after > start for after, start in zip(farm.sessions(), before))
     assert (parallel.culprit.index, parallel.culprit.name, parallel.culprit.verdict) == \
         (sequential.culprit.index, sequential.culprit.name, sequential.culprit.verdict) == (13, "gelu_1", "isolated")
     assert parallel.culprit.metrics.max_abs_err == pytest.approx(sequential.culprit.metrics.max_abs_err)
@@ -109,13 +160,12 @@ def test_parallel_bisect_over_a_tracker_gives_the_sequential_answer_on_both_serv
 
 
 def test_carve_over_a_tracker_checks_every_op_there(traces, farm, tmp_path):
-    tracker, _servers = farm
     out = tmp_path / "suite"
-    result = run_cli("carve", str(traces.get("mlp")), "-o", str(out), "--tracker", tracker.address, "--key", KEY,
+    result = run_cli("carve", str(traces.get("mlp")), "-o", str(out), "--tracker", farm.address, "--key", KEY,
                      "--transform", fault_transform(tmp_path, "scale", "gelu_1"))
     assert result.returncode == 0, result.stderr
     meta = json.loads((out / "meta.json").read_text())
-    assert meta["checked_on"] == f"llvm via tracker {tracker.address} key {KEY}"
+    assert meta["checked_on"] == f"llvm via tracker {farm.address} key {KEY}"
     checked = {entry["name"]: entry["target_verdict"]["status"] for entry in meta["ops"]}
     assert len(checked) == len(meta["ops"]) > 20
     assert {name for name, status in checked.items() if status != "pass"} == {"gelu_1"}
@@ -138,9 +188,8 @@ def test_a_crash_in_one_lane_is_that_ops_verdict_only(traces, tmp_path):
 def test_cli_bisect_over_a_tracker_names_the_planted_op(traces, farm, tmp_path):
     """`bisect --tracker --key` from the command line, on the farm's two servers (this was a test in
     tests/test_rpc.py that started its own tracker and servers)."""
-    tracker, _servers = farm
     transform = fault_transform(tmp_path, "scale", "gelu_1")
-    result = run_cli("bisect", str(traces.get("mlp")), "--tracker", tracker.address, "--key", KEY,
+    result = run_cli("bisect", str(traces.get("mlp")), "--tracker", farm.address, "--key", KEY,
                      "--transform", transform, "--json")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["op"]["name"] == "gelu_1"
