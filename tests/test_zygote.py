@@ -12,7 +12,6 @@ import psutil
 import pytest
 
 from tapml_dbg.engine.stops import Debugger
-from tapml_dbg import settings
 from tapml_dbg.engine.session import Session
 
 pytestmark = pytest.mark.real_zygote  # the zygote as a session starts it, not tests/fork_cli.py's
@@ -27,6 +26,17 @@ def _summary(results) -> list:
 
 
 def test_workers_are_forked_from_the_sessions_zygote_and_judge_as_fresh_ones(traces, monkeypatch):
+    """A session's life (a zygote's start is a TVM import: one session for most of it):
+    - its workers are children of its zygote, each in a process group of its own, and give the
+      verdicts a fresh interpreter's worker gives;
+    - a worker killed between two units is replaced and costs no verdict: an idle worker is trusted
+      to run while its pipe stays open (no /proc reads per unit); one killed between units closes
+      it, and the next unit runs on a fresh worker, not as a crash;
+    - an environment changed since the zygote started gets a new zygote, with that environment;
+    - the zygote goes with the session;
+    - a zygote that dies before it forks (still importing TVM) leaves a fresh worker in its place
+      (a child of the session's process, as with TAPML_ZYGOTE=0: tests/test_settings.py), which
+      costs no verdict and gives the forked workers' verdicts."""
     trace = traces.get("mlp")
     with Session.open(trace) as session:
         debugger = Debugger(session)
@@ -34,19 +44,28 @@ def test_workers_are_forked_from_the_sessions_zygote_and_judge_as_fresh_ones(tra
         worker, zygote = _worker(session), session.lanes.zygotes.get()
         assert worker.ppid() == zygote._popen.pid
         assert os.getpgid(worker.pid) == worker.pid  # its own group: a kill takes the compiler it runs too
-        zygote_pid = zygote._popen.pid
+        first_zygote = zygote._popen.pid
+
+        worker.kill()  # the zygote's child: a zombie until the zygote reaps it
+        deadline = time.monotonic() + 5
+        while worker.is_running() and worker.status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+            time.sleep(0.01)
+        results = debugger.step(2).steps
+        assert all(r.isolated.passed and r.propagated.passed for r in results), results
+        assert _worker(session).pid != worker.pid
+        assert session.pool.restarts == 1  # the dead worker was noticed before the unit was sent
+
+        monkeypatch.setenv("TAPML_TEST_ZYGOTE_ENV", "changed")
+        session.pool.lanes[0].stop()  # the next unit starts a worker: from a zygote with this environment
+        debugger.step(1)
+        second = session.lanes.zygotes.get()
+        assert second._popen.pid != first_zygote
+        assert psutil.Process(second._popen.pid).environ().get("TAPML_TEST_ZYGOTE_ENV") == "changed"
+        assert _worker(session).ppid() == second._popen.pid
+        zygote_pid = second._popen.pid
     assert not psutil.pid_exists(zygote_pid) or psutil.Process(zygote_pid).status() == psutil.STATUS_ZOMBIE
-    monkeypatch.setenv(settings.ZYGOTE, "0")
-    with Session.open(trace) as session:
-        debugger = Debugger(session)
-        fresh = debugger.step(4).steps
-        assert _worker(session).ppid() == os.getpid()
-    assert _summary(forked) == _summary(fresh)
-    assert all(r.isolated.passed and r.propagated.passed for r in forked)
 
-
-def test_a_zygote_that_dies_before_it_forks_leaves_a_fresh_worker_in_its_place(traces, monkeypatch):
-    with Session.open(traces.get("mlp")) as session:
+    with Session.open(trace) as session:  # a zygote that dies before it forks: a fresh worker in its place
         debugger = Debugger(session)
         slot = session.lanes.zygotes
         started = slot.get
@@ -58,41 +77,11 @@ def test_a_zygote_that_dies_before_it_forks_leaves_a_fresh_worker_in_its_place(t
             return zygote
 
         monkeypatch.setattr(slot, "get", dying)
-        results = debugger.step(3).steps
-        assert all(r.isolated.passed and r.propagated.passed for r in results), results
-        assert _worker(session).ppid() == os.getpid()
+        fresh = debugger.step(4).steps
+        assert _worker(session).ppid() == os.getpid()  # a fresh interpreter, as with TAPML_ZYGOTE=0
         assert session.pool.restarts == 0  # not a crash of the op's
-
-
-def test_an_environment_changed_since_the_zygote_started_gets_a_new_one(traces, monkeypatch):
-    with Session.open(traces.get("mlp")) as session:
-        debugger = Debugger(session)
-        debugger.step(1)
-        first = session.lanes.zygotes.get()._popen.pid
-        monkeypatch.setenv("TAPML_TEST_ZYGOTE_ENV", "changed")
-        session.pool.lanes[0].stop()  # the next unit starts a worker: from a zygote with this environment
-        debugger.step(1)
-        second = session.lanes.zygotes.get()
-        assert second._popen.pid != first
-        assert psutil.Process(second._popen.pid).environ().get("TAPML_TEST_ZYGOTE_ENV") == "changed"
-        assert _worker(session).ppid() == second._popen.pid
-
-
-def test_a_worker_killed_between_two_units_is_replaced_and_costs_no_verdict(traces):
-    """An idle worker is trusted to run while its pipe stays open (no /proc reads per unit); one
-    killed between units closes it, and the next unit runs on a fresh worker, not as a crash."""
-    with Session.open(traces.get("mlp")) as session:
-        debugger = Debugger(session)
-        first = debugger.step(1).steps
-        worker = _worker(session)
-        worker.kill()  # the zygote's child: a zombie until the zygote reaps it
-        deadline = time.monotonic() + 5
-        while worker.is_running() and worker.status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
-            time.sleep(0.01)
-        results = debugger.step(2).steps
-        assert all(r.isolated.passed and r.propagated.passed for r in first + results), results
-        assert _worker(session).pid != worker.pid
-        assert session.pool.restarts == 1  # the dead worker was noticed before the unit was sent
+    assert _summary(forked) == _summary(fresh)
+    assert all(r.isolated.passed and r.propagated.passed for r in forked)
 
 
 def test_two_threads_asking_a_forked_workers_pid_at_once_both_get_it():
