@@ -387,6 +387,7 @@ def serve(folder: str, parent: int | None, idle_s: float | None, defaults: dict,
     os.replace(os.path.join(folder, "pid.tmp"), os.path.join(folder, "pid"))
     os.environ.update({k: v for k, v in defaults.items() if k not in os.environ})  # before numpy
     server_env = dict(os.environ)  # what each forked process starts from (`_forget_tapml_dbg`)
+    gc.disable()  # the imports make ~740,000 objects for good: each full collection on the way walked them (~1 s)
     zygote_imports()
     import psutil  # noqa: F401
     _forget_tapml_dbg(server_env)  # tapml-dbg's own modules are imported afresh; the libraries under them stay
@@ -402,10 +403,12 @@ def serve(folder: str, parent: int | None, idle_s: float | None, defaults: dict,
         _forget_tapml_dbg(server_env)
         _INSTALLED.update(_installed_files())
         gc.freeze()
+        gc.enable()
         idle = _Idle(idle_s)
         _loop(os.path.join(folder, "cli"), lambda: os.getppid() == server_pid and not idle.over(), server_env,
               defaults, folder, idle)
         return
+    gc.enable()
     cli_exit = os.pidfd_open(cli_pid)
     _loop(os.path.join(folder, "zygote"), lambda: (parent is None or os.getppid() == parent) and not stopping
           and not _readable(cli_exit), server_env, defaults, folder, None)
