@@ -40,12 +40,15 @@ def checkpoints(cache) -> list:
 def test_a_fault_moved_by_a_pass_edit_is_found_from_the_memo_as_without_it(traces, tmp_path, monkeypatch):
     """mlp: a fault at op 13 (gelu_1), then the pass edited to plant it at op 18 (addmm_3), then at op 2
     (addmm, before every checkpoint): each answer is the one a search without the memo gives; the
-    later searches start their chain from a checkpoint and skip the isolated units already cleared."""
+    later searches start their chain from a checkpoint and skip the isolated units already cleared. The
+    searches without it (TAPML_MEMO=0) run in the same cache (its units compiled): they read none of
+    the memo there and write none."""
     path, cache = traces.get("mlp"), tmp_path / "cache"
     moves = [fault_transform(tmp_path, "scale", op) for op in ("gelu_1", "addmm_3", "addmm")]
     answers = [bisect(path, transform, cache) for transform in moves]
+    memo = _files(cache / run_memo.MEMO_FOLDER)
     monkeypatch.setenv("TAPML_MEMO", "0")
-    plain = [bisect(path, transform, tmp_path / "plain") for transform in moves]
+    plain = [bisect(path, transform, cache) for transform in moves]
     assert [answer[0] for answer in answers] == [answer[0] for answer in plain]
     assert [answer[0][:2] for answer in answers] == [(13, "gelu_1"), (18, "addmm_3"), (2, "addmm")]
     assert answers[0][1] == 0 and all(answer[1] == 0 for answer in plain)
@@ -53,7 +56,12 @@ def test_a_fault_moved_by_a_pass_edit_is_found_from_the_memo_as_without_it(trace
     # saved it, so not run alone either: isolated.ChainLead)
     assert answers[1][1] >= 8
     assert any("not made again" in note for note in answers[1][2])
-    assert checkpoints(cache) and not (tmp_path / "plain" / run_memo.MEMO_FOLDER).exists()
+    assert checkpoints(cache) and _files(cache / run_memo.MEMO_FOLDER) == memo
+
+
+def _files(folder) -> dict:
+    """Every file under `folder` with its size and modification time."""
+    return {path: (path.stat().st_size, path.stat().st_mtime_ns) for path in folder.rglob("*") if path.is_file()}
 
 
 def test_the_same_search_again_runs_almost_nothing(traces, tmp_path):
@@ -189,8 +197,9 @@ def test_on_two_cores_fused_probes_are_built_from_the_start_only_after_a_chain_f
     """Where the chain's worker and the sweep's lane take every core, a search builds its fused probes
     from the start only after a search on the trace whose chain found nothing; otherwise only once its
     own chain has found nothing (then at the search's priority: they run next), so a search whose
-    chain finds the divergence builds none. With a core to spare, always from the start. The answers
-    are the same either way."""
+    chain finds the divergence builds none. With a core to spare, always from the start (here after
+    those searches, in their cache: whatever the last search's chain found). The answers are the same
+    either way."""
     probes, builds = [], []
     probes_ahead, build_ahead = FusedPrefixes.ahead, Lanes.build_ahead
 
@@ -209,9 +218,9 @@ def test_on_two_cores_fused_probes_are_built_from_the_start_only_after_a_chain_f
     moves = [fault_transform(tmp_path, "scale", "gelu_1"), fault_transform(tmp_path, "scale", "addmm_3"), None,
              fault_transform(tmp_path, "scale", "gelu_1")]
     chain_only, from_start, at_chain_end = (False, AHEAD_NICENESS), (True, AHEAD_NICENESS), (True, 0)
-    for spare_cores, cache, wanted in (
-            (False, tmp_path / "two", [[chain_only], [chain_only], [chain_only, at_chain_end], [from_start]]),
-            (True, tmp_path / "more", [[from_start]] * 4)):
+    cache = tmp_path / "cache"
+    for spare_cores, wanted in ((False, [[chain_only], [chain_only], [chain_only, at_chain_end], [from_start]]),
+                                (True, [[from_start]] * 4)):
         monkeypatch.setattr(overlap, "AHEAD_SPARE_MIN_CORES", 1 if spare_cores else 10**6)
         answers = []
         builds.clear()
