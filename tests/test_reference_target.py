@@ -24,9 +24,16 @@ def selu_trace(traces):
 
 
 def _bisect(*args) -> dict:
+    """`tapml-dbg bisect ARGS --json`, in a process of its own."""
     result = run_cli("bisect", *map(str, args), "--json")
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
+
+
+def _api_bisect(trace, **options) -> dict:
+    """The same from Python (`Replay.bisect`, whose JSON the command prints), in this process."""
+    with tapml_dbg.open(trace, **options) as replay:
+        return replay.bisect().to_json()
 
 
 def test_a_tvm_wide_bug_is_listed_not_the_culprit(selu_trace):
@@ -47,7 +54,7 @@ def test_a_planted_fault_at_the_tvm_wide_op_is_attributed_tvm(selu_trace, tmp_pa
     """llvm itself differs from the source at elu: a fault planted there is every TVM target's (`tvm`). A
     fault where llvm agrees with the source (`target`) is the RPC test's below and docs/reference-target.md's
     transcript."""
-    found = _bisect(selu_trace, "--reference-target", "llvm", "--transform", fault_transform(tmp_path, "scale", "elu"))
+    found = _api_bisect(selu_trace, reference_target="llvm", transform=fault_transform(tmp_path, "scale", "elu"))
     assert found["op"]["name"] == "elu" and found["op"]["verdict"] == "isolated"
     assert found["op"]["attribution"] == "tvm"
     assert [wide["name"] for wide in found["tvm_wide"]] == ["elu"]
@@ -140,7 +147,7 @@ def test_an_op_the_reference_target_cannot_build_either_does_not_stop_the_search
     model.write_text(BF16_MODEL)
     trace = tmp_path / "bf16_block.h5"
     record(str(model), trace)
-    against_llvm = _bisect(trace, "--reference-target", "llvm")
+    against_llvm = _api_bisect(trace, reference_target="llvm")
     assert against_llvm["diverged"] is False
     wide = {op["name"]: op["verdict"] for op in against_llvm["tvm_wide"]}
     assert wide == {"native_layer_norm": "compile-error", "pow_1": "compile-error"}, wide
@@ -167,8 +174,8 @@ def test_a_type_every_tvm_target_imports_alike_is_tvm_wide(tmp_path):
     model.write_text(CUMSUM_MODEL)
     trace = tmp_path / "positions.h5"
     record(str(model), trace)
-    against_source = _bisect(trace)
+    against_source = _api_bisect(trace)
     assert against_source["op"]["name"] == "cumsum"
-    against_llvm = _bisect(trace, "--reference-target", "llvm")
+    against_llvm = _api_bisect(trace, reference_target="llvm")
     assert against_llvm["diverged"] is False
     assert [wide["name"] for wide in against_llvm["tvm_wide"]] == ["cumsum", "mul"]  # the int32 product too
