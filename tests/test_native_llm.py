@@ -1,25 +1,32 @@
-"""`record examples/native_llama.py --source tvm:llvm --generate N`: the Relax Llama on TVM's paged KV
-cache recorded call by call, every step; bisect names a planted fault at its (step, call); a paged-KV
-call dumps as a standalone repro fed its recorded cache state; `diff` meets the transformers
-recording of the same weights at every layer boundary; bad native LLMs fail with one line.
+"""Native LLMs (`record FILE.py --source tvm:T --generate N`, docs/native-llm.md): a bad one is refused
+in one line, and TVM's paged-KV cache module a recording builds is kept in the compile cache's
+kernel store, loaded by later processes, built again when damaged.
 
-docs/native-llm.md's transcripts check the rest, byte for byte: the recording's steps, source, tokens
-(24 80 44, transformers' own: the example's script prints them) and bit-exact logits, and the 5% fault
-in step 2's last attention call named at #174 lv3_step2, step 2 (decode), isolated."""
+What a recording of examples/native_llama.py is, docs/native-llm.md's transcripts check byte for byte
+(tests/test_transcripts.py), on one recording (`--source tvm:llvm --generate 2`) and the transformers one
+of the same weights:
+- the deployment: a prefill of 14 positions + 2 decode steps, source tvm:llvm, the logits bit-exact
+  (`vs eager forward bit-exact`), the tokens 24 80 44, transformers' own (the example's script prints
+  `generate()`'s);
+- every attention call of every step an op with its state: six (REPL `ops`), each in its layer's
+  self_attn, outputs (14, 4, 16) at the prefill and (1, 4, 16) later, the pages it leaves (14, 2, 16)
+  at the prefill and (16, 2, 16) at step 2;
+- a clean bisect: no divergence over the 198 ops, all 3 steps choose the source's token;
+- a 5% fault in step 2's last call named at #174 lv3_step2, step 2 (decode), isolated;
+- that call dumped fed the step-1 cache state (lv3_step1_keys/values, 15 positions), its one-file
+  `--tvmscript-only` repro reproducing (exit 1), the same call dumped clean matching (exit 0);
+- `diff` against the transformers recording: all 87 layer boundaries (29 layers x 3 steps) within
+  the tolerance."""
 
 from __future__ import annotations
 
 import importlib.util
-import json
 
 import pytest
-from conftest import EXAMPLES, ROOT, fault_transform, run_cli
+from conftest import EXAMPLES, ROOT, run_cli
 
 from tapml_dbg.errors import ModelError
 from tapml_dbg.frontend.native_llm import check_target, native_llm
-
-STEPS = 2
-PAGED = "vm.builtin.attention_kv_cache_attention_with_fused_qkv"
 
 
 @pytest.fixture(scope="module")
@@ -28,113 +35,6 @@ def example():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-@pytest.fixture(scope="module")
-def native_trace(traces):
-    return traces.get("native_llama", "--source", "tvm:llvm", "--generate", str(STEPS))
-
-
-@pytest.fixture(scope="module")
-def ops(native_trace):
-    result = run_cli("info", str(native_trace), "--json")
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)
-
-
-def _info(trace) -> dict:
-    result = run_cli("info", str(trace), "--json")
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)
-
-
-def _attention(ops: dict, step: int, nth: int = 0) -> dict:
-    calls = [op for op in ops["ops"] if op["op"] == PAGED and op.get("step") == step]
-    return calls[nth]
-
-
-def _bisect(trace, *extra) -> dict:
-    result = run_cli("bisect", str(trace), "--json", *extra)
-    assert result.returncode in (0, 1), result.stderr
-    return json.loads(result.stdout)
-
-
-def test_the_recording_is_the_deployment_bit_for_bit_with_transformers_tokens(native_trace, example):
-    info = _info(native_trace)
-    steps = info["generation"]["steps"]
-    assert [step["step"] for step in steps] == list(range(STEPS + 1))
-    assert [step["kind"] for step in steps] == ["prefill"] + ["decode"] * STEPS
-    assert [step["token"] for step in steps] == example.torch_generate(STEPS).tokens
-    assert info["source"] == "tvm:llvm"
-    assert info["eager_output_max_abs_diff"] == 0.0  # op by op == the module's own prefill/decode run
-
-
-def test_every_attention_call_of_every_step_is_an_op_with_its_state(ops):
-    calls = [op for op in ops["ops"] if op["op"] == PAGED]
-    assert len(calls) == 2 * (STEPS + 1)  # two layers, every step
-    first, later = _attention(ops, 0), _attention(ops, 2, 1)
-    assert (first["layer"], later["layer"]) == ("model.layers.0.self_attn", "model.layers.1.self_attn")
-    prompt = 14
-    assert [tuple(out["shape"]) for out in first["outputs"]] == [(prompt, 4, 16), (prompt, 2, 16), (prompt, 2, 16)]
-    assert [tuple(out["shape"]) for out in later["outputs"]] == [(1, 4, 16), (prompt + 2, 2, 16), (prompt + 2, 2, 16)]
-
-
-def test_a_clean_native_generation_bisects_clean(native_trace, ops):
-    report = _bisect(native_trace)
-    assert report["diverged"] is False and report["ops"] == len(ops["ops"])
-    assert report["first_bad_token"] is None
-    assert [step["verdict"] for step in report["tokens"]["steps"]] == ["same"] * (STEPS + 1)
-
-
-def test_a_fault_in_one_attention_call_is_named_at_its_step_and_call(native_trace, ops, tmp_path):
-    """The prefill's first call (lv_step0); a decode step's (step 2's last, lv3_step2 #174) is
-    docs/native-llm.md's transcript of `bisect`."""
-    step, nth = 0, 0
-    call = _attention(ops, step, nth)
-    transform = fault_transform(tmp_path, "scale", call["name"], scale="1.05")
-    report = _bisect(native_trace, "--transform", transform)
-    culprit = report["op"]
-    assert (culprit["name"], culprit["step"], culprit["op"]) == (call["name"], step, PAGED)
-    assert culprit["verdict"] == "isolated"  # fed its recorded cache state, the call alone is wrong
-
-
-def test_a_paged_attention_call_dumps_as_a_repro_fed_its_recorded_cache(native_trace, ops, tmp_path):
-    call = _attention(ops, 2, 1)
-    transform = fault_transform(tmp_path, "scale", call["name"], scale="1.05")
-    out = tmp_path / "repro"
-    result = run_cli("dump", str(native_trace), "--op", str(call["index"]), "-o", str(out), "--transform", transform)
-    assert result.returncode == 0, result.stderr
-    inputs = json.loads((out / "meta.json").read_text())["ops"][0]["inputs"]
-    assert [item["name"].rpartition("_")[2] for item in inputs[1:]] == ["keys", "values"]  # step 1's cache state
-    assert inputs[1]["shape"] == [14 + 1, 2, 16]
-    import subprocess
-    import sys
-
-    reproduced = subprocess.run([sys.executable, str(out / "repro.py")], capture_output=True, text=True, cwd=tmp_path)
-    assert reproduced.returncode == 1, reproduced.stdout + reproduced.stderr  # exit 1: reproduced
-    script = subprocess.run([sys.executable, str(out / "repro.py"), "--tvmscript-only"], capture_output=True, text=True)
-    assert script.returncode == 0, script.stderr
-    (tmp_path / "standalone.py").write_text(script.stdout)  # one file: the paged-KV function inlined in it
-    alone = subprocess.run([sys.executable, str(tmp_path / "standalone.py")], capture_output=True, text=True,
-                           cwd=tmp_path)
-    assert alone.returncode == 1 and "REPRODUCED" in alone.stdout, alone.stdout + alone.stderr
-    clean = tmp_path / "clean"
-    assert run_cli("dump", str(native_trace), "--op", str(call["index"]), "-o", str(clean)).returncode == 0
-    passed = subprocess.run([sys.executable, str(clean / "repro.py")], capture_output=True, text=True, cwd=tmp_path)
-    assert passed.returncode == 0, passed.stdout + passed.stderr
-
-
-def test_diff_meets_the_transformers_recording_at_every_layer_boundary(native_trace, traces):
-    torch_trace = traces.get("native_llama", "--generate", str(STEPS))
-    result = run_cli("diff", str(torch_trace), str(native_trace), "--json")
-    assert result.returncode == 0, result.stderr
-    report = json.loads(result.stdout)
-    layers = {(row["layer"], row["step"]): row["status"] for row in report["layers"]}
-    for step in range(STEPS + 1):
-        for layer in ("model.layers.0", "model.layers.1", "model.norm", "lm_head", "model.layers.0.self_attn",
-                      "model.layers.1.mlp"):
-            assert layers[(layer, step)] in ("identical", "close"), (layer, step)
-    assert report["first_layer_difference"] is None
 
 
 def _bad_llm(tmp_path, body: str) -> str:
