@@ -4,13 +4,14 @@ an op, bisected clean, planted faults named at the right binding, dumped as a re
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from conftest import EXAMPLES, fault_transform, run_cli
+from conftest import EXAMPLES, FAULTS, fault_transform, run_cli
 from tapml_dbg.engine.session import Session
 from tapml_dbg.errors import ModelError, UsageError
 from tapml_dbg.frontend.native import load_native, native_model
@@ -57,16 +58,24 @@ def test_planted_fault_is_named_at_its_binding(native_trace, tmp_path, op, index
 
 
 def test_dump_of_a_native_binding_reproduces(native_trace, tmp_path):
-    transform = fault_transform(tmp_path, "scale", "silu1")
+    """One dump, its transform planting the fault where $TAPML_FAULT_OP says (docs/dump-example.md's way):
+    the repro reproduces with the variable set, and without it the binding matches the source (the
+    module and data dumped are the binding's own). The transform's text is this test's own: the compile
+    cache keys a unit by it, not by the variable."""
+    transform = tmp_path / "faults_by_variable.py"
+    transform.write_text(FAULTS.read_text() + "\n\nSETTINGS = {'scale': '1.01', 'for': 'test_native dump'}\n")
+    fault = {"TAPML_FAULT_OP": "silu1"}
     folder = tmp_path / "repro"
-    result = run_cli("dump", str(native_trace), "--op", "silu1", "-o", str(folder), "--transform", transform)
+    result = run_cli("dump", str(native_trace), "--op", "silu1", "-o", str(folder), "--transform", f"{transform}:scale",
+                     env=fault)
     assert result.returncode == 0, result.stderr
     assert "R.nn.silu" in (folder / "module.py").read_text()  # the binding as a Relax function
-    ran = subprocess.run([sys.executable, str(folder / "repro.py")], capture_output=True, text=True, timeout=300)
+    unset = {key: value for key, value in os.environ.items() if key != "TAPML_FAULT_OP"}
+    ran = subprocess.run([sys.executable, str(folder / "repro.py")], capture_output=True, text=True, timeout=300,
+                         env={**unset, **fault})
     assert ran.returncode == 1 and "REPRODUCED" in ran.stdout, ran.stdout + ran.stderr
-    clean = tmp_path / "clean"
-    assert run_cli("dump", str(native_trace), "--op", "silu1", "-o", str(clean)).returncode == 0
-    passed = subprocess.run([sys.executable, str(clean / "repro.py")], capture_output=True, text=True, timeout=300)
+    passed = subprocess.run([sys.executable, str(folder / "repro.py")], capture_output=True, text=True, timeout=300,
+                            env=unset)
     assert passed.returncode == 0 and "NOT REPRODUCED" in passed.stdout, passed.stdout + passed.stderr
 
 
