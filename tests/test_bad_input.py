@@ -37,7 +37,7 @@ BAD_MODELS = {
 def _main(capfd, *argv: str) -> subprocess.CompletedProcess:
     """`tapml-dbg ARGV` through `cli.main` in this process, what it wrote to file descriptors 1 and 2
     captured (TVM's own log lines too): a command refused before it does any work costs no process of
-    its own. The `record`s of bad models run as processes (`run_cli`): they import and export the user's model."""
+    its own (test_not_a_trace runs one as a process)."""
     from tapml_dbg.ui.cli import main
 
     capfd.readouterr()
@@ -57,11 +57,12 @@ def _assert_one_line_error(result, *needles: str) -> None:
 
 
 @pytest.mark.parametrize("name", sorted(BAD_MODELS))
-def test_bad_model(tmp_path, name):
+def test_bad_model(tmp_path, name, capfd):
     source, needle = BAD_MODELS[name]
     (tmp_path / name).write_text(source)
-    result = run_cli("record", str(tmp_path / name), "-o", str(tmp_path / "t.h5"))
+    result = _main(capfd, "record", str(tmp_path / name), "-o", str(tmp_path / "t.h5"))
     _assert_one_line_error(result, needle)
+    assert not (tmp_path / "t.h5").exists()
 
 
 def test_missing_model_file(tmp_path, capfd):

@@ -124,10 +124,10 @@ def test_planted_fault_inside_the_window_is_found(recorded, tmp_path):
 
 def test_max_bytes_is_respected(traces, tmp_path):
     path = tmp_path / "budget.h5"
-    with TraceReader(traces.get("tiny_gpt2")) as whole:
+    with TraceReader(traces.get("mlp")) as whole:
         ops = whole.outline.ops
-        budget = sum(op_bytes(op) for op in ops[:40]) + 1  # roughly the first 40 ops
-    result = record(GPT2, path, max_bytes=budget)
+        budget = sum(op_bytes(op) for op in ops[:10]) + 1  # roughly the first 10 ops
+    result = record(MLP, path, max_bytes=budget)
     with TraceReader(path) as part:
         capture = part.outline.capture
         assert capture["first"] == 0 and capture["truncated"] and capture["max_bytes"] == budget
@@ -139,8 +139,8 @@ def test_max_bytes_is_respected(traces, tmp_path):
         assert len(part.recorded.stats_only_ops()) == len(ops) - end
     assert result.stored_ops == end
     # a window and a budget together: the budget cuts the window short
-    plan = plan_capture(ops, "50:150", budget)
-    assert plan.first == 50 and plan.end < 150 and plan.stored_bytes <= budget
+    plan = plan_capture(ops, "12:24", budget)
+    assert plan.first == 12 and plan.end < 24 and plan.stored_bytes <= budget
     with pytest.raises(UsageError, match="too small"):
         plan_capture(ops, None, 1)
 

@@ -13,6 +13,7 @@ from tapml_dbg.frontend.importer import export_program, import_program
 from tapml_dbg.frontend.model_loader import load_model
 from tapml_dbg.model.serialize import function_from_json
 from tapml_dbg.record.recorder import DEFAULT_SEED, record
+from tapml_dbg.engine.session import Session
 from tapml_dbg.trace import TraceReader
 
 
@@ -114,7 +115,6 @@ def test_tvm_source(mlp_on_tvm_seed_2):
 
 def test_committed_sample_trace_replays_clean():
     from conftest import ROOT
-    from tapml_dbg.engine.session import Session
 
     with Session.open(ROOT / "traces" / "sample_mlp.h5") as session:
         assert len(session.ops) == 26
@@ -146,6 +146,5 @@ def test_in_place_copy_is_attributed_to_the_copy_node(tmp_path):
         assert by_name["copy"]["op"] == "aten.copy.default"
         (sliced,) = reader.tensors.op_outputs(by_name["slice_2"]["index"])
         assert not sliced.any(), "slice_2 is a slice of zeros; the copied values belong to `copy`"
-    result = run_cli("bisect", str(path), "--json")
-    assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout)["diverged"] is False
+    with Session.open(path) as session:
+        assert not session.bisect().diverged
