@@ -1,8 +1,9 @@
 """`tapml-dbg diff TRACE_A TRACE_B`: two recordings of one model compared op by op and layer by layer.
 
-Real recordings: examples/mlp.py on torch and on tvm:llvm, in float32 and bfloat16, examples/native_mlp.py,
-a generation trace; a planted difference is a copy of a trace whose ops from one on are scaled (as a
-kernel that is 1% off there would leave them), written with the trace writer.
+Real recordings: examples/mlp.py on torch and on tvm:llvm, in float32 and bfloat16, examples/family_lms.py's
+Llama in float32 and bfloat16, examples/native_mlp.py, a generation trace; a planted difference is a copy
+of a trace whose ops from one on are scaled (as a kernel that is 1% off there would leave them), written
+with the trace writer.
 """
 
 from __future__ import annotations
@@ -29,17 +30,6 @@ import mlp
 def build():  # examples/mlp.py in bfloat16: the same graph, so the same op names
     model, (x,) = mlp.build()
     return model.to(torch.bfloat16), (x.to(torch.bfloat16),)
-"""
-BF16_LLAMA = f"""import sys, torch
-sys.path.insert(0, {str(EXAMPLES)!r})
-import tiny_llama
-
-def build():  # examples/tiny_llama.py's bare LlamaForCausalLM in bfloat16
-    model, (ids,) = tiny_llama.causal_lm()
-    return model.to(torch.bfloat16), (ids,)
-
-def float32():
-    return tiny_llama.causal_lm()
 """
 
 
@@ -196,15 +186,13 @@ def test_float32_and_bfloat16_recordings_pair_by_name_and_are_compared_in_float6
     assert "dtypes differ (float32 vs bfloat16) at 26 op(s): compared in float64" in shown.stdout
 
 
-def test_a_bfloat16_llms_float32_islands_are_judged_at_bfloat16_as_they_are_computed_from_it(tmp_path):
+def test_a_bfloat16_llms_float32_islands_are_judged_at_bfloat16_as_they_are_computed_from_it(traces):
     """A bf16 Llama computes RoPE and its norms' upcasts in float32 from bf16 values: held to float32's rule
     they would differ from the float32 model's by bf16's rounding, a false alarm."""
-    (tmp_path / "llama_bf16.py").write_text(BF16_LLAMA)
-    for func, name in (("float32", "fp32.h5"), ("build", "bf16.h5")):
-        done = run_cli("record", f"{tmp_path / 'llama_bf16.py'}:{func}", "-o", str(tmp_path / name))
-        assert done.returncode == 0, done.stderr
-    found = diff_json(tmp_path / "fp32.h5", tmp_path / "bf16.h5")
-    assert found["matched"] > 200 and found["only_in_a"]["count"] == 0
+    fp32, bf16 = (traces.record(f"{EXAMPLES / 'family_lms.py'}:build_llama_{dtype}", name=f"family_llama_{dtype}")[0]
+                  for dtype in ("fp32", "bf16"))
+    found = diff_json(fp32, bf16)
+    assert found["matched"] == found["a"]["ops"] and found["only_in_a"]["count"] == 0
     assert found["only_in_b"]["count"] > 0 and all(name.startswith("_to_copy") for name in found["only_in_b"]["names"])
     assert not found["differs"], found["first_difference"]
     islands = [op for op in found["ops"] if op["cast"] is None and op["a_outputs"][0].startswith("float32")

@@ -260,13 +260,13 @@ def test_a_weight_view_is_transposed_exactly(dtype):
         assert np.array_equal(out, value.transpose(axes)), (shape, axes)
 
 
-def test_a_reference_targets_values_reference_the_checkpoint_too(checkpoint, tmp_path):
+def test_a_reference_targets_values_reference_the_checkpoint_too(checkpoint):
     """--reference-target keeps the reference target's values as a trace of their own: its params stay in the
     checkpoint as the recorded trace's do, not copied into the cache."""
     import tapml_dbg
 
     _, weights, trace = checkpoint
-    with tapml_dbg.open(trace, reference_target="llvm", cache_dir=tmp_path / "cache") as replay:
+    with tapml_dbg.open(trace, reference_target="llvm") as replay:  # the suite's compile cache: llvm's kernels once
         derived = replay.reference.trace
         assert not replay.bisect().diverged
     assert derived.stat().st_size < weights.stat().st_size / 5
