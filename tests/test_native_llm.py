@@ -110,22 +110,17 @@ def test_greedy_tokens_and_logits_on_cuda(example, torch_run):
     np.testing.assert_allclose(run.values, torch_run.values, **GPU_TOLERANCE)
 
 
-def _bad_llm(tmp_path, body: str) -> str:
-    path = tmp_path / "bad_llm.py"
-    path.write_text(f"import sys\nsys.path.insert(0, {str(EXAMPLES)!r})\nimport native_llama\n\n"
-                    f"def build_tvm(target='llvm'):\n    native = native_llama.build_tvm(target)\n{body}\n"
-                    "    return native\n")
-    return str(path)
-
-
 def test_a_bad_native_llm_gets_one_line(tmp_path):
-    """Through the command line: the refusal is one `error:` line, no traceback."""
-    body = "    native['functions']['decode'] = 'step'\n"
-    result = run_cli("record", _bad_llm(tmp_path, body), "-o", str(tmp_path / "t.h5"), "--source", "tvm:llvm",
-                     "--generate", "1", cwd=str(ROOT))
+    """Through the command line: the refusal is one `error:` line, no traceback (a dict without the
+    cache's sizes and layout; every other mistake, at the stage that refuses it, in the test below)."""
+    path = tmp_path / "bad_llm.py"
+    path.write_text("def build_tvm(target='llvm'):\n"
+                    "    return {'mod': None, 'params': [], 'prompt': [[1, 2]], 'functions': {}}\n")
+    result = run_cli("record", str(path), "-o", str(tmp_path / "t.h5"), "--source", "tvm:llvm", "--generate", "1",
+                     cwd=str(ROOT))
     assert result.returncode != 0
     lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1 and "no decode function 'step'" in lines[0], result.stderr[-2000:]
+    assert len(lines) == 1 and "the native LLM's dict lacks cache, kv" in lines[0], result.stderr[-2000:]
     assert "Traceback" not in result.stderr
 
 
