@@ -14,15 +14,13 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from conftest import fresh
 from test_repl import Transcript as ReplTranscript
+from test_repro import run_blocked
 from tapml_dbg.engine.report import build_report
 from tapml_dbg.engine.session import Session
 from tapml_dbg.judge.diagnosis import MEANINGS, PASSED, TYPE_MEANING, diagnose, diagnosis
@@ -119,10 +117,6 @@ def test_the_fp16_softmax_is_a_kernel_bug_in_bisect_compare_show_the_report_and_
 
 
 # ------------------------------------------------------------------ repros judge with the session's bound
-def _run(script: Path, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=cwd, timeout=300)
-
-
 def test_repro_and_its_standalone_script_judge_with_the_sessions_bound_after_a_move(fp16, tmp_path):
     fresh(fp16)
     verdict = fp16.isolated(SOFTMAX)
@@ -130,8 +124,7 @@ def test_repro_and_its_standalone_script_judge_with_the_sessions_bound_after_a_m
     assert verdict.failed and bound is not None  # the noise floor judged it
     written = tmp_path / "written"
     dump_op(fp16, SOFTMAX, written)
-    script = subprocess.run([sys.executable, str(written / "repro.py"), "--tvmscript-only"], capture_output=True,
-                            text=True, cwd=tmp_path, timeout=300)
+    script = run_blocked(written / "repro.py", tmp_path, "--tvmscript-only")  # tvm + numpy only, as the two below
     assert script.returncode == 0, script.stderr
     assert str(written) in script.stdout  # the fallback folder: where the repro was when the script was written
     (written / "standalone.py").write_text(script.stdout)
@@ -140,7 +133,7 @@ def test_repro_and_its_standalone_script_judge_with_the_sessions_bound_after_a_m
     shutil.move(str(written), str(moved))  # the folder it was written in is gone
     elsewhere = tmp_path / "cwd"
     elsewhere.mkdir()
-    repro, standalone = _run(moved / "repro.py", elsewhere), _run(moved / "standalone.py", elsewhere)
+    repro, standalone = run_blocked(moved / "repro.py", elsewhere), run_blocked(moved / "standalone.py", elsewhere)
     expected = f"bound {bound:.3g}: the noise floor"
     for run in (repro, standalone):
         assert run.returncode == 1 and "REPRODUCED" in run.stdout, run.stdout + run.stderr

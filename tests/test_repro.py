@@ -2,12 +2,18 @@
 
 Planted faults come from tests/transforms/faults.py, as self-contained copies that name the op
 (`conftest.fault_transform`: the compile cache keys on the transform's text, not on the
-environment). Every repro and carved suite runs in a fresh interpreter from another working
-directory; repro.py runs behind an import blocker that refuses torch and tapml_dbg.
+environment). Every repro and carved suite runs in a process of its own from another working
+directory, behind an import blocker that refuses torch and tapml_dbg: forked from a zygote, a fresh
+interpreter that installed the blocker and imported tvm and numpy, once per test process (`ZYGOTE`:
+importing TVM is ~3 s of CPU, most of a small repro's run), so that each runs as in a fresh
+interpreter whose first line is `import numpy, tvm`. The cnn and
+tiny GPT-2 traces are opened once for the module (`cnn`, `gpt2`): every clean dump and carve, and the
+CLI's `dump` and `carve` (their `_open` handed that session), use them; a planted fault opens its own.
 """
 
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
 import contextlib
 import io
@@ -17,6 +23,8 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -32,14 +40,20 @@ from tapml_dbg import portable as lib
 from tapml_dbg.portable import comparison
 from tapml_dbg.repro.unit import lift_constants, op_module, to_script
 from tapml_dbg.engine.session import Session
+from tapml_dbg.api import Replay
+from tapml_dbg.ui import cli
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 FAULTS = ROOT / "tests" / "transforms" / "faults.py"
 
-# Runs a script with torch and tapml_dbg unimportable, then checks neither got loaded.
-BLOCKED_RUN = r"""
-import importlib.abc, runpy, sys
+# A fresh interpreter with torch and tapml_dbg unimportable that imports numpy and tvm, then, for each
+# request line on stdin (JSON: argv, cwd, env, output files, timeout), forks a child that runs the
+# script (or `-m` module) as `python SCRIPT ARGS` would, behind the blocker, and writes which forbidden
+# modules were tried and which got loaded to the request's `report` file (its stdout is the script's
+# own); the zygote answers one line with the child's exit code.
+ZYGOTE = r"""
+import importlib.abc, json, os, runpy, signal, sys, traceback
 attempts = []
 class _Block(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
@@ -48,26 +62,118 @@ class _Block(importlib.abc.MetaPathFinder):
             raise ModuleNotFoundError("blocked import of " + name)
         return None
 sys.meta_path.insert(0, _Block())
-script = sys.argv[1]
-sys.argv = sys.argv[1:]
-try:
-    runpy.run_path(script, run_name="__main__")
-    code = 0
-except SystemExit as exc:
-    code = exc.code
-loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "tapml_dbg"))
-print("BLOCKED-ATTEMPTS:", ",".join(sorted(set(a.split(".")[0] for a in attempts))))
-print("FORBIDDEN-LOADED:", ",".join(loaded))
-sys.exit(code)
+import numpy, tvm
+
+def child(request):
+    signal.alarm(request["timeout"])
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    for fd, path in ((0, os.devnull), (1, request["stdout"]), (2, request["stderr"])):
+        os.dup2(os.open(path, os.O_RDONLY if fd == 0 else os.O_WRONLY), fd)
+    sys.argv = list(request["argv"])
+    try:
+        if request["module"]:
+            runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(sys.argv[0], run_name="__main__")
+        code = 0
+    except SystemExit as exc:
+        code = exc.code
+    except BaseException:  # as an interpreter dies of it: the traceback, exit 1, no report
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
+    if code is not None and not isinstance(code, int):
+        print(code, file=sys.stderr)
+        code = 1
+    loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "tapml_dbg"))
+    with open(request["report"], "w") as report:
+        print("BLOCKED-ATTEMPTS:", ",".join(sorted(set(a.split(".")[0] for a in attempts))), file=report)
+        print("FORBIDDEN-LOADED:", ",".join(loaded), file=report)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code or 0)
+
+while True:
+    line = sys.stdin.readline()
+    if not line:
+        break
+    request = json.loads(line)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            child(request)
+        finally:
+            os._exit(1)
+    _pid, status = os.waitpid(pid, 0)
+    print(json.dumps({"code": os.waitstatus_to_exitcode(status)}), flush=True)
 """
 
 
+class Zygote:
+    """This test process's ZYGOTE: started on first use, one request at a time (tests call it from threads),
+    gone when the test process is (its stdin closes)."""
+
+    def __init__(self):
+        self.process: subprocess.Popen | None = None
+        self.lock = threading.Lock()
+
+    def run(self, argv: list[str], cwd: Path, module: str = "",
+            timeout: int = 300) -> tuple[subprocess.CompletedProcess, str]:
+        """`python ARGV` (`python -m MODULE ARGV[1:]` with `module`) in `cwd`, forked from the zygote: what it
+        printed and its exit code, and the blocker's report."""
+        with self.lock, tempfile.TemporaryDirectory(prefix="tapml-repro-run-") as scratch:
+            if self.process is None or self.process.poll() is not None:
+                self.process = subprocess.Popen([sys.executable, "-c", ZYGOTE], stdin=subprocess.PIPE,
+                                                stdout=subprocess.PIPE, text=True, env=_env(),
+                                                cwd=tempfile.gettempdir())
+            files = {name: Path(scratch) / name for name in ("stdout", "stderr", "report")}
+            for path in files.values():
+                path.touch()
+            request = {"argv": argv, "module": module, "cwd": str(cwd), "env": _env(), "timeout": timeout,
+                       **{name: str(path) for name, path in files.items()}}
+            self.process.stdin.write(json.dumps(request) + "\n")
+            self.process.stdin.flush()
+            reply = self.process.stdout.readline()
+            assert reply, "the repro zygote died"
+            code = json.loads(reply)["code"]
+            return (subprocess.CompletedProcess(argv, code, files["stdout"].read_text(), files["stderr"].read_text()),
+                    files["report"].read_text())
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.stdin.close()
+            self.process.wait(timeout=30)
+
+
+ZYGOTE_PROCESS = Zygote()
+atexit.register(ZYGOTE_PROCESS.stop)
+
+
 # ------------------------------------------------------------------------------ fixtures
-@pytest.fixture(scope="session")
-def example_traces(traces):
-    """cnn and tiny_gpt2 traces, from the shared `traces` fixture (recorded once per run, for every
-    worker and every test file that asks)."""
-    return {name: traces.get(name) for name in ["cnn", "tiny_gpt2"]}
+@pytest.fixture(scope="module")
+def cnn(traces):
+    """examples/cnn.py's trace (the shared `traces`: recorded once per run), opened once for the module."""
+    with Session.open(traces.get("cnn")) as session:
+        yield session
+
+
+@pytest.fixture(scope="module")
+def gpt2(traces):
+    """examples/tiny_gpt2.py's trace, opened once for the module."""
+    with Session.open(traces.get("tiny_gpt2")) as session:
+        yield session
+
+
+def trace_of(session) -> Path:
+    return Path(session.reader.path)
+
+
+def cli_on(monkeypatch, session) -> None:
+    """`cli.main` runs its command on `session`: the command line's parsing, the API call and the renderer,
+    without opening the trace again."""
+    monkeypatch.setattr(cli, "_open", lambda args, **_: contextlib.nullcontext(Replay(session)))
 
 
 def make_dump(trace: Path, op, out: Path, transform: str | None = None) -> DumpResult:
@@ -80,6 +186,17 @@ def make_carve(trace: Path, out: Path, transform: str | None = None, **kw) -> Ca
         return carve(session, out, **kw)
 
 
+def check_every_op_carved(session, meta: dict, folder: Path) -> None:
+    """Every op of the session is in the carved suite: its module printed and parsed back (a RoundTripError
+    would leave it out, with a line in `skipped`), its outputs all there, and every array it reads or
+    compares in data.npz."""
+    ops = meta["ops"]
+    assert meta["skipped"] == [] and [op["index"] for op in ops] == [op.index for op in session.ops]
+    assert [len(op["outputs"]) for op in ops] == [len(op.outputs) for op in session.ops]
+    with np.load(folder / "data.npz", allow_pickle=False) as npz:
+        assert {ref["key"] for op in ops for ref in op["inputs"] + op["outputs"]} <= set(npz.files)
+
+
 def _env() -> dict:
     return {k: v for k, v in os.environ.items() if not k.startswith("TAPML_FAULT_")}
 
@@ -90,20 +207,26 @@ def in_parallel(*calls):
         return [future.result() for future in [pool.submit(call) for call in calls]]
 
 
-def run_repro(folder: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    """repro.py in a fresh interpreter where torch and tapml_dbg cannot be imported."""
-    result = subprocess.run([sys.executable, "-c", BLOCKED_RUN, str(folder / "repro.py"), *args], cwd=cwd,
-                            env=_env(), capture_output=True, text=True, timeout=300)
-    assert re.search(r"^FORBIDDEN-LOADED: *$", result.stdout, re.M), result.stdout + result.stderr
-    attempts = re.search(r"BLOCKED-ATTEMPTS: (.*)", result.stdout)
-    assert attempts and "tapml_dbg" not in attempts.group(1), result.stdout
+def run_blocked(script: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    """`python SCRIPT ARGS` in `cwd`, in a process of its own where torch and tapml_dbg cannot be imported
+    (forked from the zygote); checks that neither was imported."""
+    result, report = ZYGOTE_PROCESS.run([str(script), *args], cwd)
+    assert re.search(r"^FORBIDDEN-LOADED: *$", report, re.M), report + result.stdout + result.stderr
+    attempts = re.search(r"BLOCKED-ATTEMPTS: (.*)", report)
+    assert attempts and "tapml_dbg" not in attempts.group(1), report
     return result
 
 
+def run_repro(folder: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    """A repro's repro.py, run as `run_blocked` runs a script."""
+    return run_blocked(folder / "repro.py", cwd, *args)
+
+
 def run_suite(folder: Path, cwd: Path, *args: str) -> tuple[int, set[str], str]:
-    """Run a carved suite with plain pytest; returns (exit code, failing test ids, output)."""
-    result = subprocess.run([sys.executable, "-m", "pytest", str(folder), "-q", "-rf", *args],
-                            cwd=cwd, env=_env(), capture_output=True, text=True, timeout=600)
+    """Run a carved suite with plain pytest (`python -m pytest`, forked from the zygote: tvm, numpy and pytest
+    only); returns (exit code, failing test ids, output)."""
+    result, _report = ZYGOTE_PROCESS.run(["pytest", str(folder), "-q", "-rf", *args], cwd, module="pytest",
+                                         timeout=600)
     failed = set(re.findall(r"FAILED \S*test_ops\.py::test_op\[([^\]]+)\]", result.stdout))
     return result.returncode, failed, result.stdout + result.stderr
 
@@ -121,9 +244,12 @@ def rpc_server():
         server.stop()
 
 
-def first_op(trace: Path, relax_op: str):
-    with Session.open(trace) as session:
-        return next(op for op in session.ops if op.relax_op == relax_op)
+def files_under(folder: Path) -> dict[str, bytes]:
+    return {str(path.relative_to(folder)): path.read_bytes() for path in folder.rglob("*") if path.is_file()}
+
+
+def first_op(session, relax_op: str):
+    return next(op for op in session.ops if op.relax_op == relax_op)
 
 
 # ------------------------------------------------------------------------------ the shared lib
@@ -242,30 +368,15 @@ def test_lift_constants_keeps_finite_scalars_inline():
     np.testing.assert_array_equal(out[0], 0.5 + np.arange(6, dtype=np.float32).reshape(2, 3))
 
 
-# ------------------------------------------------------------------------------ TVMScript round trip
-@pytest.mark.parametrize("example", ["cnn", "tiny_gpt2"])
-def test_every_op_round_trips_through_tvmscript(example_traces, example):
-    """Every op of a CNN and a transformer prints, parses back equal, and keeps its name."""
-    with Session.open(example_traces[example]) as session:
-        kinds = set()
-        for op in session.ops:
-            unit = op_module(session, op)  # raises RoundTripError on any failure
-            kinds.add(op.relax_op)
-            assert all(ref.array is not None for ref in unit.refs) and len(unit.outputs) == len(op.outputs)
-    if example == "tiny_gpt2":
-        assert {"relax.nn.layer_norm", "relax.matmul", "relax.take", "relax.split", "get_item"} <= kinds
-
-
 # ------------------------------------------------------------------------------ dump
-def test_dump_cnn_planted_fault_reproduces_and_clean_dump_passes(example_traces, tmp_path):
-    trace = example_traces["cnn"]
-    op = first_op(trace, "relax.nn.conv2d")
+def test_dump_cnn_planted_fault_reproduces_and_clean_dump_passes(cnn, tmp_path, monkeypatch):
+    trace = trace_of(cnn)
+    op = first_op(cnn, "relax.nn.conv2d")
     transform = fault_transform(tmp_path, "scale", op.name)
     faulty = make_dump(trace, op.name, tmp_path / "faulty", transform)
     assert (faulty.index, faulty.name, faulty.status, faulty.reproduces) == (op.index, op.name, "fail", True)
     clean_dir = tmp_path / "clean"
-    from tapml_dbg.ui import cli  # the clean dump goes through the CLI: parsing, engine, renderer
-
+    cli_on(monkeypatch, cnn)  # the clean dump goes through the CLI: parsing, engine, renderer
     assert cli.main(["dump", str(trace), "--op", str(op.index), "-o", str(clean_dir)]) == 0
 
     folder = tmp_path / "faulty"
@@ -283,8 +394,7 @@ def test_dump_cnn_planted_fault_reproduces_and_clean_dump_passes(example_traces,
                    f"{transform_file}:scale"):
         assert needle in readme, needle
     assert "(not judged" not in readme
-    with Session.open(trace) as session:  # nothing else of the model: exactly the op's inputs and outputs
-        unit = op_module(session, op)
+    unit = op_module(cnn, op)  # nothing else of the model: exactly the op's inputs and outputs
     with np.load(folder / "data.npz", allow_pickle=False) as npz:
         assert sorted(npz.files) == sorted(ref.key for ref in unit.refs)
     meta = json.loads((folder / "meta.json").read_text())
@@ -314,11 +424,11 @@ def test_dump_cnn_planted_fault_reproduces_and_clean_dump_passes(example_traces,
     assert "TAPML_REPRO_TEST_OP" in out.getvalue()
 
 
-def test_dump_transformer_planted_nan_reproduces_and_clean_dump_passes(example_traces, tmp_path):
-    trace = example_traces["tiny_gpt2"]
-    op = first_op(trace, "relax.nn.layer_norm")
+def test_dump_transformer_planted_nan_reproduces_and_clean_dump_passes(gpt2, tmp_path):
+    trace = trace_of(gpt2)
+    op = first_op(gpt2, "relax.nn.layer_norm")
     faulty = make_dump(trace, op.name, tmp_path / "faulty", fault_transform(tmp_path, "nan", op.name))
-    clean = make_dump(trace, op.index, tmp_path / "clean")
+    clean = dump_op(gpt2, op.index, tmp_path / "clean")
     assert faulty.status == "fail" and clean.status == "pass" and clean.layer == op.layer
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
@@ -328,21 +438,19 @@ def test_dump_transformer_planted_nan_reproduces_and_clean_dump_passes(example_t
     assert reproduced.returncode == 1, reproduced.stdout + reproduced.stderr
     assert "nan_mismatch=" in reproduced.stdout
     assert passed.returncode == 0, passed.stdout + passed.stderr
-    with np.load(tmp_path / "o.npz", allow_pickle=False) as outs, Session.open(trace) as session:
-        np.testing.assert_allclose(outs["out/0"], session.source_values(op.index)[0], rtol=1e-4, atol=1e-5)
+    with np.load(tmp_path / "o.npz", allow_pickle=False) as outs:
+        np.testing.assert_allclose(outs["out/0"], gpt2.source_values(op.index)[0], rtol=1e-4, atol=1e-5)
 
 
-def test_dump_refuses_a_foreign_folder_and_replaces_its_own(example_traces, tmp_path):
-    trace = example_traces["cnn"]
+def test_dump_refuses_a_foreign_folder_and_replaces_its_own(cnn, tmp_path):
     foreign = tmp_path / "foreign"
     foreign.mkdir()
     (foreign / "notes.txt").write_text("mine")
-    with Session.open(trace) as session:
-        with pytest.raises(UsageError, match="not empty"):
-            dump_op(session, 1, foreign)
-        name = session.ops[2].name
-        first = dump_op(session, 1, tmp_path / "again")
-        second = dump_op(session, name, tmp_path / "again")
+    with pytest.raises(UsageError, match="not empty"):
+        dump_op(cnn, 1, foreign)
+    name = cnn.ops[2].name
+    first = dump_op(cnn, 1, tmp_path / "again")
+    second = dump_op(cnn, name, tmp_path / "again")
     assert (first.index, second.index) == (1, 2)
     assert json.loads((tmp_path / "again" / "meta.json").read_text())["ops"][0]["name"] == name
 
@@ -359,36 +467,45 @@ def test_transform_env_names_are_noted():
 
 
 # ------------------------------------------------------------------------------ carve
-def test_carved_cnn_suite_passes_and_a_planted_fault_fails_exactly_that_op(example_traces, tmp_path):
-    trace = example_traces["cnn"]
-    clean_dir = tmp_path / "clean"
-    from tapml_dbg.ui import cli
+def test_carved_cnn_suite_passes_and_a_planted_fault_fails_exactly_that_op(cnn, tmp_path, monkeypatch):
+    """Every op of a CNN carves (printed as TVMScript and parsed back) and passes as a plain pytest suite run
+    from elsewhere; a fault planted at its matmul fails exactly that op's test.
 
+    The suite carved with the fault is the clean one plus the transform (every module, array and test file
+    the same): run whole, every test but the matmul's passes, so the clean suite is run for that op alone
+    (`-k`, as its README shows), where it passes; each op's module compiled once, not twice."""
+    trace = trace_of(cnn)
+    clean_dir, faulty_dir = tmp_path / "clean" / "cnn", tmp_path / "faulty" / "cnn"  # one name: one test_ops.py
+    cli_on(monkeypatch, cnn)
     assert cli.main(["carve", str(trace), "-o", str(clean_dir)]) == 0
     meta = json.loads((clean_dir / "meta.json").read_text())
     ops = meta["ops"]
-    with Session.open(trace) as session:
-        assert meta["skipped"] == [] and len(ops) == len(session.ops)
+    check_every_op_carved(cnn, meta, clean_dir)
     assert sorted(p.name for p in clean_dir.iterdir()) == sorted(
         ["README.md", lib.LIB_PACKAGE, "conftest.py", "data.npz", "meta.json", "modules", "pytest.ini",
          "test_ops.py"])
     assert len(list((clean_dir / "modules").iterdir())) == len(ops)
     assert any(op["lifted_constants"] for op in ops)  # batch norm's running statistics
     victim = next(op for op in ops if op["relax_op"] == "relax.matmul")
-    result = make_carve(trace, tmp_path / "faulty", fault_transform(tmp_path, "scale", victim["name"]))
+    result = make_carve(trace, faulty_dir, fault_transform(tmp_path, "scale", victim["name"]))
     assert result.tests == len(ops) and not result.skipped
+    clean_files, faulty_files = files_under(clean_dir), files_under(faulty_dir)
+    copied = {name for name in faulty_files if name.startswith("transform/")}
+    assert len(copied) == 1 and set(faulty_files) - copied == set(clean_files)
+    assert {name for name in clean_files if clean_files[name] != faulty_files[name]} <= {"README.md", "meta.json"}
+    assert json.loads(faulty_files["meta.json"])["ops"] == ops
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     (code, failed, output), (fault_code, fault_failed, fault_output) = in_parallel(
-        lambda: run_suite(clean_dir, elsewhere), lambda: run_suite(tmp_path / "faulty", elsewhere, "--target", "llvm"))
-    assert code == 0 and not failed, output
-    assert f"{len(ops)} passed" in output
+        lambda: run_suite(clean_dir, elsewhere, "-k", lib.op_id(victim)),
+        lambda: run_suite(faulty_dir, elsewhere, "--target", "llvm"))
+    assert code == 0 and not failed and re.search(rf"\b1 passed, {len(ops) - 1} deselected", output), output
     assert fault_code == 1 and fault_failed == {lib.op_id(victim)}, fault_output
+    assert re.search(rf"\b1 failed, {len(ops) - 1} passed", fault_output), fault_output
 
 
-def test_carve_budget_leaves_ops_out_with_a_clear_message(example_traces, tmp_path):
-    trace = example_traces["cnn"]
-    result = make_carve(trace, tmp_path / "small", max_mb=0.05)
+def test_carve_budget_leaves_ops_out_with_a_clear_message(cnn, tmp_path):
+    result = carve(cnn, tmp_path / "small", max_mb=0.05)
     assert result.skipped and result.tests and result.tests + len(result.skipped) == result.ops
     assert all(re.fullmatch(r"op \d+ \S+ \([\d.]+ (B|KiB|MiB)\) left out: over the 0\.05 MiB budget "
                             r"\(raise with --max-mb\)", note) for note in result.skipped), result.skipped
@@ -396,18 +513,18 @@ def test_carve_budget_leaves_ops_out_with_a_clear_message(example_traces, tmp_pa
     meta = json.loads((tmp_path / "small" / "meta.json").read_text())
     assert len(meta["ops"]) == result.tests and meta["skipped"] == result.skipped
     assert "Left out" in (tmp_path / "small" / "README.md").read_text()
-    with Session.open(trace) as session:
-        with pytest.raises(UsageError, match="max-mb"):
-            carve(session, tmp_path / "zero", max_mb=0)
+    with pytest.raises(UsageError, match="max-mb"):
+        carve(cnn, tmp_path / "zero", max_mb=0)
 
 
-def test_carved_transformer_ops_run_through_the_shared_lib(example_traces, tmp_path):
-    """take, split + get_item (tuple inputs), layer_norm, matmul, softmax, -inf constants, 0-d values."""
-    trace = example_traces["tiny_gpt2"]
-    result = make_carve(trace, tmp_path / "gpt2")
+def test_carved_transformer_ops_run_through_the_shared_lib(gpt2, tmp_path):
+    """Every op of a transformer carves (printed as TVMScript and parsed back); take, split + get_item (tuple
+    inputs), layer_norm, matmul, softmax, -inf constants, 0-d values run through the shared lib."""
+    result = carve(gpt2, tmp_path / "gpt2")
     assert result.tests == result.ops and not result.skipped
     here = str(tmp_path / "gpt2")
     meta = lib.read_meta(here)
+    check_every_op_carved(gpt2, meta, tmp_path / "gpt2")
     wanted = {"relax.take", "relax.split", "get_item", "relax.nn.layer_norm", "relax.matmul", "relax.nn.softmax",
               "relax.where", "relax.full"}
     chosen, seen = [], set()
