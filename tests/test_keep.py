@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from conftest import fault_transform, run_cli
+from conftest import fault_transform, fresh, run_cli
 from tapml_dbg.engine.kept import kept_selector, segments
 from tapml_dbg.engine.search import Bisection
 from tapml_dbg.engine.session import Session
@@ -128,15 +128,19 @@ def test_a_planted_fault_behind_kept_ops_is_found(qwen2, tmp_path):
         assert (found.culprit.index, found.culprit.name, found.culprit.verdict) == (54, "rsqrt", "isolated")
 
 
-def test_a_fault_planted_at_a_kept_op_is_never_seen(traces, planted_faults):
+def test_a_fault_planted_at_a_kept_op_is_never_seen(planted_mlp):
     """Every unit is cut around a kept op: a fault the transform plants at it (gelu_1, op 13 of the
     MLP) reaches no unit, so nothing diverges, in the search nor in the mixed run."""
-    with Session.open(traces.get("mlp"), transform=f"{planted_faults}:scale") as planted:
+    planted = fresh(planted_mlp)  # conftest's session: faults.py:scale on gelu_1
+    try:
         assert planted.bisect().culprit.index == 13
         planted.keep("gelu_1")
         assert not planted.bisect().diverged
         assert planted.run_mixed(list(range(len(planted.ops)))).passed
         assert not triage(planted).groups
+    finally:
+        planted.set_kept(())
+        planted.reset()
 
 
 def test_the_repl_keep_command(session):
