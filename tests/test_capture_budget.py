@@ -15,20 +15,18 @@ from tapml_dbg.trace import TraceReader
 from tapml_dbg.trace.capture import CapturePlan, op_bytes, parse_size, plan_capture
 
 MLP = str(EXAMPLES / "mlp.py")
-GPT2 = str(EXAMPLES / "tiny_gpt2.py")
-LAYER = "transformer.h.1"
+LAYER = "blocks.1"
 
 
 @pytest.fixture(scope="module")
 def recorded(traces, tmp_path_factory):
-    """Full and windowed recordings of the tiny models: the full ones are the suite's shared recordings,
-    the mlp's window is recorded through the CLI (`record --window 8:16`, what it printed kept), the
-    gpt2's layer window through `record()`."""
+    """Full and windowed recordings of examples/mlp.py: the full one is the suite's shared recording,
+    the window of ops is recorded through the CLI (`record --window 8:16`, what it printed kept), the
+    layer window through `record()`."""
     folder = tmp_path_factory.mktemp("capture")
     mlp_window, printed = traces.record(MLP, "--window", "8:16", name="mlp")
-    paths = {"mlp": traces.get("mlp"), "mlp_window": mlp_window,
-             "gpt2": traces.get("tiny_gpt2"), "gpt2_layer": folder / "gpt2_layer.h5"}
-    results = {"gpt2_layer": record(GPT2, paths["gpt2_layer"], window=LAYER), "mlp_window": printed}
+    paths = {"mlp": traces.get("mlp"), "mlp_window": mlp_window, "mlp_layer": folder / "mlp_layer.h5"}
+    results = {"mlp_layer": record(MLP, paths["mlp_layer"], window=LAYER), "mlp_window": printed}
     return paths, results
 
 
@@ -46,7 +44,7 @@ def _boundary(ops: list[dict], first: int, end: int) -> set[int]:
     return {index[name] for op in ops[first:end] for name in op["inputs"] if index.get(name, end) < first}
 
 
-@pytest.mark.parametrize("full,windowed,first,end", [("mlp", "mlp_window", 8, 16), ("gpt2", "gpt2_layer", None, None)])
+@pytest.mark.parametrize("full,windowed,first,end", [("mlp", "mlp_window", 8, 16), ("mlp", "mlp_layer", None, None)])
 def test_window_stores_tensors_only_there_and_stats_everywhere(recorded, full, windowed, first, end):
     paths, results = recorded
     with TraceReader(paths[full]) as whole, TraceReader(paths[windowed]) as part:
@@ -73,7 +71,7 @@ def test_window_stores_tensors_only_there_and_stats_everywhere(recorded, full, w
         assert window_bytes < 0.6 * full_bytes
         assert part.file_size < whole.file_size - 0.8 * (full_bytes - window_bytes)
         assert len(stored) < len(whole.recorded.finished_ops()) == len(ops)
-    if windowed == "gpt2_layer":
+    if windowed == "mlp_layer":
         assert results[windowed].stored_ops == len(stored)
     else:  # `record --window` through the CLI says how many ops it stored
         assert f"tensors stored for {len(stored)} of {len(ops)} ops" in results[windowed], results[windowed]
@@ -81,24 +79,25 @@ def test_window_stores_tensors_only_there_and_stats_everywhere(recorded, full, w
 
 def test_isolated_verdicts_inside_pass_outside_say_what_to_record(recorded):
     paths, _ = recorded
-    with Session.open(paths["gpt2_layer"]) as session:
+    with Session.open(paths["mlp_layer"]) as session:
         capture = session.reader.outline.capture
         first, end = capture["first"], capture["end"]
         verdicts = session.verdicts.isolated_many(list(range(first, end)))
         assert all(v.status == "pass" for v in verdicts.values()), [v for v in verdicts.values() if not v.passed]
-        outside = end + 2
+        # past the window, an op in no layer as deep as the window's (the head): a window of ops is suggested
+        outside = next(i for i in range(end + 2, len(session.ops)) if session.ops[i].layer.count(".") < LAYER.count("."))
         verdict = session.isolated(outside)
         assert verdict.status == "missing"
         name = session.ops[outside].name
         message = verdict.message
         assert message.startswith(f"op {outside} ({name}) has only stats in this trace")
         assert f"recorded with --window {LAYER}" in message
-        assert f"record that window: tapml-dbg record {GPT2} --window " in message
+        assert f"record that window: tapml-dbg record {MLP} --window " in message
         suggested = message.rsplit("--window ", 1)[1]
         a, b = (int(x) for x in suggested.split(":"))
         assert a <= outside < b
-        inner = next(i for i in range(first) if session.ops[i].layer.startswith("transformer.h.0."))
-        assert "--window transformer.h.0" in session.isolated(inner).message  # a layer window suggests layers
+        inner = next(i for i in range(first) if session.ops[i].layer.startswith("blocks.0."))
+        assert "--window blocks.0" in session.isolated(inner).message  # a layer window suggests layers
         boundary = first - 1  # stored (the window reads it) but its own inputs are not
         if boundary in session.recorded:
             assert "reads op" in session.isolated(boundary).message
@@ -108,13 +107,13 @@ def test_isolated_verdicts_inside_pass_outside_say_what_to_record(recorded):
 
 def test_planted_fault_inside_the_window_is_found(recorded, tmp_path):
     paths, _ = recorded
-    with Session.open(paths["gpt2_layer"]) as session:
+    with Session.open(paths["mlp_layer"]) as session:
         first, end = session.reader.outline.capture["first"], session.reader.outline.capture["end"]
         target = next(op for op in session.ops[first + (end - first) // 2:end]
                       if op.relax_op.startswith("relax.") and op.outputs and op.outputs[0].dtype == "float32"
                       and not op.is_tuple and "reshape" not in op.relax_op)
     transform = fault_transform(tmp_path, "scale", target.name)
-    with Session.open(paths["gpt2_layer"], transform=transform) as session:
+    with Session.open(paths["mlp_layer"], transform=transform) as session:
         result = session.bisect()
     assert result.diverged and result.culprit.name == target.name
     assert result.culprit.verdict == "isolated"
