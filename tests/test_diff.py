@@ -1,9 +1,9 @@
 """`tapml-dbg diff TRACE_A TRACE_B`: two recordings of one model compared op by op and layer by layer.
 
 Real recordings: examples/mlp.py on torch and on tvm:llvm, in float32 and bfloat16, examples/family_lms.py's
-Llama in float32 and bfloat16, examples/native_mlp.py, a generation trace; a planted difference is a copy
-of a trace whose ops from one on are scaled (as a kernel that is 1% off there would leave them), written
-with the trace writer.
+wide Llama in float32 and bfloat16, examples/native_mlp.py, a generation trace; a planted difference is a
+copy of a trace whose ops from one on are scaled (as a kernel that is 1% off there would leave them),
+written with the trace writer.
 """
 
 from __future__ import annotations
@@ -189,8 +189,9 @@ def test_float32_and_bfloat16_recordings_pair_by_name_and_are_compared_in_float6
 def test_a_bfloat16_llms_float32_islands_are_judged_at_bfloat16_as_they_are_computed_from_it(traces):
     """A bf16 Llama computes RoPE and its norms' upcasts in float32 from bf16 values: held to float32's rule
     they would differ from the float32 model's by bf16's rounding, a false alarm."""
-    fp32, bf16 = (traces.record(f"{EXAMPLES / 'family_lms.py'}:build_llama_{dtype}", name=f"family_llama_{dtype}")[0]
-                  for dtype in ("fp32", "bf16"))
+    # examples/family_lms.py's Llama with a 2048-wide MLP; the bf16 trace is tests/test_bf16.py's (once a run)
+    fp32, bf16 = (traces.record(f"{EXAMPLES / 'family_lms.py'}:build_llama_wide_{dtype}",
+                                name=f"{dtype}_llama_wide")[0] for dtype in ("fp32", "bf16"))
     found = diff_json(fp32, bf16)
     assert found["matched"] == found["a"]["ops"] and found["only_in_a"]["count"] == 0
     assert found["only_in_b"]["count"] > 0 and all(name.startswith("_to_copy") for name in found["only_in_b"]["names"])
