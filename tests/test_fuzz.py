@@ -19,7 +19,7 @@ import pytest
 from conftest import load_benchmark
 
 SEED = 1729
-VARIANTS = 100  # 10 of each kind: each label still meets both outcomes 23+ times (benchmarks/fuzz.py runs thousands)
+VARIANTS = 200  # 20 of each kind: each label meets both outcomes 10+ times whichever mlp recording is the base
 DEEP_KINDS = ("tensor bit flip", "HDF5 edit")  # variants that still open, so the engine reads them
 HANG_S = 30  # one in-process `info` takes milliseconds
 DEEP_HANG_S = 300  # a bisect compiles units: seconds
