@@ -141,7 +141,7 @@ def build():
 
 def test_an_op_the_reference_target_cannot_build_either_does_not_stop_the_search(tmp_path):
     """bf16 layer_norm and power do not build on TVM 0.27's llvm (against the source, bisect stops at the
-    layer_norm: a bf16 Phi's in tests/test_bf16.py): against llvm each is TVM-wide with that verdict, kept
+    layer_norm: a bf16 GPT-2's in tests/test_family_coverage.py): against llvm each is TVM-wide with that verdict, kept
     on the source, and the ops after them are judged as usual: nothing diverges."""
     model = tmp_path / "bf16_block.py"
     model.write_text(BF16_MODEL)
