@@ -40,9 +40,12 @@ ZYGOTE = "TAPML_ZYGOTE"
 # numpy's OpenBLAS starts a thread per core, and after each call its threads spin for work: the
 # session's and each worker's small dot products then burn a core's worth of CPU per thread beside
 # the compile lanes (figures: docs/perf.md). One thread unless the user chose; OpenBLAS reads it
-# when numpy is first imported, so a process sets it before that. transformers warns at length on
-# stderr and reads its verbosity when imported (a served command's server imported it already).
-PROCESS_DEFAULTS = {"OPENBLAS_NUM_THREADS": "1", "TVM_LOG_DEBUG": "0", "TRANSFORMERS_VERBOSITY": "error"}
+# when numpy is first imported, so a process sets it before that. torch's OpenMP threads spin after
+# each parallel region too (the source runner's and the recorder's ops, beside the compile lanes):
+# passive, they sleep until the next one (libgomp reads it when torch loads it). transformers warns at
+# length on stderr and reads its verbosity when imported (a served command's server imported it already).
+PROCESS_DEFAULTS = {"OPENBLAS_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE", "TVM_LOG_DEBUG": "0",
+                    "TRANSFORMERS_VERBOSITY": "error"}
 
 
 @dataclass(frozen=True)

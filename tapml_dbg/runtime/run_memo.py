@@ -52,7 +52,7 @@ TRACE_MEMO_BYTES = 2 * 2**30  # a trace's checkpoints past this: the oldest are 
 # API must share what either established), and tapml's knobs of how work is scheduled and kept (the memo
 # itself turned on by name, lanes, side worker, zygote, write thread, history, debug text, worker recycling)
 VOLATILE_VARIABLES = ("TMPDIR", "PWD", "OLDPWD", "SHLVL", "_", "TAPML_CACHE_DIR", "TAPML_SERVER",
-                      "TRANSFORMERS_VERBOSITY", settings.MEMO, settings.COMPILE_LANES, settings.SIDE_LANE,
+                      "TRANSFORMERS_VERBOSITY", "OMP_WAIT_POLICY", settings.MEMO, settings.COMPILE_LANES, settings.SIDE_LANE,
                       settings.ZYGOTE, settings.WRITE_THREAD, settings.HISTORY, settings.DEBUG,
                       settings.WORKER_GROWTH_MIB)
 SCREENED, ACCEPTED, UNSCREENED = "s", "a", "u"  # how a chain treated a unit (part of its digest)
