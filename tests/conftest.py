@@ -53,8 +53,8 @@ write_bytecode_once()
 
 
 RUN_MARK = "TAPML_TEST_RUN"  # set for the whole run: every process the suite starts inherits it
-# what must not outlive the suite: TVM's RPC helpers run their server in a popen_worker child that
-# outlives a parent killed alone (see rpc_helpers), and tapml-dbg's own target workers
+# what must not outlive the suite: TVM's RPC servers and trackers (tests/rpc_helpers.py) serve from a
+# popen_worker process and fork one per session, and tapml-dbg's own target workers
 LEFTOVER_COMMANDS = ("tvm.exec.popen_worker", "tvm.exec.rpc_server", "tvm.exec.rpc_tracker",
                      "tapml_dbg.runtime.worker")
 LEFTOVER_GRACE_S = 10.0  # a worker whose session just closed may take a moment to exit

@@ -1,18 +1,15 @@
-"""Start real TVM RPC servers and trackers on loopback for tests (and stop them, children included).
+"""Start real TVM RPC servers and trackers on loopback for tests, and stop them with their sessions.
 
-`python -m tvm.exec.rpc_server` and `python -m tvm.exec.rpc_tracker` each run the real server in
-a child `tvm.exec.popen_worker` (TVM's PopenWorker): killing only the parent leaves that child
-running, adopted by init, ~390 MB each. So each starts in its own process group and `stop`
-kills the whole group; `stop_process_group` does the same for any such process.
+Each is started with TVM's own class (`tvm.rpc.Server`, `tvm.rpc.tracker.Tracker`: what `python -m
+tvm.exec.rpc_server|rpc_tracker` run), which serves from one `tvm.exec.popen_worker` process importing
+TVM, not from a launcher importing TVM as well (~3.5 s of CPU a start). `stop` terminates that worker
+and the session processes it forked, and so a live connection (tests/conftest.py checks that no
+popen_worker is left).
 """
 
 from __future__ import annotations
 
-import os
-import signal
 import socket
-import subprocess
-import sys
 import time
 
 
@@ -22,87 +19,80 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def wait_for_port(port: int, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                return
-        except OSError:
-            time.sleep(0.2)
-    raise TimeoutError(f"nothing listens on 127.0.0.1:{port}")
+def _log_to(path: str):
+    """A server's start-up hook: its log (one `connected from` line a session) to `path`."""
+    def log() -> None:
+        import logging
+
+        logging.getLogger("RPCServer").handlers[:] = [logging.FileHandler(path)]
+    return log
 
 
 class Server:
-    """`python -m tvm.exec.rpc_server` bound to 127.0.0.1 only; with `log_path`, its log tells how
-    many sessions it served."""
+    """A TVM RPC server bound to 127.0.0.1, registered with `tracker` ("HOST:PORT") under `key` when given;
+    with `log_path`, its log tells how many sessions it served. `start` again serves on the same port."""
 
     def __init__(self, port: int | None = None, tracker: str | None = None, key: str = "cpu", log_path=None):
         self.port = port or free_port()
+        self.tracker = tracker
+        self.key = key
         self.log_path = log_path
-        command = [sys.executable, "-m", "tvm.exec.rpc_server", "--host", "127.0.0.1", "--port", str(self.port),
-                   "--port-end", str(self.port + 1)]
-        if tracker:
-            command += ["--tracker", tracker, "--key", key]
-        # its own process group: the server forks one child per session, and "the server dies"
-        # must take the children (and so the live connection) with it
-        log = open(log_path, "wb") if log_path else subprocess.DEVNULL
-        try:
-            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT if log_path else log,
-                                            start_new_session=True)
-        finally:
-            if log_path:
-                log.close()
-        if not tracker:
-            wait_for_port(self.port)
+        self._server = None
+        self.start()
 
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
+    def start(self) -> None:
+        from tvm import rpc
+
+        options = {}
+        if self.tracker:
+            host, port = self.tracker.rsplit(":", 1)
+            options.update(tracker_addr=(host, int(port)), key=self.key)
+        if self.log_path:
+            options["server_init_callback"] = _log_to(str(self.log_path))
+        self._server = rpc.Server("127.0.0.1", port=self.port, port_end=self.port + 1, silent=not self.log_path,
+                                  **options)
+
     def sessions(self) -> int:
-        return self.log_path.read_text(errors="replace").count("connected from")
+        return self.log_path.read_text(errors="replace").count("connected from") if self.log_path.exists() else 0
 
     def stop(self) -> None:
-        stop_process_group(self.process)
-
-
-def stop_process_group(process: subprocess.Popen) -> None:
-    """Kill a process started with `start_new_session=True` and everything in its group."""
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    process.wait(timeout=10)
+        if self._server is not None:
+            self._server.terminate()  # the session processes first, then the server
+            self._server = None
 
 
 class Tracker:
     def __init__(self):
-        self.port = free_port()
-        self.process = subprocess.Popen([sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1",
-                                         "--port", str(self.port), "--port-end", str(self.port + 1)],
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                        start_new_session=True)  # its popen_worker child goes with it
-        wait_for_port(self.port)
+        from tvm.rpc.tracker import Tracker as TvmTracker
+
+        port = free_port()
+        self._tracker = TvmTracker("127.0.0.1", port=port, port_end=port + 1, silent=True)
+        self.port = self._tracker.port
 
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def wait_for_servers(self, key: str, count: int, timeout: float = 60.0) -> None:
+    def free(self, key: str) -> int:
+        """How many servers under `key` the tracker has free."""
         from tvm import rpc
 
+        return rpc.connect_tracker("127.0.0.1", self.port).summary().get("queue_info", {}).get(key, {}).get("free", 0)
+
+    def wait_for_servers(self, key: str, count: int, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
-                summary = rpc.connect_tracker("127.0.0.1", self.port).summary()
-                free = summary.get("queue_info", {}).get(key, {}).get("free", 0)
-                if free >= count:
+                if self.free(key) >= count:
                     return
-            except Exception:
+            except Exception:  # not ready yet
                 pass
-            time.sleep(0.5)
+            time.sleep(0.2)
         raise TimeoutError(f"the tracker never saw {count} free '{key}' servers")
 
     def stop(self) -> None:
-        stop_process_group(self.process)
+        self._tracker.terminate()

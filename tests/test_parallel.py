@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import json
 import random
-import time
 
 import pytest
 
 from conftest import fault_transform, run_cli
-from rpc_helpers import free_port
+from rpc_helpers import Server, Tracker, free_port
 from tapml_dbg.runtime.pool import plan_lanes
 from tapml_dbg.engine.search import SearchTrace, first_failing, first_failing_speculative
 from tapml_dbg.errors import UsageError
@@ -22,59 +21,32 @@ from tapml_dbg.engine.session import Session
 KEY = "cpu"
 
 
-def _log_to(path: str):
-    """A server's start-up hook: its log (one `connected from` line a session) to `path`."""
-    def log() -> None:
-        import logging
-
-        logger = logging.getLogger("RPCServer")
-        logger.handlers[:] = [logging.FileHandler(path)]
-    return log
-
-
 class Farm:
-    """A real TVM tracker and two servers under KEY on 127.0.0.1, started with TVM's own classes
-    (`tvm.rpc.Tracker`, `tvm.rpc.Server`: what `python -m tvm.exec.rpc_tracker|rpc_server` run),
-    each one popen_worker importing TVM, not a launcher importing it as well (~3.5 s of CPU each)."""
+    """A real TVM tracker and two servers under KEY on 127.0.0.1 (tests/rpc_helpers.py), each server's log
+    telling how many sessions it served."""
 
     def __init__(self, folder):
-        from tvm import rpc
-        from tvm.rpc.tracker import Tracker
-
-        port = free_port()
-        self.tracker = Tracker("127.0.0.1", port=port, port_end=port + 1, silent=True)
-        self.address = f"127.0.0.1:{self.tracker.port}"
-        self.logs = [folder / f"server{n}.log" for n in range(2)]
+        self.tracker = Tracker()
+        self.address = self.tracker.address
         self.servers = []
-        for log in self.logs:
-            port = free_port()
-            self.servers.append(rpc.Server("127.0.0.1", port=port, port_end=port + 1, key=KEY,
-                                           tracker_addr=("127.0.0.1", self.tracker.port),
-                                           server_init_callback=_log_to(str(log))))
-
-    @property
-    def port(self) -> int:
-        return self.tracker.port
+        try:
+            self.servers += [Server(tracker=self.address, key=KEY, log_path=folder / f"server{n}.log")
+                             for n in range(2)]
+        except BaseException:
+            self.stop()
+            raise
 
     def sessions(self) -> list[int]:
         """How many sessions each server has served."""
-        return [log.read_text(errors="replace").count("connected from") if log.exists() else 0 for log in self.logs]
+        return [server.sessions() for server in self.servers]
 
-    def wait_for_servers(self, count: int, timeout_s: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            try:
-                if _free(self) >= count:
-                    return
-            except Exception:  # the tracker not ready yet, or no server registered under KEY yet
-                pass
-            time.sleep(0.2)
-        raise TimeoutError(f"the tracker never saw {count} free '{KEY}' servers")
+    def free(self) -> int:
+        return self.tracker.free(KEY)
 
     def stop(self) -> None:
         for server in self.servers:
-            server.terminate()
-        self.tracker.terminate()
+            server.stop()
+        self.tracker.stop()
 
 
 @pytest.fixture(scope="module")
@@ -82,16 +54,10 @@ def farm(tmp_path_factory):
     """A tracker with two servers under one key."""
     farm = Farm(tmp_path_factory.mktemp("farm"))
     try:
-        farm.wait_for_servers(2)
+        farm.tracker.wait_for_servers(KEY, 2)
         yield farm
     finally:
         farm.stop()
-
-
-def _free(tracker) -> int:
-    from tvm import rpc
-
-    return rpc.connect_tracker("127.0.0.1", tracker.port).summary()["queue_info"][KEY]["free"]
 
 
 def _statuses(verdicts) -> dict[int, str]:
@@ -149,7 +115,7 @@ def test_parallel_bisect_over_a_tracker_gives_the_sequential_answer_on_both_serv
         assert session.pool.size == 2  # one lane per free server
         parallel = session.bisect()  # probes two prefixes a round, sweeps ops 0..12 one unit each over both lanes
         assert all(count > 0 for count in session.pool.units), session.pool.units  # both lanes worked
-        assert _free(farm) == 0  # each lane holds a lease on its own server
+        assert farm.free() == 0  # each lane holds a lease on its own server
     assert all(after > start for after, start in zip(farm.sessions(), before))
     assert (parallel.culprit.index, parallel.culprit.name, parallel.culprit.verdict) == \
         (sequential.culprit.index, sequential.culprit.name, sequential.culprit.verdict) == (13, "gelu_1", "isolated")

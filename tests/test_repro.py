@@ -233,10 +233,8 @@ def run_suite(folder: Path, cwd: Path, *args: str) -> tuple[int, set[str], str]:
 
 @contextlib.contextmanager
 def rpc_server():
-    """A local TVM RPC server on a free port; yields "HOST:PORT" once it accepts connections.
-
-    rpc_helpers.Server stops its whole process group: TVM's server runs in a popen_worker child
-    that a plain terminate() would leave running (tests/conftest.py checks that none is left)."""
+    """A local TVM RPC server on a free port (tests/rpc_helpers.py); yields "HOST:PORT" once it accepts
+    connections, and stops it with its session processes."""
     server = Server()
     try:
         yield server.address

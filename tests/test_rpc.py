@@ -7,41 +7,16 @@ import json
 import pytest
 
 from conftest import fault_transform, run_cli
-from rpc_helpers import free_port
+from rpc_helpers import Server, free_port
 from tapml_dbg.errors import TargetError
 from tapml_dbg.engine.session import Session
 
 
-class LocalServer:
-    """A real TVM RPC server on 127.0.0.1, started with TVM's own `tvm.rpc.Server` (the class
-    `python -m tvm.exec.rpc_server` runs): one popen_worker process importing TVM, not a launcher
-    importing TVM as well (~3.5 s of CPU a start). Stopping it kills its session processes too, and
-    so the live connection; `start` again serves on the same port."""
-
-    def __init__(self):
-        self.port = free_port()
-        self._server = None
-        self.start()
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        from tvm import rpc
-
-        self._server = rpc.Server("127.0.0.1", port=self.port, port_end=self.port + 1, silent=True)
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.terminate()  # the session processes first, then the server
-            self._server = None
-
-
 @pytest.fixture(scope="module")
 def server():
-    """One server for the module: a test that stops it starts it again (same port) before it ends."""
-    server = LocalServer()
+    """One server for the module (tests/rpc_helpers.py): a test that stops it starts it again (same port)
+    before it ends."""
+    server = Server()
     yield server
     server.stop()
 
