@@ -194,22 +194,13 @@ def test_crafted_graph_cannot_build_arbitrary_objects(tmp_path, capfd):
 
 # ---- untrusted and damaged traces (the trace boundary) ---------------------------------------
 
-def _cli(capsys, *argv):
-    """`tapml-dbg ARGV` in this process: (exit code, stdout, stderr)."""
-    from tapml_dbg.ui.cli import main
-
-    code = main(list(argv))
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
 def _strict(text: str):
     def refuse(name):
         raise ValueError(f"{name} is not JSON")
     return json.loads(text, parse_constant=refuse)
 
 
-def test_info_json_is_strict_json(tmp_path, traces, capsys):
+def test_info_json_is_strict_json(tmp_path, traces, capfd):
     """`info --json` printed a bare NaN (not JSON) for a NaN in the trace's meta."""
     path = tmp_path / "nan.h5"
     path.write_bytes(traces.get("mlp").read_bytes())
@@ -217,7 +208,8 @@ def test_info_json_is_strict_json(tmp_path, traces, capsys):
         meta = json.loads(bytes(handle.attrs["meta"]).rstrip(b"\0"))
         meta.update(eager_output_max_abs_diff=float("nan"), record_seconds=float("inf"))
         handle.attrs["meta"] = np.array(json.dumps(meta).encode(), dtype=h5py.string_dtype("utf-8", 4096))
-    code, out, _ = _cli(capsys, "info", str(path), "--json")
+    done = _main(capfd, "info", str(path), "--json")
+    code, out = done.returncode, done.stdout
     assert code == 0
     info = _strict(out)
     assert info["eager_output_max_abs_diff"] == "NaN" and info["record_seconds"] == "Infinity"
@@ -231,19 +223,22 @@ def test_strict_json_spells_non_finite_floats_as_strings():
                                            "d": ["NaN"]}
 
 
-def test_info_verify_reports_each_damaged_part(tmp_path, traces, capsys):
+def test_info_verify_reports_each_damaged_part(tmp_path, traces, capfd):
     path = tmp_path / "flipped.h5"
     path.write_bytes(traces.get("mlp").read_bytes())
-    code, out, _ = _cli(capsys, "info", str(path), "--verify")
+    done = _main(capfd, "info", str(path), "--verify")
+    code, out = done.returncode, done.stdout
     assert code == 0 and out.startswith("intact") and "checksums verified" in out
     flip_dataset_bit(path, "ops/12/0")
     flip_dataset_bit(path, "params/p_head_weight")
-    code, out, _ = _cli(capsys, "info", str(path), "--verify")
+    done = _main(capfd, "info", str(path), "--verify")
+    code, out = done.returncode, done.stdout
     assert code == 1
     assert out.startswith("damaged") and "2 of" in out
     assert "op 12's recorded output 0 is corrupt (checksum mismatch)" in out
     assert "param 'p_head_weight' is corrupt (checksum mismatch)" in out
-    code, out, _ = _cli(capsys, "info", str(path), "--verify", "--json")
+    done = _main(capfd, "info", str(path), "--verify", "--json")
+    code, out = done.returncode, done.stdout
     report = _strict(out)
     assert code == 1 and not report["ok"] and [d["part"] for d in report["damaged"]] == ["param 'p_head_weight'",
                                                                                           "op 12"]
