@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
 def serve_main() -> None:
     """The process `tapml-dbg serve` starts (`fork_server.server_command`): the fork server, with what a
     zygote imports on one side and what a command imports on the other."""
-    fork_server.main(sys.argv[1:], dict(settings.PROCESS_DEFAULTS), _zygote_imports, _command_imports)
+    fork_server.main(sys.argv[1:], dict(settings.PROCESS_DEFAULTS), _zygote_imports, command_imports)
 
 
 def _zygote_imports() -> None:
@@ -48,7 +48,9 @@ def _zygote_imports() -> None:
     import tapml_dbg.runtime.zygote  # noqa: F401 - and what its workers import
 
 
-def _command_imports() -> None:
+def command_imports() -> None:
+    """What a `tapml-dbg` command imports before it reads anything: the fork server's command side imports
+    it once for all its commands, and the test suite's processes before they freeze it."""
     import importlib.util
 
     import torch  # noqa: F401

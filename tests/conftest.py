@@ -119,15 +119,13 @@ def pytest_configure(config):
 
 
 def pytest_collection_finish(session):
-    """The libraries every test process uses (torch, TVM, transformers: ~740,000 objects) imported, and
-    with what the test modules imported frozen, out of the collector's reach: a test process runs
-    sessions in-process for minutes, and each full collection walked all of them again, as did the
-    collections while importing them."""
-    import tapml_dbg.engine.session  # noqa: F401 - TVM, torch.export, h5py
-    import torch  # noqa: F401
+    """What a `tapml-dbg` command imports (torch, TVM, transformers: ~740,000 objects; `entry.command_imports`,
+    what the fork server imports too) imported, and with what the test modules imported frozen, out of the
+    collector's reach: a test process runs sessions in-process for minutes, and each full collection
+    walked all of them again, as did the collections while importing them."""
+    from tapml_dbg.entry import command_imports
 
-    if importlib.util.find_spec("transformers") is not None:
-        import transformers.modeling_utils  # noqa: F401
+    command_imports()
     gc.freeze()
     gc.enable()
 
