@@ -160,6 +160,18 @@ def run_cli(*args: str, env: dict | None = None, timeout: float = 600, cwd: str 
                           env=full_env, timeout=timeout, cwd=cwd)
 
 
+def rendered(result) -> str:
+    """A result as the command line prints it: its renderer, on a console as the CLI makes one."""
+    import io
+
+    from tapml_dbg.ui.console import make_console
+    from tapml_dbg.ui.render import render
+
+    buffer = io.StringIO()
+    render(result, make_console(buffer))
+    return buffer.getvalue()
+
+
 def load_benchmark(name: str, module_name: str):
     """`benchmarks/NAME.py` as a module (the benchmarks are scripts, not a package), so a test runs
     the very code a benchmark runs."""

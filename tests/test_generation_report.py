@@ -10,13 +10,12 @@ tests/test_generation.py); the planted fault negates step 2's logits.
 
 from __future__ import annotations
 
-import io
 import json
 import re
 
 import pytest
 
-from conftest import fault_transform, fresh
+from conftest import fault_transform, fresh, rendered
 from tapml_dbg.api import Replay
 from tapml_dbg.engine.generation import free_running
 from tapml_dbg.engine.report import build_report
@@ -24,8 +23,6 @@ from tapml_dbg.engine.session import Session
 from tapml_dbg.judge.tokens import BUG, SAME
 from tapml_dbg.report.html import page
 from tapml_dbg.ui.cli import strict_json
-from tapml_dbg.ui.console import make_console
-from tapml_dbg.ui.render import render
 
 PROMPT, STEPS = 8, 3
 SECTION = '<h2 id="generation-section">Generation</h2>'
@@ -34,13 +31,6 @@ SECTION = '<h2 id="generation-section">Generation</h2>'
 @pytest.fixture(scope="module")
 def generation(traces):
     return traces.get("plain_qwen2", "--generate", str(STEPS))
-
-
-def printed(result) -> str:
-    """`result` as the CLI renders it."""
-    buffer = io.StringIO()
-    render(result, make_console(buffer))
-    return buffer.getvalue()
 
 
 def _step_rows(text: str) -> list[str]:
@@ -72,7 +62,7 @@ def test_a_clean_generation_has_every_step_the_same(generation):
     assert [s["step"] for s in found["tokens"]["steps"]] == list(range(STEPS + 1))
     assert {s["verdict"] for s in found["tokens"]["steps"]} == {SAME}
 
-    lines = [line for line in printed(run).splitlines() if line.startswith("  output ")]
+    lines = [line for line in rendered(run).splitlines() if line.startswith("  output ")]
     assert lines[0].startswith(f"  output output[0] (logits of steps 0..{STEPS}, each step's last position): pass")
     assert "argmax agrees" in lines[0]
     assert "(keys, model.layers.0.self_attn)" in lines[5] and "(values, model.layers.0.self_attn)" in lines[6]

@@ -5,7 +5,6 @@ every replay keeps them on the source, lists them as findings, and debugs everyt
 
 from __future__ import annotations
 
-import io
 import json
 import re
 from pathlib import Path
@@ -13,12 +12,10 @@ from pathlib import Path
 import pytest
 
 import tapml_dbg
-from conftest import ROOT, fault_transform
+from conftest import ROOT, fault_transform, rendered
 from tapml_dbg.errors import TapmlError, TraceError
 from tapml_dbg.model.serialize import function_from_json, function_to_json
 from tapml_dbg.ui import cli
-from tapml_dbg.ui.console import make_console
-from tapml_dbg.ui.render import render
 
 MOE = ROOT / "tests" / "models" / "moe.py"
 HISTC = "TVM 0.27 has no converter for aten.histc"
@@ -63,13 +60,6 @@ def _cli(capsys, *args) -> str:
     """`tapml-dbg ARGS` (its `main`, in this process): what it printed on stdout; exit status 0."""
     assert cli.main([str(arg) for arg in args]) == 0
     return capsys.readouterr().out
-
-
-def _rendered(result) -> str:
-    """A result as the command line prints it (the same renderer, a console of the same width)."""
-    buffer = io.StringIO()
-    render(result, make_console(buffer))
-    return buffer.getvalue()
 
 
 def test_a_mixtral_records_with_its_unimportable_ops_on_the_host(mixtral, capsys):
@@ -119,7 +109,7 @@ def test_triage_lists_the_host_only_ops_as_findings_not_causes(mixtral_planted):
     found = triaged.to_json()
     assert _host_only(found["host_only"])["grouped_mm_fallback"] == GROUPED_MM
     assert [group["ops"][0]["name"] for group in found["groups"]] == ["mul_14"]
-    text = _rendered(triaged)
+    text = rendered(triaged)
     assert "on the host only" in text and HISTC in text
 
 

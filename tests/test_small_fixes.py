@@ -11,19 +11,16 @@
 
 from __future__ import annotations
 
-import io
 import re
 import subprocess
 import sys
 
 import pytest
 
-from conftest import ROOT, run_cli
+from conftest import ROOT, rendered, run_cli
 from tapml_dbg.errors import UsageError
 from tapml_dbg.record.recorder import EAGER_RATIO_MIN_SECONDS, RecordResult
 from tapml_dbg.ui import cli
-from tapml_dbg.ui.console import make_console
-from tapml_dbg.ui.render import render
 
 # a transform that fails for every module, with a message to count in the output
 PASS_ERROR = "Cannot convert from type"  # TVM's own error compiling what the pass below returns
@@ -32,12 +29,6 @@ PASS_ERROR = "Cannot convert from type"  # TVM's own error compiling what the pa
 RAISING_TRANSFORM = ("import tvm\nfrom tvm import relax\n\n\ndef boom(mod):\n"
                      "    return tvm.IRModule({gv: f.with_attr('tir_var_upper_bound', {'n': 'oops'})\n"
                      "                         if isinstance(f, relax.Function) else f for gv, f in mod.functions_items()})\n")
-
-
-def _rendered(result) -> str:
-    stream = io.StringIO()
-    render(result, make_console(stream))
-    return stream.getvalue()
 
 
 def _record_result(eager_seconds: float, run_seconds: float) -> RecordResult:
@@ -49,7 +40,7 @@ def _record_result(eager_seconds: float, run_seconds: float) -> RecordResult:
 def test_no_overhead_ratio_against_an_eager_forward_too_short_to_time():
     short = _record_result(eager_seconds=EAGER_RATIO_MIN_SECONDS / 80, run_seconds=0.04)
     assert short.overhead_ratio is None
-    text = _rendered(short)
+    text = rendered(short)
     assert "x the bare eager forward" not in text and "too short for a ratio" in text
     assert "(0.00 s" not in text  # the eager time with digits that say something
     assert re.search(r"the bare eager forward: 125 us, warm", text), text
@@ -58,7 +49,7 @@ def test_no_overhead_ratio_against_an_eager_forward_too_short_to_time():
 def test_the_ratio_stays_for_a_forward_long_enough_to_time():
     long = _record_result(eager_seconds=EAGER_RATIO_MIN_SECONDS * 5, run_seconds=EAGER_RATIO_MIN_SECONDS * 20)
     assert long.overhead_ratio == pytest.approx(4.0)
-    assert "run 0.20 s = 4.0x the bare eager forward (50 ms, warm)" in _rendered(long)
+    assert "run 0.20 s = 4.0x the bare eager forward (50 ms, warm)" in rendered(long)
 
 
 # ------------------------------------------------------------------ 2. suggested folders are git-ignored

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from conftest import EXAMPLES, ROOT, fault_transform, fresh
+from conftest import EXAMPLES, ROOT, fault_transform, fresh, rendered
 from tapml_dbg.api import Replay
 from tapml_dbg.engine.results import BisectResult, Culprit, StepResult
 from tapml_dbg.engine.session import Session
@@ -27,7 +27,6 @@ from tapml_dbg.model.graph import OpInfo, SourceLocation, TensorSpec
 from tapml_dbg.trace.validate import SchemaError, validate_op_table
 from tapml_dbg.ui.cli import strict_json
 from tapml_dbg.ui.console import make_console
-from tapml_dbg.ui.render import render
 from tapml_dbg.ui.repl.app import Repl
 from test_causal_lm import recorded as recorded_causal_lm
 
@@ -50,12 +49,6 @@ def frame(file, line: int, code: str, func: str = "forward") -> str:
 
 def node(stack: str | None) -> SimpleNamespace:
     return SimpleNamespace(meta={} if stack is None else {"stack_trace": stack})
-
-
-def printed(result) -> str:
-    buffer = io.StringIO()
-    render(result, make_console(buffer))
-    return buffer.getvalue()
 
 
 def repl_transcript(session, *lines: str) -> str:
@@ -150,7 +143,7 @@ def test_a_planted_fault_in_a_transformers_llama_names_its_modeling_llama_line(t
         where = result.to_json()["op"]["source_location"]
         assert (where["file"], where["library"], where["user"]) == (MODELING_LLAMA, "transformers", None)
         assert "torch.rsqrt(" in where["code"] and where["code"] == modeling_line(where["line"])
-        assert printed(result).splitlines()[1] == f"  at {MODELING_LLAMA}:{where['line']}  {where['code']}"
+        assert rendered(result).splitlines()[1] == f"  at {MODELING_LLAMA}:{where['line']}  {where['code']}"
         row = next(row for row in replay.rows() if row["name"] == "rsqrt")
         assert (row["file"], row["line"], row["code"], row["library"]) == (MODELING_LLAMA, where["line"],
                                                                           where["code"], "transformers")
@@ -169,7 +162,7 @@ def test_a_wrapped_transformers_llama_names_the_library_line_and_the_users_call(
                                             "input_ids, attention_mask=attention_mask, use_cache=False).logits")
         located = Culprit(op.index, op.name, op.op, op.layer, "isolated", _metrics(), "", source_location=where)
         result = BisectResult(True, 5, 3, 0.5, "llvm", located, [])
-        assert printed(result).splitlines()[1:3] == [f"  at {MODELING_LLAMA}:{where.line}  {where.code}",
+        assert rendered(result).splitlines()[1:3] == [f"  at {MODELING_LLAMA}:{where.line}  {where.code}",
                                                      f"    called from {where.user}  {where.user.code}"]
 
 
@@ -190,7 +183,7 @@ def test_the_readme_culprit_points_at_its_model_line(demo_session):
     """bisect on the README example: #9 _softmax at examples/fp16_memory_attention.py:21, in its text (the
     line under the culprit) and in `bisect --json` (what the CLI prints of this result: ui/cli.py)."""
     result = Replay(fresh(demo_session)).bisect()
-    lines = printed(result).splitlines()
+    lines = rendered(result).splitlines()
     assert lines[0].startswith("first divergent op: #9 _softmax")
     assert lines[1] == f"  at {shown(DEMO)}:{DEMO_LINE}  {DEMO_CODE}"
     op = json.loads(strict_json(result.to_json()))["op"]
@@ -249,13 +242,13 @@ def test_an_unknown_location_renders_nothing_and_is_null_in_json():
     culprit = Culprit(3, "add", "aten.add.Tensor", "", "isolated", _metrics(), "")
     result = BisectResult(True, 5, 3, 0.5, "llvm", culprit, [StepResult(3, "add", "aten.add.Tensor", "", verdict)])
     assert result.to_json()["op"]["source_location"] is None
-    assert "  at " not in printed(result)
+    assert "  at " not in rendered(result)
     located = Culprit(3, "add", "aten.add.Tensor", "", "isolated", _metrics(), "",
                       source_location=SourceLocation("m.py", 7, "y = x + 1  # [bold]not markup[/]"))
     result.culprit = located
     assert result.to_json()["op"]["source_location"] == {"file": "m.py", "line": 7,
                                                          "code": "y = x + 1  # [bold]not markup[/]"}
-    assert printed(result).splitlines()[1] == "  at m.py:7  y = x + 1  # [bold]not markup[/]"  # escaped
+    assert rendered(result).splitlines()[1] == "  at m.py:7  y = x + 1  # [bold]not markup[/]"  # escaped
 
 
 def test_an_old_trace_without_source_locations_still_opens(tmp_path):
