@@ -26,6 +26,9 @@ def main(argv: list[str] | None = None) -> int:
         if served is not None:
             return served
         environment = dict(os.environ)  # the command's, as it started: a server started after it serves that
+    from tapml_dbg.runtime.tvm_import import cheap_stack_inspection
+
+    cheap_stack_inspection()  # TVMScript parsed in this process (a native model's kernels) parses faster
     from tapml_dbg.ui.cli import main as cli_main  # after the defaults: it imports numpy
 
     code = cli_main(argv)
@@ -54,6 +57,10 @@ def command_imports() -> None:
     import importlib.util
 
     import torch  # noqa: F401
+
+    from tapml_dbg.runtime.tvm_import import cheap_stack_inspection
+
+    cheap_stack_inspection()
 
     if importlib.util.find_spec("transformers") is not None:  # where installed: a record of one of its models
         import transformers.modeling_utils  # noqa: F401 - a served record of tiny GPT-2: 1.7 s, not 4.1
