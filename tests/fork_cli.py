@@ -51,6 +51,7 @@ class Server:
         # chosen: served despite conftest's TAPML_SERVER=0
         fork_server.write_shims(self.folder, os.path.join(os.path.dirname(REAL_PYTHON), "tapml-dbg"), chosen=True)
         fork_server.shim(self.folder, "python-module", "cli", "module", "", chosen=True)
+        fork_server.shim(self.folder, "python", "cli", "python", "", chosen=True)  # the docs' `python SCRIPT`
         env = dict(os.environ if self.environment is None else self.environment)
         settings.apply_process_defaults(env)  # what a forked worker's /proc shows
         with open(os.path.join(self.folder, "log"), "w") as log:
@@ -72,7 +73,8 @@ class Server:
         return [REAL_PYTHON, "-IS", os.path.join(self.folder, "bin", "python-module"), *args]
 
     def shims(self) -> str | None:
-        """A folder holding a `tapml-dbg` that runs through the server (None: no server), for a PATH."""
+        """A folder holding a `tapml-dbg` and a `python` (for `python SCRIPT ARGS`) that run through the
+        server (None: no server), for a PATH."""
         return os.path.join(self.folder, "bin") if self._serving() else None
 
     def zygote_executable(self) -> str | None:

@@ -145,6 +145,31 @@ def test_the_suites_commands_and_its_sessions_zygotes_are_forked_from_its_server
         assert server.process.pid in [parent.pid for parent in worker.parents()]
 
 
+def test_the_suites_python_runs_a_script_as_a_fresh_interpreter_does_forked_from_its_server(tmp_path):
+    """The docs' `python SCRIPT ARGS` (tests/transcripts.py): the same argv, sys.path[0], __main__,
+    streams, working folder and exit code as the real interpreter's, from a fork that has torch loaded;
+    `python -c` is the real interpreter."""
+    script = tmp_path / "sub" / "prints.py"
+    script.parent.mkdir()
+    script.write_text("import os, sys\nprint(sys.argv, sys.path[0], __name__, os.getcwd(), sys.stdin.read())\n"
+                      "print('to stderr', file=sys.stderr)\nprint('torch' in sys.modules)\nsys.exit(3)\n")
+    shims = fork_cli.SERVER.shims()
+    assert shims is not None, "the suite's fork server did not start"
+
+    def run(python: str, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([python, *args], cwd=tmp_path, input="stdin text", capture_output=True, text=True,
+                              timeout=120)
+
+    served = run(os.path.join(shims, "python"), "sub/prints.py", "a", "b")
+    fresh = run(sys.executable, "sub/prints.py", "a", "b")
+    assert (served.returncode, served.stderr) == (fresh.returncode, fresh.stderr) == (3, "to stderr\n")
+    assert served.stdout.splitlines()[0] == fresh.stdout.splitlines()[0] == \
+        f"['sub/prints.py', 'a', 'b'] {script.parent} __main__ {tmp_path} stdin text"
+    assert served.stdout.splitlines()[1:] == ["True"] and fresh.stdout.splitlines()[1:] == ["False"]
+    assert " python sub/prints.py a b (pid " in (Path(fork_cli.SERVER.folder) / "log").read_text()
+    assert run(os.path.join(shims, "python"), "-c", "import sys; print('torch' in sys.modules)").stdout == "False\n"
+
+
 @pytest.mark.parametrize("mode, chosen, asks", [("zygote", False, True), ("module", True, True),
                                                 ("module", False, False), ("script", False, False)])
 def test_under_tapml_server_0_only_zygotes_and_chosen_shims_ask_their_server(monkeypatch, mode, chosen, asks):

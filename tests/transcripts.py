@@ -139,9 +139,9 @@ def scratch(folder: Path) -> Path:
 def environment(folder: Path, shims: str | None = None) -> dict:
     """A reader's first run: this interpreter's `tapml-dbg`, and a compile cache of the doc's own that
     starts empty (what a doc says it compiled, and the probes a search took, are then the same in
-    every run, whatever the suite compiled before it). `shims`: a folder whose `tapml-dbg` comes
-    first (the suite's, tests/fork_cli.py: the same command, forked from a process that has
-    imported torch and TVM)."""
+    every run, whatever the suite compiled before it). `shims`: a folder whose `tapml-dbg` and `python` come
+    first (the suite's, tests/fork_cli.py: the same command or script, forked from a process that
+    has imported torch and TVM)."""
     env = {key: value for key, value in os.environ.items() if key not in ENV_DROPPED}
     bin_dir = Path(sys.executable).parent
     env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"  # `tapml-dbg` and `python` of this interpreter

@@ -269,7 +269,8 @@ def _wait_for_starting(folder: str) -> bool:
 def client(sock_path: str, mode: str, script: str, args: list[str], chosen: bool = False) -> None:
     """Run the command on the server and leave as it did; or exec the real interpreter.
 
-    mode "module": `python -m tapml_dbg ARGS`; "script": the `tapml-dbg` script SCRIPT; "zygote": ARGS
+    mode "module": `python -m tapml_dbg ARGS`; "script": the `tapml-dbg` script SCRIPT; "python": `python
+    ARGS` (a script file first; anything else, `-c` or `-m`, runs the real interpreter); "zygote": ARGS
     are `-m tapml_dbg.runtime.zygote --fd N`. `TAPML_SERVER=0` runs a command the usual way unless
     the shim was `chosen`; a zygote is always asked for: the session chose the server for its zygotes
     (`use_zygote_server`), and a served command's own `TAPML_SERVER=0` is about its `tapml-dbg`s only."""
@@ -277,6 +278,8 @@ def client(sock_path: str, mode: str, script: str, args: list[str], chosen: bool
     if mode == "zygote":
         fds.append(int(args[args.index("--fd") + 1]))
     served = mode == "zygote" or all(not os.isatty(fd) for fd in (0, 1, 2))  # a terminal: the REPL's
+    if mode == "python":
+        served = served and bool(args) and os.path.isfile(args[0])
     if served and (mode == "zygote" or chosen or os.environ.get("TAPML_SERVER") != "0"):
         status = ask(sock_path, _request(mode, script, args, fds))
         if status is not None:
@@ -284,6 +287,8 @@ def client(sock_path: str, mode: str, script: str, args: list[str], chosen: bool
             os._exit(status.get("returncode", 1))
     if mode == "module":
         os.execv(sys.executable, [sys.executable, "-m", "tapml_dbg", *args])
+    if mode == "python":
+        os.execv(sys.executable, [sys.executable, *args])
     if mode == "zygote":
         os.execv(sys.executable, [sys.executable, *args])
     os.execv(script, [script, *args])
@@ -569,7 +574,8 @@ def _handle(conn: socket.socket, server_env: dict, defaults: dict) -> bool:
     status = _wait(pid, conn, tree=request["mode"] != "zygote")
     conn.sendall(json.dumps(status).encode())
     if request["mode"] != "zygote":
-        _log(f"{time.strftime('%H:%M:%S')} tapml-dbg {' '.join(request['argv'])} (pid {pid}, {request['cwd']}): "
+        program = "python" if request["mode"] == "python" else "tapml-dbg"
+        _log(f"{time.strftime('%H:%M:%S')} {program} {' '.join(request['argv'])} (pid {pid}, {request['cwd']}): "
              f"exit {status['returncode']} after {time.monotonic() - started:.1f} s")
     os._exit(0)
 
@@ -677,7 +683,8 @@ def _become(base_path: list[str], stdio: dict, folder: str) -> None:
         os.environ["TAPML_SERVER"] = "0"  # it is served: its `tapml-dbg` does not ask the server again
     tempfile.tempdir = None
     python_path = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
-    first = os.path.dirname(request["script"]) if request["mode"] == "script" else os.getcwd()
+    first = {"script": lambda: os.path.dirname(request["script"]),
+             "python": lambda: os.path.dirname(os.path.realpath(request["argv"][0]))}.get(request["mode"], os.getcwd)()
     sys.path[:] = [first, *python_path, *base_path]
     for fd, name in enumerate(STDIO):  # as the interpreter makes them at start-up, on these descriptors
         old = stdio[name]
@@ -691,6 +698,8 @@ def _become(base_path: list[str], stdio: dict, folder: str) -> None:
         sys.argv = [request["script"], *request["argv"]]
     elif request["mode"] == "module":
         sys.argv = ["-m", *request["argv"]]
+    elif request["mode"] == "python":
+        sys.argv = list(request["argv"])
     else:  # -m tapml_dbg.runtime.zygote --fd N
         sys.argv = ["-m", *request["argv"][2:]]
     if request["mode"] != "zygote" and os.path.exists(os.path.join(folder, "zygote")):
@@ -710,6 +719,8 @@ def run_command() -> None:
         runpy._run_module_as_main("tapml_dbg", alter_argv=True)  # what `python -m tapml_dbg` calls
     elif _COMMAND["mode"] == "zygote":
         runpy._run_module_as_main(ZYGOTE_MODULE, alter_argv=True)
+    elif _COMMAND["mode"] == "python":
+        runpy.run_path(sys.argv[0], run_name="__main__")
     else:
         runpy.run_path(_COMMAND["script"], run_name="__main__")
 
