@@ -64,6 +64,7 @@ STAGES = ("import", "record", "clean", "fault")
 BEHIND = "behind"  # the optional stage between clean and fault (--behind)
 BEHIND_ROUNDS = 4  # bisects with the fix and kept ops, each keeping the culprit it still names
 REASON_CHARS = 240  # one short line per cell
+PYTHON = sys.executable  # what runs each architecture's child (the test suite's: forked from its fork server)
 
 for folder in (ROOT, ROOT / "tests", ZOO_DIR):
     if str(folder) not in sys.path:
@@ -334,7 +335,7 @@ def _run_child(name: str, work: Path, timeout_s: float, target: str, behind: boo
     folder.mkdir(parents=True, exist_ok=True)
     row_path, log_path = folder / "row.json", folder / "log.txt"
     started = time.perf_counter()
-    command = [sys.executable, str(Path(__file__).resolve()), "--one", name, "--row", str(row_path),
+    command = [PYTHON, str(Path(__file__).resolve()), "--one", name, "--row", str(row_path),
                "--work", str(folder), "--target", target] + (["--behind"] if behind else [])
     with open(log_path, "w") as log:
         # a session of its own: on a timeout the whole group (TVM workers included) is stopped
