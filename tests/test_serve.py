@@ -17,6 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import h5py
 import psutil
 import pytest
 
@@ -168,6 +169,38 @@ def test_the_suites_python_runs_a_script_as_a_fresh_interpreter_does_forked_from
     assert served.stdout.splitlines()[1:] == ["True"] and fresh.stdout.splitlines()[1:] == ["False"]
     assert " python sub/prints.py a b (pid " in (Path(fork_cli.SERVER.folder) / "log").read_text()
     assert run(os.path.join(shims, "python"), "-c", "import sys; print('torch' in sys.modules)").stdout == "False\n"
+
+
+ENDINGS = {  # how a script ends -> its last lines
+    "returns": "",
+    "exits 4": "sys.exit(4)",
+    "exits with a message": "sys.exit('a message')",
+    "raises": "raise ValueError('bad')",
+    "leaves a thread running": "threading.Thread(target=lambda: (time.sleep(0.5), print('thread done'))).start()",
+}
+
+
+@pytest.mark.parametrize("ending", ENDINGS)
+def test_a_served_script_leaves_as_the_interpreter_does_without_its_teardown(tmp_path, ending):
+    """A served command leaves without the interpreter's teardown (fork_server._leave), yet as a
+    fresh interpreter leaves: its status and streams, its threads waited for, its exit handlers run,
+    an HDF5 file it left open written out."""
+    script = tmp_path / "ends.py"
+    script.write_text("import atexit, sys, threading, time\nimport h5py, numpy\n"
+                      "atexit.register(lambda: print('exit handler'))\n"
+                      "left_open = h5py.File(sys.argv[1], 'w')\nleft_open['x'] = numpy.arange(3)\n"
+                      "print('unflushed', end='')\n" + ENDINGS[ending] + "\n")
+    shims = fork_cli.SERVER.shims()
+    assert shims is not None, "the suite's fork server did not start"
+    ended = {}
+    for python in (os.path.join(shims, "python"), sys.executable):
+        written = tmp_path / f"{len(ended)}.h5"
+        done = subprocess.run([python, str(script), str(written)], capture_output=True, text=True, timeout=120)
+        with h5py.File(written, "r") as file:
+            ended[python] = (done.returncode, done.stdout, done.stderr.replace(str(written), "H5"), list(file["x"][:]))
+    served, fresh = ended.values()
+    assert served == fresh
+    assert served[3] == [0, 1, 2] and "exit handler" in served[1]
 
 
 @pytest.mark.parametrize("mode, chosen, asks", [("zygote", False, True), ("module", True, True),
