@@ -750,7 +750,7 @@ def _exit_status(code) -> int:
         return 0
     if isinstance(code, int):
         return code
-    print(code, file=sys.stderr)
+    sys.stderr.write(f"{code}\n")
     return 1
 
 
