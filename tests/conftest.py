@@ -292,49 +292,31 @@ def fresh(session):
 # ------------------------------------------------------------------ pytest-xdist: the longest tests first
 # Under `-n 2` the run ends when the later worker does: the longest tests start first, and the workers
 # steal work from each other, so that neither is left holding a minute-long test while the other idles.
-# Seconds from `--durations` of a clean clone with an empty compile cache on 2 cores (2026-12-07, 13:32, one
-# helper's tests beside it: only their order matters; the tests of at least ~6 s). Only
-# tests whose module-scoped fixtures cost nothing (a trace from `traces`) are listed, so that moving them costs
-# no second setup.
+# Seconds from `--durations` of a clean clone with an empty compile cache on 2 cores (2026-12-07, 15:16, nothing
+# else running; the tests of at least ~4.5 s). Only tests whose module-scoped fixtures cost nothing (a trace
+# from `traces`) are listed, so that moving them costs no second setup.
 LONGEST_FIRST_S = {
-    "test_transcripts.py::test_every_transcript_is_what_the_tool_prints[native-llm.md]": 116,
-    "test_transcripts.py::test_every_transcript_is_what_the_tool_prints[generation.md]": 77,
-    "test_transcripts.py::test_every_transcript_is_what_the_tool_prints[remote.md]": 48,
-    "test_zoo.py::test_fast_subset_passes_every_column": 38,
-    "test_transcripts.py::test_every_transcript_is_what_the_tool_prints[dump-example.md]": 29,
-    "test_transcripts.py::test_every_transcript_is_what_the_tool_prints[reference-target.md]": 23,
-    "test_serve.py::test_served_commands_answer_as_fresh_ones_see_an_edited_pass_and_fall_back": 22,
-    "test_transcripts.py::test_every_transcript_is_what_the_tool_prints[triage.md]": 21,
-    "test_bf16.py::test_a_bf16_lm_records_its_logits_bit_exact_generates_and_every_step_bisects_clean[qwen2]": 18,
-    "test_transcripts.py::test_every_transcript_is_what_the_tool_prints[migrate.md]": 18,
-    "test_host_ops.py::test_fp16_matmul_accumulating_in_fp16_on_llvm_is_found_at_the_matmul": 16,
-    "test_serve.py::test_a_command_starts_a_server_for_the_next_which_wait_for_it_and_a_reinstall_stops_it": 16,
-    "test_bf16.py::test_a_bf16_lm_records_its_logits_bit_exact_generates_and_every_step_bisects_clean[gemma]": 15,
-    "test_transcripts.py::test_every_transcript_is_what_the_tool_prints[diff.md]": 15,
-    "test_source_location.py::test_a_planted_fault_in_a_transformers_llama_names_its_modeling_llama_line": 14,
-    "test_fix.py::test_fix_on_the_fp16_examples_makes_the_whole_model_pass[fp16_stats_pool]": 14,
-    "test_transcripts.py::test_every_transcript_is_what_the_tool_prints[README.md]": 12,
-    "test_native_llm.py::test_the_paged_kv_kernels_are_built_once_per_store_and_a_damaged_one_again": 11,
-    "test_fix.py::test_fix_on_the_fp16_examples_makes_the_whole_model_pass[fp16_wide_projection]": 11,
-    "test_diff.py::test_a_bfloat16_llms_float32_islands_are_judged_at_bfloat16_as_they_are_computed_from_it": 11,
-    "test_transcripts.py::test_every_transcript_is_what_the_tool_prints[model-explorer.md]": 10,
-    "test_host_ops.py::test_host_helpers_equal_tvm_except_matmuls_which_are_close": 9,
-    "test_family_coverage.py::test_a_bf16_gpt2_cell_names_tvms_layer_norm_that_does_not_build_and_fix_computes_it_in_float32": 8,
-    "test_transcripts.py::test_every_transcript_is_what_the_tool_prints[transforms.md]": 8,
-    "test_fix.py::test_a_planted_cuda_pow_is_fixed_by_multiplies": 8,
+    "test_transcripts.py::test_every_transcript_is_what_the_tool_prints[native-llm.md]": 33,
+    "test_transcripts.py::test_every_transcript_is_what_the_tool_prints[generation.md]": 28,
+    "test_transcripts.py::test_every_transcript_is_what_the_tool_prints[dump-example.md]": 15,
+    "test_bf16.py::test_a_bf16_lm_records_its_logits_bit_exact_generates_and_every_step_bisects_clean[qwen2]": 15,
+    "test_zoo.py::test_fast_subset_passes_every_column": 15,
+    "test_bf16.py::test_a_bf16_lm_records_its_logits_bit_exact_generates_and_every_step_bisects_clean[gemma]": 12,
+    "test_serve.py::test_served_commands_answer_as_fresh_ones_see_an_edited_pass_and_fall_back": 11,
+    "test_transcripts.py::test_every_transcript_is_what_the_tool_prints[migrate.md]": 10,
+    "test_serve.py::test_a_command_starts_a_server_for_the_next_which_wait_for_it_and_a_reinstall_stops_it": 10,
+    "test_transcripts.py::test_every_transcript_is_what_the_tool_prints[triage.md]": 10,
+    "test_host_ops.py::test_fp16_matmul_accumulating_in_fp16_on_llvm_is_found_at_the_matmul": 9,
+    "test_transcripts.py::test_every_transcript_is_what_the_tool_prints[reference-target.md]": 9,
     "test_propagated_values.py::test_an_op_has_one_propagated_value_whichever_command_asks[tiny_llama]": 8,
-    "test_repl.py::test_continue_and_bisect_tell_one_story_on_the_readme_example": 8,
-    "test_transcripts.py::test_every_transcript_is_what_the_tool_prints[reliability.md]": 8,
-    "test_transcripts.py::test_every_transcript_is_what_the_tool_prints[fix.md]": 7,
-    "test_bisect.py::test_clean_replay_reports_nothing[tiny_gpt2]": 7,
-    "test_bf16.py::test_a_fault_planted_in_a_bf16_lm_is_found_at_its_op": 7,
-    "test_run_memo.py::test_on_two_cores_fused_probes_are_built_from_the_start_only_after_a_chain_found_nothing": 6,
-    "test_triage.py::test_the_report_lists_every_cause_with_its_repro_command": 6,
-    "test_bisect.py::test_fault_that_shows_only_on_large_inputs": 6,
-    "test_keep.py::test_a_fused_probe_is_cut_around_kept_ops": 6,
-    "test_source_location.py::test_a_wrapped_transformers_llama_names_the_library_line_and_the_users_call": 6,
-    "test_transcripts.py::test_every_transcript_is_what_the_tool_prints[repl.md]": 6,
-    "test_zygote.py::test_workers_are_forked_from_the_sessions_zygote_and_judge_as_fresh_ones": 6,
+    "test_fix.py::test_fix_on_the_fp16_examples_makes_the_whole_model_pass[fp16_wide_projection]": 7,
+    "test_transcripts.py::test_every_transcript_is_what_the_tool_prints[remote.md]": 7,
+    "test_native_llm.py::test_the_paged_kv_kernels_are_built_once_per_store_and_a_damaged_one_again": 6,
+    "test_family_coverage.py::test_a_bf16_gpt2_cell_names_tvms_layer_norm_that_does_not_build_and_fix_computes_it_in_float32": 6,
+    "test_fix.py::test_fix_on_the_fp16_examples_makes_the_whole_model_pass[fp16_stats_pool]": 5,
+    "test_transcripts.py::test_every_transcript_is_what_the_tool_prints[diff.md]": 5,
+    "test_transcripts.py::test_every_transcript_is_what_the_tool_prints[README.md]": 5,
+    "test_transcripts.py::test_every_transcript_is_what_the_tool_prints[fix.md]": 5,
 }
 
 
