@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import runpy
 import sys
 
 from tapml_dbg.runtime import tvm_import
@@ -22,13 +23,15 @@ class _CountingDict(dict):
 
 
 def _frames_without_files(tmp_path, monkeypatch) -> list:
-    """Frames of frozen importlib code (a module imported), of code exec'd, and of code compiled from an AST."""
+    """Frames of frozen code (a module imported, a script run by runpy), of code exec'd, and of code
+    compiled from an AST."""
     (tmp_path / "captures_its_stack.py").write_text(
         "import sys\nFRAMES = []\nframe = sys._getframe()\nwhile frame:\n"
         "    FRAMES.append(frame)\n    frame = frame.f_back\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     sys.modules.pop("captures_its_stack", None)
     frames = importlib.import_module("captures_its_stack").FRAMES
+    frames += runpy.run_path(str(tmp_path / "captures_its_stack.py"))["FRAMES"]  # as a served command runs
     frames.append(eval(compile("sys._getframe()", "<string>", "eval"), {"sys": sys}))
     frames.append(eval(compile("sys._getframe()", "<ast>", "eval"), {"sys": sys}))
     return [frame for frame in frames if frame.f_code.co_filename.startswith("<")]
@@ -37,7 +40,7 @@ def _frames_without_files(tmp_path, monkeypatch) -> list:
 def test_a_frame_without_a_file_gets_the_walks_module_without_the_walk(tmp_path, monkeypatch):
     frames = _frames_without_files(tmp_path, monkeypatch)
     names = {frame.f_code.co_filename for frame in frames}
-    assert {"<frozen importlib._bootstrap>", "<string>", "<ast>"} <= names
+    assert {"<frozen importlib._bootstrap>", "<frozen runpy>", "<string>", "<ast>"} <= names
 
     def modules() -> list:
         return [(inspect.getmodule(frame, frame.f_code.co_filename), inspect.getframeinfo(frame)) for frame in frames]
@@ -51,6 +54,7 @@ def test_a_frame_without_a_file_gets_the_walks_module_without_the_walk(tmp_path,
     monkeypatch.setattr(inspect, "modulesbyfile", {})
     monkeypatch.setattr(inspect, "_filesbymodname", _CountingDict())
     _CountingDict.lookups = 0
+    monkeypatch.setattr(tvm_import, "_TOLD", [])
     tvm_import.cheap_stack_inspection()
     assert modules() == walked
     assert _CountingDict.lookups == 0

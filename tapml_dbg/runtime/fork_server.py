@@ -8,7 +8,8 @@ file descriptors, passed over a Unix socket), working folder, environment, `sys.
 `sys.path`, its standard streams made as the interpreter makes them at start-up, and nothing of
 tapml_dbg imported (each command imports tapml-dbg afresh: its `TAPML_*` knobs from its own
 environment, an edited tapml-dbg as edited); it leaves as the interpreter leaves, less the teardown
-of what it inherited (`_leave`). A crash inside TVM takes that command down, not the server. The server never opens a device and runs no thread (a forked CUDA context is unusable).
+of what it inherited (`_leave`). A crash inside TVM takes that command down, not the server. The
+server never opens a device and runs no thread (a forked CUDA context is unusable).
 
 Two servers in one process tree, in FOLDER (`<cache>/serve`): the zygote server (TVM with torch
 hidden, as a session's zygote imports it) on FOLDER/zygote, and forked from it the command server
@@ -683,8 +684,12 @@ def _become(base_path: list[str], stdio: dict, folder: str) -> None:
         os.environ["TAPML_SERVER"] = "0"  # it is served: its `tapml-dbg` does not ask the server again
     tempfile.tempdir = None
     python_path = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
-    first = {"script": lambda: os.path.dirname(request["script"]),
-             "python": lambda: os.path.dirname(os.path.realpath(request["argv"][0]))}.get(request["mode"], os.getcwd)()
+    if request["mode"] == "script":
+        first = os.path.dirname(request["script"])
+    elif request["mode"] == "python":
+        first = os.path.dirname(os.path.realpath(request["argv"][0]))  # as the interpreter puts a script's folder
+    else:
+        first = os.getcwd()
     sys.path[:] = [first, *python_path, *base_path]
     for fd, name in enumerate(STDIO):  # as the interpreter makes them at start-up, on these descriptors
         old = stdio[name]
