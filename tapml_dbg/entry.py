@@ -38,6 +38,13 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
+def command() -> None:
+    """The `tapml-dbg` command (pyproject's console script, `python -m tapml_dbg`): `main`, then the
+    process leaves without the interpreter's teardown (`fork_server.leave`), which takes a fresh
+    process tenths of a second after its answer."""
+    fork_server.leave(main())
+
+
 def serve_main() -> None:
     """The process `tapml-dbg serve` starts (`fork_server.server_command`): the fork server, with what a
     zygote imports on one side and what a command imports on the other."""

@@ -322,7 +322,13 @@ def test_a_command_of_another_interpreter_runs_by_itself(monkeypatch):
 ])
 def test_which_commands_start_a_server_for_the_next(monkeypatch, short_folder, env, argv, paid, starts):
     spawned = []
-    monkeypatch.setattr(fork_server, "spawn", lambda folder, idle_s, log, environment: spawned.append(environment))
+
+    class Exited:  # a server that left at once: nothing to wait for
+        def poll(self) -> int:
+            return 0
+
+    monkeypatch.setattr(fork_server, "spawn", lambda folder, idle_s, log, environment: spawned.append(environment)
+                        or Exited())
     monkeypatch.setattr(fork_server, "PAID_FOR", ("json",) if paid else ("a_module_nothing_imported",))
     assert fork_server.start_for_next_commands(argv, str(short_folder / "serve"), env) is starts
     assert spawned == ([env] if starts else [])

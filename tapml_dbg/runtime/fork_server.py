@@ -8,7 +8,7 @@ file descriptors, passed over a Unix socket), working folder, environment, `sys.
 `sys.path`, its standard streams made as the interpreter makes them at start-up, and nothing of
 tapml_dbg imported (each command imports tapml-dbg afresh: its `TAPML_*` knobs from its own
 environment, an edited tapml-dbg as edited); it leaves as the interpreter leaves, less the teardown
-of what it inherited (`_leave`). A crash inside TVM takes that command down, not the server. The
+of what it inherited (`leave`). A crash inside TVM takes that command down, not the server. The
 server never opens a device and runs no thread (a forked CUDA context is unusable).
 
 Two servers in one process tree, in FOLDER (`<cache>/serve`): the zygote server (TVM with torch
@@ -66,6 +66,7 @@ STARTED_LINE = ("tapml-dbg: started a background server (TVM and torch loaded, s
                 "never start one: `export TAPML_SERVER=0`")
 READY_TIMEOUT_S = 300.0  # the server's TVM and torch imports, on a loaded machine
 LOCK_TRIES_S = 2.0  # a server's lock against a client's probe of it (microseconds long)
+LOCK_TAKEN_S = 10.0  # a started server's interpreter start, up to its lock, on a loaded machine (~0.1 s idle)
 SOCKET_PATH_MAX = 107  # sun_path's bytes on Linux, its NUL aside
 READY_FILES = ("cli.ready", "zygote.ready")  # a server's two sockets are listening
 PAID_FOR = ("tvm", "torch")  # a command that imported either starts a server for the next ones
@@ -213,9 +214,12 @@ def start_for_next_commands(argv: list[str], folder: str, env: dict) -> bool:
     try:
         os.makedirs(folder, exist_ok=True)
         with open(os.path.join(folder, "log"), "a") as log:
-            spawn(folder, DEFAULT_IDLE_S, log, env)
+            server = spawn(folder, DEFAULT_IDLE_S, log, env)
     except OSError:
         return False  # an unwritable cache: the next command runs by itself as this one did
+    deadline = time.monotonic() + LOCK_TAKEN_S
+    while not starting(folder) and server.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)  # the next command, however soon, finds it starting and waits for it
     return True
 
 
@@ -716,7 +720,7 @@ _COMMAND: dict = {}  # set in a command's process: what `run_command` runs
 
 def run_command() -> None:
     """Run the command this process was forked for, as its interpreter would have run it, and leave
-    as it would have left (`_leave`)."""
+    as it would have left (`leave`)."""
     import runpy
     import types
 
@@ -731,12 +735,12 @@ def run_command() -> None:
         else:
             runpy.run_path(_COMMAND["script"], run_name="__main__")
     except SystemExit as exc:
-        _leave(_exit_status(exc.code))
+        leave(_exit_status(exc.code))
     except BaseException as exc:  # what the interpreter prints of an uncaught exception, then exit 1 (or SIGINT)
         exc.__traceback__ = _as_interpreter_shows(exc.__traceback__)  # the traceback printed is the exception's
         sys.excepthook(type(exc), exc, exc.__traceback__)
-        _leave(1, interrupted=isinstance(exc, KeyboardInterrupt))
-    _leave(0)
+        leave(1, interrupted=isinstance(exc, KeyboardInterrupt))
+    leave(0)
 
 
 def _as_interpreter_shows(tb):
@@ -759,14 +763,15 @@ def _exit_status(code) -> int:
     return 1
 
 
-def _leave(status: int, interrupted: bool = False) -> None:
-    """Leave as the interpreter leaves, without tearing it down: the command's threads joined, its exit
+def leave(status: int, interrupted: bool = False) -> None:
+    """Leave as the interpreter leaves, without tearing it down: the process's threads joined, its exit
     handlers run, its HDF5 files and standard streams flushed, then out with `status` (or by SIGINT,
-    as an interpreter that ends on Ctrl-C does).
+    as an interpreter that ends on Ctrl-C does). How a served command and a `tapml-dbg` process end.
 
     A fork's teardown writes to every object it inherited from the server (their reference counts)
     and so copies each page of the server's heap: 0.45 s of CPU for an empty script served, 0.12 s
-    leaving this way (2-core machine). The workers and zygotes leave without it for the same reason."""
+    leaving this way; a fresh process's, TVM's and torch's, took 0.6 s of a warm bisect's 2.9 (2-core
+    machine). The workers and zygotes leave without it for the same reason."""
     import atexit
     import threading
 
