@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 
 import ml_dtypes
 import numpy as np
+
 import pytest
 
 from conftest import fault_transform, run_cli
@@ -199,9 +201,11 @@ def test_on_two_cores_fused_probes_are_built_from_the_start_only_after_a_chain_f
     own chain has found nothing (then at the search's priority: they run next), so a search whose
     chain finds the divergence builds none. With a core to spare, always from the start (here after
     those searches, in their cache: whatever the last search's chain found). The answers are the same
-    either way."""
+    either way. Every worker's log goes with its session, the builder's too."""
     probes, builds = [], []
     probes_ahead, build_ahead = FusedPrefixes.ahead, Lanes.build_ahead
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))  # where the workers' logs are made
 
     def made(self):
         requests = probes_ahead(self)
@@ -230,6 +234,7 @@ def test_on_two_cores_fused_probes_are_built_from_the_start_only_after_a_chain_f
             answers.append(answer[:2] if answer else None)
         assert answers == [(13, "gelu_1"), (18, "addmm_3"), None, (13, "gelu_1")]
         assert builds == wanted
+    assert not list((tmp_path / "tmp").glob("tapml-worker-*.log"))
 
 
 def test_a_bisect_by_the_cli_starts_from_what_a_bisect_by_the_api_established(traces, tmp_path):

@@ -296,8 +296,9 @@ class TargetExecutor:
                 self._process.kill()
         self._reap()
 
-    def close(self) -> None:
-        self.stop()
+    def close(self, kill: bool = False) -> None:
+        """Stop the worker (`stop`) and remove its log."""
+        self.stop(kill)
         try:
             os.unlink(self.log_path)
         except OSError:

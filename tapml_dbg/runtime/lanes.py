@@ -216,8 +216,8 @@ class Lanes:
                     result = worker.run(BuildRequest(requests[start:start + AHEAD_UNITS_PER_REQUEST]))
                     with self._counting:
                         self.cache.add(result, ahead=True)  # libraries built, no probe of the search
-            finally:  # stopped: a worker it started again after the stop's kill is killed too
-                worker.stop(kill=stop.is_set())
+            finally:  # stopped: a worker it started again after the stop's kill is killed too; its log goes
+                worker.close(kill=stop.is_set())
 
         Background(build, "tapml-ahead")
 
