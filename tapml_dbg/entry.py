@@ -3,9 +3,10 @@
 It sets the process's defaults (`settings.PROCESS_DEFAULTS`: one OpenBLAS thread unless the user
 chose) before anything imports numpy, hands the command to a running `tapml-dbg serve` when there is
 one (runtime/fork_server.py: a fork with TVM and torch imported), or runs the CLI and then starts a
-server for the next commands (`fork_server.start_for_next_commands`), and leaves without the interpreter's
-teardown (`command`); a library import of the package sets nothing. The CLI is imported here, inside `main`, for that reason; `serve_main` (the fork server's process)
-imports what its zygote and command sides import inside functions too, each on its side of a fork.
+server for the next commands (`fork_server.start_for_next_commands`), and leaves without the
+interpreter's teardown (`command`); a library import of the package sets nothing. The CLI is imported
+here, inside `main`, for that reason; `serve_main` (the fork server's process) imports what its zygote
+and command sides import inside functions too, each on its side of a fork.
 """
 
 from __future__ import annotations

@@ -54,7 +54,6 @@ def test_a_frame_without_a_file_gets_the_walks_module_without_the_walk(tmp_path,
     monkeypatch.setattr(inspect, "modulesbyfile", {})
     monkeypatch.setattr(inspect, "_filesbymodname", _CountingDict())
     _CountingDict.lookups = 0
-    monkeypatch.setattr(tvm_import, "_TOLD", [])
     tvm_import.cheap_stack_inspection()
     assert modules() == walked
     assert _CountingDict.lookups == 0

@@ -18,7 +18,6 @@ import sys
 import threading
 
 SOURCELESS_FILES = ("<ast>", "<string>")  # code compiled by TVMScript's evaluator, or exec'd
-_TOLD: list = []  # [True] once `cheap_stack_inspection` has told inspect, in this process
 
 
 def import_tvm_without_torch() -> None:
@@ -53,18 +52,18 @@ def _import_torch() -> None:
 
 def cheap_stack_inspection() -> None:
     """Tell `inspect` that a frame whose file is not on disk has no module, so that `inspect.stack()`
-    stops walking all of sys.modules to find that out, once per such frame per call. Once a process.
+    stops walking all of sys.modules to find that out, once per such frame per call. Once a process
+    (a fork inherits it).
 
     TVMScript calls `inspect.stack()` once per prim_func (the names a kernel captures). A frame of
     frozen code (importlib's under every import, runpy's under a served command) or of code TVM's
     evaluator compiled (`<ast>`) has no file, and `inspect.getmodule` walks sys.modules for it each
     time, to find no module: importing TVM's tensor intrinsics, which a Metal or CUDA build does, took
     22.5 s of CPU, 2.6 s with this."""
-    if _TOLD:
+    if SOURCELESS_FILES[0] in inspect.modulesbyfile:  # told already, here or in the process this one forked from
         return
     frozen = set(getattr(_imp, "_frozen_module_names", list)())  # loaded or not (3.11+)
     frozen |= {module.__name__ for module in list(sys.modules.values())  # the names they run under
                if getattr(getattr(module, "__spec__", None), "origin", None) == "frozen"}
     for name in (*(f"<frozen {name}>" for name in frozen), *SOURCELESS_FILES):
         inspect.modulesbyfile.setdefault(name, "")  # no module is named "": getmodule answers None, as its walk does
-    _TOLD.append(True)
