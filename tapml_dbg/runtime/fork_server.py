@@ -292,9 +292,7 @@ def client(sock_path: str, mode: str, script: str, args: list[str], chosen: bool
             os._exit(status.get("returncode", 1))
     if mode == "module":
         os.execv(sys.executable, [sys.executable, "-m", "tapml_dbg", *args])
-    if mode == "python":
-        os.execv(sys.executable, [sys.executable, *args])
-    if mode == "zygote":
+    if mode in ("python", "zygote"):
         os.execv(sys.executable, [sys.executable, *args])
     os.execv(script, [script, *args])
 
